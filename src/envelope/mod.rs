@@ -1,0 +1,481 @@
+//! The Event envelope: the scanner that reads routing attributes out of an Event's raw
+//! bytes, and AEP-0001 envelope validation.
+//!
+//! An [`Event`] is the original byte slice the emitter sent (a reference-counted
+//! [`Bytes`]) plus the routing attributes the scanner found in it, stored as spans into
+//! those bytes (decoded text only for the rare string that carries JSON escapes).
+//! `data` is validated as JSON and skipped, never built (AEP-0001 §5: relays MUST NOT
+//! require parsing `data`).
+//!
+//! Two entry points:
+//! - [`Event::parse`]: scan + full envelope validation (AEP-0001 §5, §5.2, §5.4, §6, §8;
+//!   AEP-0004 §2.2). This is what every ingest path calls.
+//! - [`Event::scan`]: JSON well-formedness and per-attribute value types only, without the
+//!   presence and cross-attribute rules. Used where a partial envelope is legitimate
+//!   (filter conformance cases, tools).
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+
+mod scan;
+mod validate;
+
+pub use validate::{is_valid_extension_name, SUPPORTED_VERSIONS};
+
+/// Severity levels in their AEP-0001 §8.1 total order: `debug < info < notice < warning <
+/// error < critical`. The derived `Ord` is that order.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    /// `debug`
+    Debug,
+    /// `info` (the default when absent, AEP-0001 §5.1 #15)
+    Info,
+    /// `notice`
+    Notice,
+    /// `warning`
+    Warning,
+    /// `error`
+    Error,
+    /// `critical`
+    Critical,
+}
+
+impl Severity {
+    /// All levels, lowest first.
+    pub const ALL: [Severity; 6] = [
+        Severity::Debug,
+        Severity::Info,
+        Severity::Notice,
+        Severity::Warning,
+        Severity::Error,
+        Severity::Critical,
+    ];
+
+    /// Parses the wire spelling (`"notice"`); `None` for anything outside the enum.
+    pub fn parse(s: &str) -> Option<Severity> {
+        Some(match s {
+            "debug" => Severity::Debug,
+            "info" => Severity::Info,
+            "notice" => Severity::Notice,
+            "warning" => Severity::Warning,
+            "error" => Severity::Error,
+            "critical" => Severity::Critical,
+            _ => return None,
+        })
+    }
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Debug => "debug",
+            Severity::Info => "info",
+            Severity::Notice => "notice",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// Content-capture levels (AEP-0001 §8.2), ordered `none < metadata < redacted < full`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Capture {
+    /// `none`: envelope only.
+    None,
+    /// `metadata`: structural metadata, no free text (the default when absent).
+    Metadata,
+    /// `redacted`: free text passed the AEP-0003 §9.4 redaction pipeline.
+    Redacted,
+    /// `full`: verbatim content.
+    Full,
+}
+
+impl Capture {
+    /// All levels, lowest first.
+    pub const ALL: [Capture; 4] = [
+        Capture::None,
+        Capture::Metadata,
+        Capture::Redacted,
+        Capture::Full,
+    ];
+
+    /// Parses the wire spelling; `None` for anything outside the enum.
+    pub fn parse(s: &str) -> Option<Capture> {
+        Some(match s {
+            "none" => Capture::None,
+            "metadata" => Capture::Metadata,
+            "redacted" => Capture::Redacted,
+            "full" => Capture::Full,
+            _ => return None,
+        })
+    }
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capture::None => "none",
+            Capture::Metadata => "metadata",
+            Capture::Redacted => "redacted",
+            Capture::Full => "full",
+        }
+    }
+}
+
+/// The string-valued core context attributes of AEP-0001 §5.1 (everything but `seq`,
+/// `epoch`, `severity`, `capture` and `data`, which have their own accessors).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Attr {
+    /// #1 `aep`
+    Aep = 0,
+    /// #2 `id`
+    Id,
+    /// #3 `type`
+    Type,
+    /// #4 `subject`
+    Subject,
+    /// #5 `time`
+    Time,
+    /// #6 `source`
+    Source,
+    /// #7 `agent`
+    Agent,
+    /// #8 `session`
+    Session,
+    /// #9 `run`
+    Run,
+    /// #10 `step`
+    Step,
+    /// #13 `cause`
+    Cause,
+    /// #14 `traceparent`
+    Traceparent,
+}
+
+impl Attr {
+    /// Number of string-valued core attributes.
+    pub const COUNT: usize = 12;
+
+    /// All string-valued core attributes, in `#[repr]` order.
+    pub const ALL: [Attr; Attr::COUNT] = [
+        Attr::Aep,
+        Attr::Id,
+        Attr::Type,
+        Attr::Subject,
+        Attr::Time,
+        Attr::Source,
+        Attr::Agent,
+        Attr::Session,
+        Attr::Run,
+        Attr::Step,
+        Attr::Cause,
+        Attr::Traceparent,
+    ];
+
+    /// The wire name (`"session"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Attr::Aep => "aep",
+            Attr::Id => "id",
+            Attr::Type => "type",
+            Attr::Subject => "subject",
+            Attr::Time => "time",
+            Attr::Source => "source",
+            Attr::Agent => "agent",
+            Attr::Session => "session",
+            Attr::Run => "run",
+            Attr::Step => "step",
+            Attr::Cause => "cause",
+            Attr::Traceparent => "traceparent",
+        }
+    }
+
+    /// The attribute with this wire name, if it is a string-valued core attribute.
+    pub fn from_name(name: &str) -> Option<Attr> {
+        Attr::ALL.iter().copied().find(|a| a.name() == name)
+    }
+}
+
+/// The names of all sixteen core context attributes plus `data` (AEP-0001 §5.1). An
+/// extension attribute may not use any of them (§5.4).
+pub const CORE_NAMES: [&str; 17] = [
+    "aep",
+    "id",
+    "type",
+    "subject",
+    "time",
+    "source",
+    "agent",
+    "session",
+    "run",
+    "step",
+    "seq",
+    "epoch",
+    "cause",
+    "traceparent",
+    "severity",
+    "capture",
+    "data",
+];
+
+/// An extension attribute's value (AEP-0001 §5.4: string, integer or boolean only).
+/// Integers are held as `i128` so that every JSON integer in `i64 ∪ u64` compares exactly.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Scalar<'a> {
+    /// A JSON string, decoded.
+    Str(&'a str),
+    /// A JSON integer (no fraction, no exponent) within `i64::MIN..=u64::MAX`.
+    Int(i128),
+    /// `true` / `false`.
+    Bool(bool),
+}
+
+/// Where a decoded string lives: a span of the Event's own bytes when it had no escapes,
+/// or a span of the Event's side buffer of unescaped text.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Text {
+    /// `bytes[start..end]`, between the quotes.
+    Raw { start: u32, end: u32 },
+    /// `unescaped[start..end]`.
+    Unescaped { start: u32, end: u32 },
+}
+
+/// An extension attribute's value as stored (spans, not borrowed).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StoredScalar {
+    Str(Text),
+    Int(i128),
+    Bool(bool),
+}
+
+/// The routing attributes the scanner extracted (crate-internal layout; read them through
+/// [`Event`]'s accessors).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Attrs {
+    /// Indexed by `Attr as usize`.
+    pub(crate) text: [Option<Text>; Attr::COUNT],
+    pub(crate) seq: Option<u64>,
+    pub(crate) epoch: Option<u64>,
+    pub(crate) severity: Option<Severity>,
+    pub(crate) capture: Option<Capture>,
+    /// (name, value), in wire order.
+    pub(crate) extensions: SmallVec<[(Text, StoredScalar); 2]>,
+    /// Byte range of the `data` member's value within the Event's bytes.
+    pub(crate) data: Option<(u32, u32)>,
+}
+
+/// How an Event relates to session order (AEP-0001 §5.2).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// `agent.*`: no session, no seq; fanned out live, never buffered.
+    Agent,
+    /// Carries `session` and `seq`: a position `(session, epoch, seq)` in the owner's stream.
+    Sequenced,
+    /// A foreign-emitter session Event: carries `session` but no `seq` (commands,
+    /// `attention.routed`).
+    Foreign,
+}
+
+/// Why an Event was refused. `detail` names the attribute and the spec section, e.g.
+/// "`seq` must be an integer >= 0 (AEP-0001 §5.1 #11)".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct InvalidEvent {
+    /// Human-readable reason, naming the attribute and the section violated.
+    pub detail: String,
+    /// Byte offset in the input where the fault was found, when it is a syntax fault.
+    pub at: Option<usize>,
+}
+
+impl InvalidEvent {
+    pub(crate) fn new(detail: impl Into<String>) -> InvalidEvent {
+        InvalidEvent {
+            detail: detail.into(),
+            at: None,
+        }
+    }
+    pub(crate) fn at(detail: impl Into<String>, at: usize) -> InvalidEvent {
+        InvalidEvent {
+            detail: detail.into(),
+            at: Some(at),
+        }
+    }
+}
+
+/// One Event: its original bytes and the routing attributes scanned out of them.
+///
+/// Cloning is cheap only for the bytes; share Events behind an `Rc`/`Arc` on the fan-out
+/// path.
+#[derive(Clone, Debug)]
+pub struct Event {
+    bytes: Bytes,
+    attrs: Attrs,
+    /// Decoded text of string attributes that carried escapes; usually empty.
+    unescaped: String,
+}
+
+impl Event {
+    /// Scans `bytes` (one JSON object, UTF-8, surrounding ASCII whitespace allowed and not
+    /// kept) and validates the envelope (AEP-0001 §5, §5.2, §5.4, §6, §8; AEP-0004 §2.2).
+    ///
+    /// # Errors
+    /// [`InvalidEvent`] with a detail naming the attribute and the section.
+    pub fn parse(bytes: Bytes) -> Result<Event, InvalidEvent> {
+        let ev = Event::scan(bytes)?;
+        validate::validate(&ev)?;
+        Ok(ev)
+    }
+
+    /// Scans `bytes` as one JSON object and checks each present top-level member's value
+    /// type (strings are non-empty strings, `seq`/`epoch` integers >= 0, enums in range,
+    /// extension names legal and values scalar, no `null`, no duplicate member) without
+    /// the presence and cross-attribute rules of [`Event::parse`].
+    ///
+    /// # Errors
+    /// [`InvalidEvent`] for anything `serde_json` would reject and for the value rules above.
+    pub fn scan(bytes: Bytes) -> Result<Event, InvalidEvent> {
+        let (bytes, attrs, unescaped) = scan::scan(bytes)?;
+        Ok(Event {
+            bytes,
+            attrs,
+            unescaped,
+        })
+    }
+
+    /// The Event exactly as received (surrounding whitespace trimmed).
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    fn text(&self, t: Text) -> &str {
+        let (buf, s, e) = match t {
+            Text::Raw { start, end } => (&self.bytes[..], start, end),
+            Text::Unescaped { start, end } => (self.unescaped.as_bytes(), start, end),
+        };
+        // The scanner only records spans of validated UTF-8 on char boundaries.
+        std::str::from_utf8(&buf[s as usize..e as usize]).unwrap_or_default()
+    }
+
+    /// A string-valued core attribute, decoded; `None` when absent.
+    pub fn attr(&self, a: Attr) -> Option<&str> {
+        self.attrs.text[a as usize].map(|t| self.text(t))
+    }
+
+    /// `id` (empty only for an Event from [`Event::scan`] that lacks it).
+    pub fn id(&self) -> &str {
+        self.attr(Attr::Id).unwrap_or_default()
+    }
+
+    /// `type` (empty only for an Event from [`Event::scan`] that lacks it).
+    pub fn event_type(&self) -> &str {
+        self.attr(Attr::Type).unwrap_or_default()
+    }
+
+    /// `source` (empty only for an Event from [`Event::scan`] that lacks it).
+    pub fn source(&self) -> &str {
+        self.attr(Attr::Source).unwrap_or_default()
+    }
+
+    /// `session`, when present.
+    pub fn session(&self) -> Option<&str> {
+        self.attr(Attr::Session)
+    }
+
+    /// `seq`, when present.
+    pub fn seq(&self) -> Option<u64> {
+        self.attrs.seq
+    }
+
+    /// `epoch` with the AEP-0001 §5.1 default applied (`0` when absent).
+    pub fn epoch(&self) -> u64 {
+        self.attrs.epoch.unwrap_or(0)
+    }
+
+    /// `epoch` as declared (`None` when absent).
+    pub fn epoch_declared(&self) -> Option<u64> {
+        self.attrs.epoch
+    }
+
+    /// `severity` with the default applied (`info` when absent).
+    pub fn severity(&self) -> Severity {
+        self.attrs.severity.unwrap_or(Severity::Info)
+    }
+
+    /// `severity` as declared.
+    pub fn severity_declared(&self) -> Option<Severity> {
+        self.attrs.severity
+    }
+
+    /// `capture` with the default applied (`metadata` when absent).
+    pub fn capture(&self) -> Capture {
+        self.attrs.capture.unwrap_or(Capture::Metadata)
+    }
+
+    /// `capture` as declared.
+    pub fn capture_declared(&self) -> Option<Capture> {
+        self.attrs.capture
+    }
+
+    fn scalar(&self, v: StoredScalar) -> Scalar<'_> {
+        match v {
+            StoredScalar::Str(t) => Scalar::Str(self.text(t)),
+            StoredScalar::Int(i) => Scalar::Int(i),
+            StoredScalar::Bool(b) => Scalar::Bool(b),
+        }
+    }
+
+    /// The extension attribute `name` (AEP-0001 §5.4), when present.
+    pub fn extension(&self, name: &str) -> Option<Scalar<'_>> {
+        self.attrs
+            .extensions
+            .iter()
+            .find(|(n, _)| self.text(*n) == name)
+            .map(|(_, v)| self.scalar(*v))
+    }
+
+    /// All extension attributes in wire order.
+    pub fn extensions(&self) -> impl Iterator<Item = (&str, Scalar<'_>)> + '_ {
+        self.attrs
+            .extensions
+            .iter()
+            .map(|(n, v)| (self.text(*n), self.scalar(*v)))
+    }
+
+    /// The raw bytes of the `data` member's value, when present.
+    pub fn data(&self) -> Option<&[u8]> {
+        self.attrs
+            .data
+            .map(|(s, e)| &self.bytes[s as usize..e as usize])
+    }
+
+    /// The Event's relation to session order (AEP-0001 §5.2), from `type` and `seq`.
+    pub fn scope(&self) -> Scope {
+        if self.event_type().starts_with("agent.") {
+            Scope::Agent
+        } else if self.attrs.seq.is_some() {
+            Scope::Sequenced
+        } else {
+            Scope::Foreign
+        }
+    }
+
+    /// Whether `type` is a command (AEP-0004 §2): an imperative `control.{verb}` type or a
+    /// vendor `x.{vendor}.control.*` type. The acknowledgements `control.accepted` and
+    /// `control.rejected` are facts, not commands.
+    pub fn is_command(&self) -> bool {
+        is_command_type(self.event_type())
+    }
+}
+
+/// Whether a type string names a command (AEP-0004 §2). See [`Event::is_command`].
+pub fn is_command_type(t: &str) -> bool {
+    if let Some(rest) = t.strip_prefix("control.") {
+        return rest != "accepted" && rest != "rejected";
+    }
+    if let Some(rest) = t.strip_prefix("x.") {
+        if let Some(dot) = rest.find('.') {
+            return rest[dot + 1..].starts_with("control.");
+        }
+    }
+    false
+}
