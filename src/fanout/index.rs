@@ -1,0 +1,1 @@
+//! The subscription index (stub).

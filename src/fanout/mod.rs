@@ -1,0 +1,2 @@
+//! Fan-out: subscriptions, the index that finds candidate subscribers, delivery.
+pub mod index;
