@@ -1,0 +1,606 @@
+//! Unit tests for the replay store (AEP-0001 §5.2, §7; AEP-0003 §5, §7).
+
+use super::*;
+
+/// A stand-in for `envelope::Event` (whose scanner is written elsewhere).
+#[derive(Debug)]
+struct T {
+    session: Option<String>,
+    pos: Option<Position>,
+    source: String,
+    id: String,
+    scope: Scope,
+    len: usize,
+}
+
+impl Stored for T {
+    fn session(&self) -> Option<&str> {
+        self.session.as_deref()
+    }
+    fn position(&self) -> Option<Position> {
+        self.pos
+    }
+    fn dedupe_key(&self) -> (&str, &str) {
+        (&self.source, &self.id)
+    }
+    fn scope(&self) -> Scope {
+        self.scope
+    }
+    fn byte_len(&self) -> usize {
+        self.len
+    }
+}
+
+const OWNER: &str = "aep://h/agent/a/session/s";
+
+/// A sequenced Event at `(epoch, seq)` from the session owner, id `e{epoch}.{seq}`.
+fn sq(session: &str, epoch: u64, seq: u64) -> Arc<T> {
+    sq_id(session, (epoch, seq), OWNER, &format!("e{epoch}.{seq}"))
+}
+
+fn sq_id(session: &str, pos: Position, source: &str, id: &str) -> Arc<T> {
+    Arc::new(T {
+        session: Some(session.into()),
+        pos: Some(pos),
+        source: source.into(),
+        id: id.into(),
+        scope: Scope::Sequenced,
+        len: 100,
+    })
+}
+
+/// A foreign Event (no seq) from a consumer, id `name`.
+fn fo(session: &str, name: &str) -> Arc<T> {
+    Arc::new(T {
+        session: Some(session.into()),
+        pos: None,
+        source: "aep://h/consumer".into(),
+        id: name.into(),
+        scope: Scope::Foreign,
+        len: 50,
+    })
+}
+
+fn agent(id: &str) -> Arc<T> {
+    Arc::new(T {
+        session: None,
+        pos: None,
+        source: OWNER.into(),
+        id: id.into(),
+        scope: Scope::Agent,
+        len: 10,
+    })
+}
+
+fn admit(st: &mut Store<T>, ev: Arc<T>) -> Admission {
+    let a = st.admit(&ev);
+    st.check();
+    a
+}
+
+fn admit_all(st: &mut Store<T>, evs: impl IntoIterator<Item = Arc<T>>) {
+    for ev in evs {
+        assert_eq!(admit(st, ev), Admission::Admitted);
+    }
+}
+
+/// `replay_after` as (ids delivered, marker).
+fn after(st: &Store<T>, session: &str, pos: Position) -> (Vec<String>, Option<Position>) {
+    let mut got = Vec::new();
+    let m = st.replay_after(session, pos, &mut |e| got.push(e.id.clone()));
+    (got, m)
+}
+
+fn from_start(st: &Store<T>, session: &str) -> Vec<String> {
+    let mut got = Vec::new();
+    let n = st.replay_session_from_start(session, &mut |e| got.push(e.id.clone()));
+    assert_eq!(n, got.len());
+    got
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// AEP-0001 §5.2: agent.* Events are fanned out live, never buffered.
+#[test]
+fn agent_scope_is_not_buffered() {
+    let mut st = Store::new(10, 10);
+    assert_eq!(admit(&mut st, agent("a1")), Admission::NotBuffered);
+    assert_eq!(st.len(), 0);
+    assert_eq!(st.session_count(), 0);
+}
+
+/// Unvalidated input lacking what its scope needs is not buffered, not a panic.
+#[test]
+fn incomplete_events_are_not_buffered() {
+    let mut st = Store::new(10, 10);
+    let no_session = Arc::new(T {
+        session: None,
+        pos: Some((0, 1)),
+        source: OWNER.into(),
+        id: "x".into(),
+        scope: Scope::Sequenced,
+        len: 1,
+    });
+    let no_seq = Arc::new(T {
+        session: Some("s".into()),
+        pos: None,
+        source: OWNER.into(),
+        id: "y".into(),
+        scope: Scope::Sequenced,
+        len: 1,
+    });
+    assert_eq!(admit(&mut st, no_session), Admission::NotBuffered);
+    assert_eq!(admit(&mut st, no_seq), Admission::NotBuffered);
+    assert!(st.is_empty());
+}
+
+/// A zero bound buffers nothing.
+#[test]
+fn zero_bounds_buffer_nothing() {
+    let mut st = Store::new(0, 10);
+    assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
+    let mut st = Store::new(10, 0);
+    assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
+    assert_eq!(st.session_count(), 0);
+}
+
+/// AEP-0001 §7 #2, #3: backfill is ordered by (epoch, seq), lexicographically, like any
+/// Event; gaps are legal.
+#[test]
+fn backfill_is_inserted_in_place() {
+    let mut st = Store::new(100, 10);
+    admit_all(
+        &mut st,
+        [
+            sq("s", 0, 1),
+            sq("s", 0, 2),
+            sq("s", 0, 5),
+            sq("s", 1, 0),
+            sq("s", 0, 3),   // backfill
+            sq("s", 0, 9),   // backfill of the old epoch, after (0,5)
+            sq("s", 1, 2),   // append
+            sq("s", 0, 0),   // backfill at the very front
+            sq("s", 1, 1),   // backfill inside the new epoch
+            sq("s", 2, 100), // append
+        ],
+    );
+    assert_eq!(
+        from_start(&st, "s"),
+        strs(&["e0.0", "e0.1", "e0.2", "e0.3", "e0.5", "e0.9", "e1.0", "e1.1", "e1.2", "e2.100"])
+    );
+    assert_eq!(
+        after(&st, "s", (0, 4)),
+        (
+            strs(&["e0.5", "e0.9", "e1.0", "e1.1", "e1.2", "e2.100"]),
+            None
+        )
+    );
+    // A resume position between held positions (a gap) is legal (AEP-0003 §7).
+    assert_eq!(
+        after(&st, "s", (0, 100)),
+        (strs(&["e1.0", "e1.1", "e1.2", "e2.100"]), None)
+    );
+    let info = st.session("s").unwrap();
+    assert_eq!(info.earliest, Some((0, 0)));
+    assert_eq!(info.latest, Some((2, 100)));
+    assert_eq!(info.high_water, Some((2, 100)));
+    assert_eq!(info.evicted_high, None);
+}
+
+/// AEP-0001 §7 #4, AEP-0003 §5: buffer admission dedupes on (source, id), not on bare
+/// id, and not on position.
+#[test]
+fn dedupe_on_source_and_id() {
+    let mut st = Store::new(100, 10);
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 1), "A", "x")),
+        Admission::Admitted
+    );
+    // Redelivery: same (source, id).
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 1), "A", "x")),
+        Admission::Duplicate
+    );
+    // Same (source, id) claiming another position is still the same Event.
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 2), "A", "x")),
+        Admission::Duplicate
+    );
+    // Another emitter may mint the same id.
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 3), "B", "x")),
+        Admission::Admitted
+    );
+    // Foreign redelivery is a duplicate too.
+    assert_eq!(admit(&mut st, fo("s", "cmd")), Admission::Admitted);
+    assert_eq!(admit(&mut st, fo("s", "cmd")), Admission::Duplicate);
+    // Dedupe is per session.
+    assert_eq!(
+        admit(&mut st, sq_id("t", (0, 1), "A", "x")),
+        Admission::Admitted
+    );
+    assert_eq!(st.len(), 4);
+    assert_eq!(st.session("s").unwrap().events, 3);
+}
+
+/// AEP-0001 §7 #2: two different Events at one position are an emitter fault; the first
+/// is kept and the second reported as a conflict, not held.
+#[test]
+fn position_conflict_keeps_first() {
+    let mut st = Store::new(100, 10);
+    admit_all(&mut st, [sq("s", 0, 1), sq("s", 0, 2), sq("s", 0, 3)]);
+    // At the tail (fast path) and in the middle (binary search).
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 3), OWNER, "other3")),
+        Admission::Conflict
+    );
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 2), OWNER, "other2")),
+        Admission::Conflict
+    );
+    // Not in the dedupe set: resending reports the conflict again.
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 2), OWNER, "other2")),
+        Admission::Conflict
+    );
+    assert_eq!(from_start(&st, "s"), strs(&["e0.1", "e0.2", "e0.3"]));
+    // Redelivery of the held Event stays a plain duplicate.
+    assert_eq!(admit(&mut st, sq("s", 0, 2)), Admission::Duplicate);
+}
+
+/// The ring keeps the newest `buffer_per_session` positions, evicting the lowest, and
+/// remembers the highest evicted.
+#[test]
+fn ring_evicts_lowest_and_tracks_evicted_high() {
+    let mut st = Store::new(3, 10);
+    admit_all(&mut st, (1..=3).map(|i| sq("s", 0, i)));
+    assert_eq!(st.session("s").unwrap().evicted_high, None);
+    admit_all(&mut st, [sq("s", 0, 4), sq("s", 0, 5)]);
+    assert_eq!(from_start(&st, "s"), strs(&["e0.3", "e0.4", "e0.5"]));
+    let info = st.session("s").unwrap();
+    assert_eq!(info.evicted_high, Some((0, 2)));
+    assert_eq!((info.events, info.bytes), (3, 300));
+    assert_eq!((st.len(), st.byte_len()), (3, 300));
+    // Backfill above the front evicts the front, lands in place.
+    admit_all(&mut st, [sq("s", 0, 10), sq("s", 0, 7)]);
+    assert_eq!(from_start(&st, "s"), strs(&["e0.5", "e0.7", "e0.10"]));
+    assert_eq!(st.session("s").unwrap().evicted_high, Some((0, 4)));
+}
+
+/// AEP-0003 §5: `replay-exhausted` fires exactly when something after the resume position
+/// was evicted, never otherwise.
+#[test]
+fn marker_is_exact() {
+    let mut st = Store::new(3, 10);
+    admit_all(&mut st, (1..=5).map(|i| sq("s", 0, i))); // holds 3,4,5; evicted 1,2
+    let all = strs(&["e0.3", "e0.4", "e0.5"]);
+    // Last saw 2 (the highest evicted): nothing missed.
+    assert_eq!(after(&st, "s", (0, 2)), (all.clone(), None));
+    assert_eq!(after(&st, "s", (0, 3)), (strs(&["e0.4", "e0.5"]), None));
+    assert_eq!(after(&st, "s", (0, 5)), (vec![], None));
+    assert_eq!(after(&st, "s", (7, 0)), (vec![], None));
+    // Last saw 1: missed 2.
+    assert_eq!(after(&st, "s", (0, 1)), (all.clone(), Some((0, 3))));
+    assert_eq!(after(&st, "s", (0, 0)), (all, Some((0, 3))));
+
+    // With gaps, the exact line is the highest evicted position, not earliest - 1.
+    let mut st = Store::new(3, 10);
+    admit_all(&mut st, [10, 20, 30, 40].map(|i| sq("g", 0, i))); // evicted 10
+    assert_eq!(
+        after(&st, "g", (0, 15)),
+        (strs(&["e0.20", "e0.30", "e0.40"]), None)
+    );
+    assert_eq!(after(&st, "g", (0, 10)).1, None);
+    assert_eq!(after(&st, "g", (0, 9)).1, Some((0, 20)));
+    // Epochs compare first (AEP-0001 §7 #3).
+    assert_eq!(after(&st, "g", (1, 0)), (vec![], None));
+}
+
+/// A backfill below everything a full ring holds is dropped on arrival, and a resume from
+/// below it is told so.
+#[test]
+fn backfill_below_full_ring_is_dropped_and_marked() {
+    let mut st = Store::new(3, 10);
+    admit_all(&mut st, [10, 20, 30].map(|i| sq("s", 0, i)));
+    assert_eq!(admit(&mut st, sq("s", 0, 5)), Admission::NotBuffered);
+    assert_eq!(from_start(&st, "s"), strs(&["e0.10", "e0.20", "e0.30"]));
+    assert_eq!(st.session("s").unwrap().evicted_high, Some((0, 5)));
+    assert_eq!(after(&st, "s", (0, 4)).1, Some((0, 10)));
+    assert_eq!(after(&st, "s", (0, 5)).1, None);
+    // A lower drop does not lower evicted_high.
+    assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
+    assert_eq!(st.session("s").unwrap().evicted_high, Some((0, 5)));
+    // A drop does not count as a write for the session LRU.
+    let mut st = Store::new(1, 2);
+    admit_all(&mut st, [sq("a", 0, 5), sq("b", 0, 5)]);
+    assert_eq!(admit(&mut st, sq("a", 0, 1)), Admission::NotBuffered);
+    admit_all(&mut st, [sq("c", 0, 1)]);
+    assert!(st.session("a").is_none());
+}
+
+/// The dedupe set follows eviction: an evicted Event's id is forgotten. A redelivered
+/// foreign Event is then admitted again as a new arrival; a redelivered sequenced Event
+/// is placed by its position again, below a full ring, so it is dropped.
+#[test]
+fn dedupe_forgets_evicted_events() {
+    let mut st = Store::new(2, 10);
+    admit_all(&mut st, [fo("s", "cmd"), sq("s", 0, 1), sq("s", 0, 2)]); // evicts cmd
+    assert_eq!(from_start(&st, "s"), strs(&["e0.1", "e0.2"]));
+    assert_eq!(admit(&mut st, fo("s", "cmd")), Admission::Admitted); // evicts 0.1
+    assert_eq!(from_start(&st, "s"), strs(&["e0.2", "cmd"]));
+    assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
+    assert_eq!(admit(&mut st, sq("s", 0, 2)), Admission::Duplicate);
+    // In a ring that is not full nothing was evicted, so nothing is forgotten.
+    let mut st = Store::new(10, 10);
+    admit_all(&mut st, [sq("s", 0, 1)]);
+    assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::Duplicate);
+}
+
+/// AEP-0001 §5.2: foreign Events (no seq) are kept in arrival order, anchored to the
+/// session's high-water position; replay after their anchor includes them.
+#[test]
+fn foreign_anchoring_and_replay_inclusion() {
+    let mut st = Store::new(100, 10);
+    admit_all(
+        &mut st,
+        [
+            sq("s", 0, 1),
+            sq("s", 0, 2),
+            fo("s", "A"), // anchored at 2
+            sq("s", 0, 3),
+            fo("s", "B"), // anchored at 3
+            fo("s", "C"), // anchored at 3, after B
+        ],
+    );
+    assert_eq!(
+        from_start(&st, "s"),
+        strs(&["e0.1", "e0.2", "A", "e0.3", "B", "C"])
+    );
+    assert_eq!(
+        after(&st, "s", (0, 1)),
+        (strs(&["e0.2", "A", "e0.3", "B", "C"]), None)
+    );
+    // Anchored AT the resume position: included (at-least-once).
+    assert_eq!(
+        after(&st, "s", (0, 2)),
+        (strs(&["A", "e0.3", "B", "C"]), None)
+    );
+    assert_eq!(after(&st, "s", (0, 3)), (strs(&["B", "C"]), None));
+    assert_eq!(after(&st, "s", (0, 4)), (vec![], None));
+    let info = st.session("s").unwrap();
+    assert_eq!((info.earliest, info.latest), (Some((0, 1)), Some((0, 3))));
+}
+
+/// Late backfill relative to foreign Events: below the anchor goes before, above the
+/// anchor goes after; the next foreign Event anchors to the new high-water.
+#[test]
+fn foreign_and_backfill_interleave() {
+    let mut st = Store::new(100, 10);
+    admit_all(
+        &mut st,
+        [
+            sq("s", 0, 5),
+            fo("s", "A"), // anchored at 5
+            sq("s", 0, 3),
+            sq("s", 0, 7),
+            fo("s", "B"), // anchored at 7
+            sq("s", 0, 6),
+        ],
+    );
+    assert_eq!(
+        from_start(&st, "s"),
+        strs(&["e0.3", "e0.5", "A", "e0.6", "e0.7", "B"])
+    );
+    assert_eq!(after(&st, "s", (0, 5)).0, strs(&["A", "e0.6", "e0.7", "B"]));
+    assert_eq!(after(&st, "s", (0, 6)).0, strs(&["e0.7", "B"]));
+}
+
+/// A foreign Event in a session with no sequenced Event yet sorts before everything.
+#[test]
+fn foreign_before_everything() {
+    let mut st = Store::new(100, 10);
+    admit_all(
+        &mut st,
+        [fo("s", "F"), fo("s", "G"), sq("s", 0, 0), fo("s", "H")],
+    );
+    assert_eq!(from_start(&st, "s"), strs(&["F", "G", "e0.0", "H"]));
+    assert_eq!(after(&st, "s", (0, 0)), (strs(&["H"]), None));
+    let mut st = Store::new(100, 10);
+    admit_all(&mut st, [fo("t", "F")]);
+    let info = st.session("t").unwrap();
+    assert_eq!(
+        (info.earliest, info.latest, info.high_water),
+        (None, None, None)
+    );
+    assert_eq!(after(&st, "t", (0, 0)), (vec![], None));
+}
+
+/// Evicting a foreign Event anchored at P means a consumer resuming from P (which replay
+/// would have redelivered it to) gets a marker; one resuming from above P does not.
+#[test]
+fn evicted_foreign_marks_its_anchor() {
+    let mut st = Store::new(2, 10);
+    admit_all(&mut st, [sq("s", 0, 1), fo("s", "A"), sq("s", 0, 2)]); // evicts 1
+    assert_eq!(after(&st, "s", (0, 1)), (strs(&["A", "e0.2"]), None));
+    admit_all(&mut st, [sq("s", 0, 3)]); // evicts A (anchored at 1)
+    let info = st.session("s").unwrap();
+    assert_eq!(info.evicted_high, Some((0, 1)));
+    assert_eq!(
+        after(&st, "s", (0, 1)),
+        (strs(&["e0.2", "e0.3"]), Some((0, 2)))
+    );
+    assert_eq!(after(&st, "s", (0, 2)), (strs(&["e0.3"]), None));
+    // Foreign Events anchored before everything, evicted, never mark a position.
+    let mut st = Store::new(1, 10);
+    admit_all(&mut st, [fo("t", "F"), sq("t", 0, 0)]);
+    assert_eq!(st.session("t").unwrap().evicted_high, None);
+    assert_eq!(after(&st, "t", (0, 0)), (vec![], None));
+}
+
+/// When the highest sequenced Event is evicted and only foreign Events remain, they keep
+/// its anchor, and a marker names that anchor as `earliest`.
+#[test]
+fn foreign_only_buffer_after_eviction() {
+    let mut st = Store::new(2, 10);
+    admit_all(
+        &mut st,
+        [sq("s", 0, 1), fo("s", "A"), fo("s", "B"), fo("s", "C")],
+    );
+    assert_eq!(from_start(&st, "s"), strs(&["B", "C"]));
+    let info = st.session("s").unwrap();
+    assert_eq!((info.earliest, info.latest), (None, None));
+    assert_eq!(info.high_water, Some((0, 1)));
+    assert_eq!(after(&st, "s", (0, 1)), (strs(&["B", "C"]), Some((0, 1))));
+    assert_eq!(after(&st, "s", (0, 0)), (strs(&["B", "C"]), Some((0, 1))));
+    assert_eq!(after(&st, "s", (0, 2)), (vec![], None));
+    // A later sequenced Event goes after them.
+    admit_all(&mut st, [sq("s", 0, 2)]);
+    assert_eq!(from_start(&st, "s"), strs(&["C", "e0.2"]));
+}
+
+/// At `max_sessions`, a new session evicts the least-recently-written one entirely.
+#[test]
+fn session_lru_eviction() {
+    let mut st = Store::new(10, 2);
+    admit_all(&mut st, [sq("a", 0, 1), sq("b", 0, 1), sq("a", 0, 2)]);
+    // b is now least recently written.
+    admit_all(&mut st, [sq("c", 0, 1)]);
+    assert_eq!(st.session_count(), 2);
+    assert!(st.session("b").is_none());
+    assert_eq!(after(&st, "b", (0, 0)), (vec![], None));
+    assert_eq!(from_start(&st, "b"), Vec::<String>::new());
+    assert_eq!((st.len(), st.byte_len()), (3, 300));
+    let names: Vec<_> = st.sessions().map(|s| s.name.to_string()).collect();
+    assert_eq!(names, ["a", "c"]);
+    // Duplicates and conflicts do not count as writes.
+    assert_eq!(admit(&mut st, sq("a", 0, 1)), Admission::Duplicate);
+    assert_eq!(
+        admit(&mut st, sq_id("a", (0, 2), OWNER, "z")),
+        Admission::Conflict
+    );
+    admit_all(&mut st, [sq("d", 0, 1)]);
+    assert!(st.session("a").is_none());
+    // A re-created session starts afresh (documented: eviction forgets it).
+    admit_all(&mut st, [sq("a", 0, 1)]);
+    assert_eq!(from_start(&st, "a"), strs(&["e0.1"]));
+    assert_eq!(st.session("a").unwrap().evicted_high, None);
+}
+
+/// AEP-0003 §5 replay-all: every held session from its earliest, least-recently-written
+/// first, no marker involved.
+#[test]
+fn replay_all_order() {
+    let mut st = Store::new(2, 10);
+    admit_all(
+        &mut st,
+        [
+            sq("a", 0, 1),
+            sq("b", 0, 1),
+            sq("c", 0, 1),
+            sq("a", 0, 2),
+            sq("b", 0, 2),
+            sq("b", 0, 3), // evicts b 0.1
+        ],
+    );
+    let mut got = Vec::new();
+    let n = st.replay_all(&mut |e| got.push(format!("{}/{}", e.session.as_deref().unwrap(), e.id)));
+    assert_eq!(n, 5);
+    assert_eq!(got, ["c/e0.1", "a/e0.1", "a/e0.2", "b/e0.2", "b/e0.3"]);
+    let order: Vec<_> = st.sessions().map(|s| s.name).collect();
+    assert_eq!(order, ["c", "a", "b"]);
+}
+
+/// Metrics introspection: counts and bytes per session and in total, with positions.
+#[test]
+fn introspection() {
+    let mut st = Store::new(3, 10);
+    admit_all(
+        &mut st,
+        [sq("a", 0, 1), fo("a", "F"), sq("b", 1, 7), sq("a", 0, 2)],
+    );
+    assert_eq!(st.session_count(), 2);
+    assert_eq!(st.len(), 4);
+    assert_eq!(st.byte_len(), 350);
+    let infos: Vec<_> = st.sessions().collect();
+    assert_eq!(
+        infos,
+        [
+            SessionInfo {
+                name: "b",
+                events: 1,
+                bytes: 100,
+                earliest: Some((1, 7)),
+                latest: Some((1, 7)),
+                high_water: Some((1, 7)),
+                evicted_high: None,
+            },
+            SessionInfo {
+                name: "a",
+                events: 3,
+                bytes: 250,
+                earliest: Some((0, 1)),
+                latest: Some((0, 2)),
+                high_water: Some((0, 2)),
+                evicted_high: None,
+            },
+        ]
+    );
+    assert_eq!(st.buffer_per_session(), 3);
+    assert_eq!(st.max_sessions(), 10);
+}
+
+/// The ring entry stays at one `Arc` plus a 24-byte key (module docs, "Memory").
+#[test]
+fn entry_is_small() {
+    assert_eq!(std::mem::size_of::<Key>(), 24);
+    assert_eq!(std::mem::size_of::<Entry<T>>(), 32);
+    assert_eq!(std::mem::size_of::<ByKey<T>>(), 8);
+}
+
+/// 100k admits into buffers of 1000 stay bounded: per-session length and capacity, session
+/// count, and a dedupe set that mirrors the ring.
+#[test]
+fn large_counts_stay_bounded() {
+    let mut st = Store::new(1000, 10);
+    for i in 0..100_000u64 {
+        let s = format!("s{}", i % 10);
+        let ev = if i % 7 == 0 {
+            fo(&s, &format!("f{i}"))
+        } else {
+            sq(&s, i / 50_000, i)
+        };
+        assert_eq!(st.admit(&ev), Admission::Admitted);
+        if i % 9973 == 0 {
+            st.check();
+        }
+    }
+    st.check();
+    assert_eq!(st.session_count(), 10);
+    assert_eq!(st.len(), 10 * 1000);
+    assert!(st.sessions().all(|s| s.events == 1000));
+    // Session churn: 10k one-off sessions replace them all, keeping 10.
+    for i in 0..10_000u64 {
+        assert_eq!(
+            st.admit(&sq(&format!("churn{i}"), 0, 1)),
+            Admission::Admitted
+        );
+    }
+    st.check();
+    assert_eq!((st.session_count(), st.len()), (10, 10));
+    assert_eq!(st.byte_len(), 10 * 100);
+
+    // One hot session: exactly the newest 1000 are held.
+    let mut st = Store::new(1000, 1);
+    for i in 0..100_000u64 {
+        st.admit(&sq("hot", 0, i));
+    }
+    st.check();
+    assert_eq!(st.len(), 1000);
+    let info = st.session("hot").unwrap();
+    assert_eq!(info.earliest, Some((0, 99_000)));
+    assert_eq!(info.evicted_high, Some((0, 98_999)));
+    assert_eq!(after(&st, "hot", (0, 98_999)).1, None);
+    assert_eq!(after(&st, "hot", (0, 98_998)).1, Some((0, 99_000)));
+}
