@@ -20,7 +20,10 @@ use smallvec::SmallVec;
 mod scan;
 mod validate;
 
-pub use validate::{is_valid_extension_name, SUPPORTED_VERSIONS};
+pub use validate::{
+    header_version_supported, is_valid_extension_name, is_valid_type, version_supported,
+    SUPPORTED_VERSIONS,
+};
 
 /// Severity levels in their AEP-0001 §8.1 total order: `debug < info < notice < warning <
 /// error < critical`. The derived `Ord` is that order.
@@ -193,6 +196,24 @@ impl Attr {
     /// The attribute with this wire name, if it is a string-valued core attribute.
     pub fn from_name(name: &str) -> Option<Attr> {
         Attr::ALL.iter().copied().find(|a| a.name() == name)
+    }
+
+    /// Its row in the AEP-0001 §5.1 table (`"#8"`), for refusal details.
+    pub(crate) fn spec_row(self) -> &'static str {
+        match self {
+            Attr::Aep => "#1",
+            Attr::Id => "#2",
+            Attr::Type => "#3",
+            Attr::Subject => "#4",
+            Attr::Time => "#5",
+            Attr::Source => "#6",
+            Attr::Agent => "#7",
+            Attr::Session => "#8",
+            Attr::Run => "#9",
+            Attr::Step => "#10",
+            Attr::Cause => "#13",
+            Attr::Traceparent => "#14",
+        }
     }
 }
 

@@ -1,9 +1,1424 @@
-//! The envelope scanner (stub: to be written).
-use super::{Attrs, InvalidEvent};
+//! The envelope scanner: one pass over an Event's bytes that validates them as strict JSON
+//! (RFC 8259, with exactly `serde_json`'s acceptance) and extracts the routing attributes
+//! as spans, without building a DOM and without parsing `data` into anything.
+//!
+//! # Shape
+//! - In: one JSON object, UTF-8, optionally surrounded by JSON whitespace (space, tab, LF,
+//!   CR). Form feed, NBSP, a BOM, or anything after the object is refused, as
+//!   `serde_json::from_slice` refuses them.
+//! - Out: the trimmed object as a zero-copy `Bytes::slice`, the [`Attrs`] whose spans index
+//!   that slice (`Text::Raw`) or the returned side buffer (`Text::Unescaped`, only for
+//!   strings that carried escapes), and that side buffer (empty for almost every Event).
+//!
+//! # What is checked here (and only here)
+//! - JSON: UTF-8, string escapes (`\u` surrogates must pair, as `serde_json` requires when
+//!   it builds a `String`), no raw control characters in strings, number grammar and
+//!   `serde_json`'s "number out of range" rule for floats, literals, nesting depth
+//!   (`serde_json` refuses a container nested 128 deep, so at most 127 levels counting the
+//!   Event object itself), nothing after the object.
+//! - Per top-level member value types (AEP-0001 §5.1, §5.4): see [`super::Event::scan`].
+//!   Presence and cross-attribute rules live in `validate.rs`.
+//! - Duplicate top-level member names, compared after unescaping (`"typ\u0065"` is
+//!   `type`): refused, because two readers could disagree on which one counts (AEP-0001
+//!   §5, RFC 8259 §4).
+//!
+//! # Integers
+//! An integer is what `serde_json` would hold as `u64` or `i64`: no fraction, no exponent,
+//! within `i64::MIN..=u64::MAX`, and not `-0` (`serde_json` 1.x reads `-0` as the float
+//! `-0.0`, so `"seq": -0` is refused like `"seq": 0.0`).
+//!
+//! # Panics
+//! Never, on any input: bytes are read through `get`, positions never pass the input's
+//! end, exponent arithmetic saturates, and inputs over 4 GiB (which `u32` spans could not
+//! address) are refused up front. The scanner is a fuzz target.
+//!
+//! # Cost
+//! One pass, no allocation for an Event whose strings carry no escapes and that has at
+//! most eight extension attributes; strings are skipped eight bytes at a time (SWAR).
+//! Duplicate extension names are found in O(n) even for adversarially many members.
+//!
+//! # Spec
+//! AEP-0001 §5 (an Event is one JSON object, relays MUST NOT require parsing `data`),
+//! §5.1 (attribute types, no `null`), §5.4 (extension attributes), §8 (enums).
+
+use super::validate::is_valid_extension_name;
+use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text};
 use bytes::Bytes;
+use smallvec::SmallVec;
+use std::collections::HashSet;
+
+/// The deepest container nesting `serde_json` accepts, counting the Event object as level
+/// 1: its recursion budget of 128 is exhausted by the 128th nested container.
+pub(crate) const MAX_DEPTH: u32 = 127;
+
+/// JSON whitespace (RFC 8259 §2). Deliberately not `u8::is_ascii_whitespace`, which also
+/// admits form feed; `serde_json` does not.
+#[inline]
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
 
 /// Scans one JSON object; see `Event::scan`.
+///
+/// Error offsets (`InvalidEvent::at`) are byte offsets into `bytes` as given, before
+/// trimming.
 pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent> {
-    let _ = bytes;
-    Err(InvalidEvent::new("scanner not written yet"))
+    let input = &bytes[..];
+    if u32::try_from(input.len()).is_err() {
+        return Err(InvalidEvent::new(format!(
+            "Event of {} bytes is larger than 4 GiB (AEP-0001 §5)",
+            input.len()
+        )));
+    }
+    let Some(start) = input.iter().position(|&b| !is_ws(b)) else {
+        return Err(InvalidEvent::at(
+            format!(
+                "invalid JSON at byte {}: empty input, expected one JSON object (AEP-0001 §5)",
+                input.len()
+            ),
+            input.len(),
+        ));
+    };
+    let end = input
+        .iter()
+        .rposition(|&b| !is_ws(b))
+        .map_or(start, |e| e + 1);
+    if let Err(e) = std::str::from_utf8(input) {
+        let at = e.valid_up_to();
+        return Err(InvalidEvent::at(
+            format!("invalid JSON at byte {at}: invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)"),
+            at,
+        ));
+    }
+    let object = bytes.slice(start..end);
+    let (attrs, unescaped) = {
+        let mut s = Scanner {
+            b: &object[..],
+            pos: 0,
+            off: start,
+            attrs: Attrs::default(),
+            unescaped: String::new(),
+            seen: 0,
+            ext_keys: SmallVec::new(),
+            ext_set: None,
+        };
+        s.top_object()?;
+        s.skip_ws();
+        if s.pos != s.b.len() {
+            return Err(s.syntax("trailing characters after the Event object"));
+        }
+        (s.attrs, s.unescaped)
+    };
+    Ok((object, attrs, unescaped))
+}
+
+/// What a top-level member name denotes. Core names map to a bit of `Scanner::seen`
+/// (`Member::bit`) for duplicate detection; extension names to a `name_key`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Member {
+    /// A string-valued core attribute.
+    Text(Attr),
+    Seq,
+    Epoch,
+    Severity,
+    Capture,
+    Data,
+    /// Anything else: an extension attribute (AEP-0001 §5.4).
+    Extension,
+}
+
+impl Member {
+    /// A byte `match` rather than `Attr::from_name` / `CORE_NAMES`: it runs once per
+    /// top-level member on the hot path and compiles to a length switch plus one compare.
+    fn classify(name: &[u8]) -> Member {
+        match name {
+            b"aep" => Member::Text(Attr::Aep),
+            b"id" => Member::Text(Attr::Id),
+            b"type" => Member::Text(Attr::Type),
+            b"subject" => Member::Text(Attr::Subject),
+            b"time" => Member::Text(Attr::Time),
+            b"source" => Member::Text(Attr::Source),
+            b"agent" => Member::Text(Attr::Agent),
+            b"session" => Member::Text(Attr::Session),
+            b"run" => Member::Text(Attr::Run),
+            b"step" => Member::Text(Attr::Step),
+            b"cause" => Member::Text(Attr::Cause),
+            b"traceparent" => Member::Text(Attr::Traceparent),
+            b"seq" => Member::Seq,
+            b"epoch" => Member::Epoch,
+            b"severity" => Member::Severity,
+            b"capture" => Member::Capture,
+            b"data" => Member::Data,
+            _ => Member::Extension,
+        }
+    }
+
+    /// Bit in `Scanner::seen`; `None` for extensions (checked against the list instead).
+    fn bit(self) -> Option<u32> {
+        Some(match self {
+            Member::Text(a) => a as u32,
+            Member::Seq => Attr::COUNT as u32,
+            Member::Epoch => Attr::COUNT as u32 + 1,
+            Member::Severity => Attr::COUNT as u32 + 2,
+            Member::Capture => Attr::COUNT as u32 + 3,
+            Member::Data => Attr::COUNT as u32 + 4,
+            Member::Extension => return None,
+        })
+    }
+
+    /// The wire name and the AEP-0001 §5.1 row, for error details.
+    fn describe(self) -> (&'static str, &'static str) {
+        match self {
+            Member::Text(a) => (a.name(), a.spec_row()),
+            Member::Seq => ("seq", "#11"),
+            Member::Epoch => ("epoch", "#12"),
+            Member::Severity => ("severity", "#15"),
+            Member::Capture => ("capture", "#16"),
+            Member::Data => ("data", "#17"),
+            Member::Extension => ("", ""),
+        }
+    }
+}
+
+/// A JSON number as `serde_json` would hold it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Num {
+    U64(u64),
+    I64(i64),
+    /// Any other valid, in-range number (fraction, exponent, beyond `i64`/`u64`, `-0`).
+    Float,
+}
+
+struct Scanner<'a> {
+    /// The trimmed Event object; every span indexes this.
+    b: &'a [u8],
+    pos: usize,
+    /// Where `b` starts in the caller's input (for error offsets).
+    off: usize,
+    attrs: Attrs,
+    unescaped: String,
+    /// Core members seen so far (bit = `Member::bit`).
+    seen: u32,
+    /// Extension names seen so far, as [`name_key`]s: scanned linearly while few, moved
+    /// into `ext_set` beyond [`EXT_LINEAR_MAX`] so an Event with very many extension
+    /// attributes costs O(n), not O(n²).
+    ext_keys: SmallVec<[u128; 8]>,
+    ext_set: Option<HashSet<u128>>,
+}
+
+/// How many extension names are checked for duplicates by linear scan.
+const EXT_LINEAR_MAX: usize = 32;
+
+/// An injective key for a legal extension name (`[a-z0-9]{1,20}`, AEP-0001 §5.4): the name
+/// read as base-37 digits 1..=36 (37^20 < 2^128, so no two names share a key).
+fn name_key(name: &[u8]) -> u128 {
+    name.iter().fold(0u128, |k, &c| {
+        let d = match c {
+            b'a'..=b'z' => c - b'a' + 1,
+            _ => c.wrapping_sub(b'0').wrapping_add(27),
+        };
+        k.wrapping_mul(37).wrapping_add(u128::from(d))
+    })
+}
+
+/// `a * 10 + d` would exceed `max` (`serde_json`'s `overflow!`).
+#[inline]
+fn overflows_u64(a: u64, d: u64) -> bool {
+    a >= u64::MAX / 10 && (a > u64::MAX / 10 || d > u64::MAX % 10)
+}
+
+#[inline]
+fn overflows_i32(a: i32, d: i32) -> bool {
+    a >= i32::MAX / 10 && (a > i32::MAX / 10 || d > i32::MAX % 10)
+}
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any byte of the little-endian word `w` is `"`, `\` or below 0x20 (SWAR; the
+/// three tests are exact as booleans).
+#[inline]
+fn has_special(w: u64) -> bool {
+    let zero = |v: u64| v.wrapping_sub(LO) & !v & HI != 0;
+    zero(w ^ (LO * u64::from(b'"')))
+        || zero(w ^ (LO * u64::from(b'\\')))
+        || w.wrapping_sub(LO * 0x20) & !w & HI != 0
+}
+
+/// `10^e` exactly as the literal `1e{e}` (what `serde_json`'s `POW10` table holds), for
+/// `e <= 308`. Only used on the rare exponents where the product could overflow.
+fn pow10(e: u32) -> f64 {
+    let mut buf = [b'1', b'e', b'0', b'0', b'0'];
+    buf[2] = b'0' + (e / 100 % 10) as u8;
+    buf[3] = b'0' + (e / 10 % 10) as u8;
+    buf[4] = b'0' + (e % 10) as u8;
+    std::str::from_utf8(&buf)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(f64::INFINITY)
+}
+
+impl Scanner<'_> {
+    // ---- errors -------------------------------------------------------------------
+
+    #[cold]
+    fn syntax(&self, what: &str) -> InvalidEvent {
+        let at = self.off.saturating_add(self.pos);
+        InvalidEvent::at(
+            format!("invalid JSON at byte {at}: {what} (RFC 8259; AEP-0001 §5)"),
+            at,
+        )
+    }
+
+    #[cold]
+    fn syntax_at(&mut self, pos: usize, what: &str) -> InvalidEvent {
+        self.pos = pos;
+        self.syntax(what)
+    }
+
+    // ---- primitives ---------------------------------------------------------------
+
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.pos).copied()
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(&c) = self.b.get(self.pos) {
+            if !is_ws(c) {
+                break;
+            }
+            self.pos += 1;
+        }
+    }
+
+    fn expect(&mut self, c: u8, what: &str) -> Result<(), InvalidEvent> {
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(self.syntax(what))
+        }
+    }
+
+    /// First index `>= i` holding `"`, `\` or a control character (or `b.len()`).
+    #[inline]
+    fn find_special(&self, mut i: usize) -> usize {
+        let b = self.b;
+        while let Some(chunk) = b.get(i..i.saturating_add(8)) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            if has_special(u64::from_le_bytes(word)) {
+                break;
+            }
+            i += 8;
+        }
+        while let Some(&c) = b.get(i) {
+            if c == b'"' || c == b'\\' || c < 0x20 {
+                return i;
+            }
+            i += 1;
+        }
+        i
+    }
+
+    /// The bytes a `Text` denotes.
+    fn text_bytes(&self, t: Text) -> &[u8] {
+        let (buf, s, e) = match t {
+            Text::Raw { start, end } => (self.b, start, end),
+            Text::Unescaped { start, end } => (self.unescaped.as_bytes(), start, end),
+        };
+        buf.get(s as usize..e as usize).unwrap_or_default()
+    }
+
+    fn text_str(&self, t: Text) -> &str {
+        std::str::from_utf8(self.text_bytes(t)).unwrap_or_default()
+    }
+
+    // ---- strings ------------------------------------------------------------------
+
+    /// Scans the string at `pos` (which holds `"`), leaving `pos` after the closing quote.
+    /// With `decode`, a string carrying escapes is decoded into `self.unescaped` and
+    /// returned as `Text::Unescaped`; otherwise (or without escapes) the result is the
+    /// raw span between the quotes.
+    fn string(&mut self, decode: bool) -> Result<Text, InvalidEvent> {
+        self.pos += 1;
+        let start = self.pos;
+        let stop = self.find_special(start);
+        match self.b.get(stop) {
+            Some(b'"') => {
+                self.pos = stop + 1;
+                Ok(Text::Raw {
+                    start: start as u32,
+                    end: stop as u32,
+                })
+            }
+            Some(b'\\') => self.string_escaped(start, stop, decode),
+            Some(_) => Err(self.syntax_at(
+                stop,
+                "control character (U+0000 to U+001F) in a string must be escaped",
+            )),
+            None => Err(self.syntax_at(stop, "end of input inside a string")),
+        }
+    }
+
+    /// The escape path of [`Self::string`]: `stop` holds the first `\`. Rare for routing
+    /// attributes, common in `data` free text.
+    fn string_escaped(
+        &mut self,
+        start: usize,
+        stop: usize,
+        decode: bool,
+    ) -> Result<Text, InvalidEvent> {
+        let b = self.b;
+        let mark = self.unescaped.len();
+        let mut run = start;
+        let mut i = stop;
+        loop {
+            match b.get(i) {
+                Some(b'"') => {
+                    if decode {
+                        self.push_raw(run, i)?;
+                    }
+                    self.pos = i + 1;
+                    return Ok(if decode {
+                        Text::Unescaped {
+                            start: mark as u32,
+                            end: self.unescaped.len() as u32,
+                        }
+                    } else {
+                        Text::Raw {
+                            start: start as u32,
+                            end: i as u32,
+                        }
+                    });
+                }
+                Some(b'\\') => {
+                    if decode {
+                        self.push_raw(run, i)?;
+                    }
+                    self.pos = i;
+                    self.escape(decode)?;
+                    i = self.pos;
+                    run = i;
+                }
+                Some(_) => {
+                    let next = self.find_special(i);
+                    if next == i {
+                        return Err(self.syntax_at(
+                            i,
+                            "control character (U+0000 to U+001F) in a string must be escaped",
+                        ));
+                    }
+                    i = next;
+                }
+                None => return Err(self.syntax_at(i, "end of input inside a string")),
+            }
+        }
+    }
+
+    /// Appends `b[from..to]` (unescaped text between escapes) to the side buffer.
+    fn push_raw(&mut self, from: usize, to: usize) -> Result<(), InvalidEvent> {
+        let run = self.b.get(from..to).unwrap_or_default();
+        match std::str::from_utf8(run) {
+            Ok(s) => {
+                self.unescaped.push_str(s);
+                Ok(())
+            }
+            // Unreachable: the whole input was validated as UTF-8 and runs are cut at
+            // ASCII bytes. Refuse rather than panic.
+            Err(_) => Err(self.syntax_at(from, "invalid UTF-8 in a string")),
+        }
+    }
+
+    /// Scans one escape at `pos` (which holds `\`), appending its character when `decode`.
+    fn escape(&mut self, decode: bool) -> Result<(), InvalidEvent> {
+        let at = self.pos;
+        let Some(c) = self.b.get(at + 1).copied() else {
+            return Err(self.syntax_at(at + 1, "end of input inside an escape"));
+        };
+        self.pos = at + 2;
+        let ch = match c {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let n = self.hex4()?;
+                let cp = if (0xDC00..=0xDFFF).contains(&n) {
+                    return Err(self.syntax_at(at, "lone trailing surrogate in a \\u escape"));
+                } else if (0xD800..=0xDBFF).contains(&n) {
+                    // A leading surrogate must be followed by `\u` and a trailing one
+                    // (serde_json refuses lone surrogates in strings it decodes).
+                    if self.b.get(self.pos) != Some(&b'\\')
+                        || self.b.get(self.pos + 1) != Some(&b'u')
+                    {
+                        return Err(self.syntax_at(
+                            at,
+                            "lone leading surrogate in a \\u escape (expected a \\u trailing surrogate)",
+                        ));
+                    }
+                    self.pos += 2;
+                    let n2 = self.hex4()?;
+                    if !(0xDC00..=0xDFFF).contains(&n2) {
+                        return Err(self.syntax_at(
+                            at,
+                            "lone leading surrogate in a \\u escape (the next escape is not a trailing surrogate)",
+                        ));
+                    }
+                    0x10000 + ((n - 0xD800) << 10) + (n2 - 0xDC00)
+                } else {
+                    n
+                };
+                match char::from_u32(cp) {
+                    Some(ch) => ch,
+                    None => return Err(self.syntax_at(at, "invalid \\u escape")),
+                }
+            }
+            _ => return Err(self.syntax_at(at, "invalid escape")),
+        };
+        if decode {
+            self.unescaped.push(ch);
+        }
+        Ok(())
+    }
+
+    /// Four hex digits at `pos`.
+    fn hex4(&mut self) -> Result<u32, InvalidEvent> {
+        let mut n = 0u32;
+        for k in 0..4 {
+            let d = match self.b.get(self.pos + k) {
+                Some(&c @ b'0'..=b'9') => c - b'0',
+                Some(&c @ b'a'..=b'f') => c - b'a' + 10,
+                Some(&c @ b'A'..=b'F') => c - b'A' + 10,
+                Some(_) => {
+                    return Err(self.syntax_at(self.pos + k, "invalid hex digit in a \\u escape"))
+                }
+                None => return Err(self.syntax_at(self.pos + k, "end of input inside an escape")),
+            };
+            n = n << 4 | u32::from(d);
+        }
+        self.pos += 4;
+        Ok(n)
+    }
+
+    // ---- numbers (a port of serde_json 1.x's default, non-`float_roundtrip` parser) ---
+
+    /// Scans the number at `pos`, leaving `pos` after it.
+    fn number(&mut self) -> Result<Num, InvalidEvent> {
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+        }
+        let mut sig: u64;
+        match self.peek() {
+            Some(b'0') => {
+                self.pos += 1;
+                if matches!(self.peek(), Some(b'0'..=b'9')) {
+                    return Err(self.syntax("invalid number: leading zero"));
+                }
+                sig = 0;
+            }
+            Some(c @ b'1'..=b'9') => {
+                self.pos += 1;
+                sig = u64::from(c - b'0');
+                while let Some(c @ b'0'..=b'9') = self.peek() {
+                    let d = u64::from(c - b'0');
+                    if overflows_u64(sig, d) {
+                        self.long_integer(sig)?;
+                        return Ok(Num::Float);
+                    }
+                    self.pos += 1;
+                    sig = sig * 10 + d;
+                }
+            }
+            Some(_) => return Err(self.syntax("invalid number: expected a digit")),
+            None => return Err(self.syntax("end of input inside a number")),
+        }
+        match self.peek() {
+            Some(b'.') => {
+                self.decimal(sig, 0)?;
+                Ok(Num::Float)
+            }
+            Some(b'e' | b'E') => {
+                self.exponent(sig, 0)?;
+                Ok(Num::Float)
+            }
+            _ if !negative => Ok(Num::U64(sig)),
+            _ => {
+                // serde_json: "Convert into a float if we underflow, or on `-0`."
+                let n = (sig as i64).wrapping_neg();
+                Ok(if n >= 0 { Num::Float } else { Num::I64(n) })
+            }
+        }
+    }
+
+    /// An integer part too long for `u64`: further digits only scale the exponent.
+    #[cold]
+    fn long_integer(&mut self, sig: u64) -> Result<(), InvalidEvent> {
+        let mut exp: i32 = 0;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+            exp = exp.saturating_add(1);
+        }
+        match self.peek() {
+            Some(b'.') => self.decimal(sig, exp),
+            Some(b'e' | b'E') => self.exponent(sig, exp),
+            _ => self.float_in_range(sig, exp),
+        }
+    }
+
+    /// The fraction at `pos` (which holds `.`).
+    fn decimal(&mut self, mut sig: u64, exp_before: i32) -> Result<(), InvalidEvent> {
+        self.pos += 1;
+        let mut exp_after: i32 = 0;
+        while let Some(c @ b'0'..=b'9') = self.peek() {
+            let d = u64::from(c - b'0');
+            if overflows_u64(sig, d) {
+                // Further digits are ignored for the value.
+                while let Some(b'0'..=b'9') = self.peek() {
+                    self.pos += 1;
+                }
+                let exp = exp_before.saturating_add(exp_after);
+                return match self.peek() {
+                    Some(b'e' | b'E') => self.exponent(sig, exp),
+                    _ => self.float_in_range(sig, exp),
+                };
+            }
+            self.pos += 1;
+            sig = sig * 10 + d;
+            exp_after = exp_after.saturating_sub(1);
+        }
+        if exp_after == 0 {
+            return Err(match self.peek() {
+                Some(_) => self.syntax("invalid number: expected a digit after `.`"),
+                None => self.syntax("end of input inside a number"),
+            });
+        }
+        let exp = exp_before.saturating_add(exp_after);
+        match self.peek() {
+            Some(b'e' | b'E') => self.exponent(sig, exp),
+            _ => self.float_in_range(sig, exp),
+        }
+    }
+
+    /// The exponent at `pos` (which holds `e` or `E`).
+    fn exponent(&mut self, sig: u64, starting: i32) -> Result<(), InvalidEvent> {
+        self.pos += 1;
+        let positive = match self.peek() {
+            Some(b'+') => {
+                self.pos += 1;
+                true
+            }
+            Some(b'-') => {
+                self.pos += 1;
+                false
+            }
+            _ => true,
+        };
+        let mut exp = match self.peek() {
+            Some(c @ b'0'..=b'9') => i32::from(c - b'0'),
+            Some(_) => return Err(self.syntax("invalid number: expected a digit in the exponent")),
+            None => return Err(self.syntax("end of input inside a number")),
+        };
+        self.pos += 1;
+        while let Some(c @ b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+            let d = i32::from(c - b'0');
+            if overflows_i32(exp, d) {
+                // serde_json: an exponent beyond i32 is 0.0 or out of range.
+                if sig != 0 && positive {
+                    return Err(self.syntax("number out of range"));
+                }
+                while let Some(b'0'..=b'9') = self.peek() {
+                    self.pos += 1;
+                }
+                return Ok(());
+            }
+            exp = exp * 10 + d;
+        }
+        let exp = if positive {
+            starting.saturating_add(exp)
+        } else {
+            starting.saturating_sub(exp)
+        };
+        self.float_in_range(sig, exp)
+    }
+
+    /// `serde_json`'s `f64_from_parts` range check: `sig * 10^exp` must stay finite when
+    /// computed as `sig as f64 * POW10[exp]`. Negative exponents only divide (never fail).
+    fn float_in_range(&self, sig: u64, exp: i32) -> Result<(), InvalidEvent> {
+        if sig == 0 || exp < 0 {
+            return Ok(());
+        }
+        let out_of_range = match u32::try_from(exp) {
+            Ok(e) if e <= 288 => false, // u64::MAX * 1e288 < f64::MAX
+            Ok(e) if e <= 308 => (sig as f64 * pow10(e)).is_infinite(),
+            _ => true,
+        };
+        if out_of_range {
+            Err(self.syntax("number out of range"))
+        } else {
+            Ok(())
+        }
+    }
+
+    // ---- literals and whole values --------------------------------------------------
+
+    /// The literal `word` at `pos`.
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), InvalidEvent> {
+        for (k, &c) in word.iter().enumerate() {
+            match self.b.get(self.pos + k) {
+                Some(&x) if x == c => {}
+                Some(_) => return Err(self.syntax_at(self.pos + k, "invalid literal")),
+                None => return Err(self.syntax_at(self.pos + k, "end of input inside a literal")),
+            }
+        }
+        self.pos += word.len();
+        Ok(())
+    }
+
+    /// `"name"` `:` inside a nested object, leaving `pos` at the value.
+    fn member_name(&mut self) -> Result<(), InvalidEvent> {
+        if self.peek() != Some(b'"') {
+            return Err(self.syntax("expected a member name string"));
+        }
+        self.string(false)?;
+        self.skip_ws();
+        self.expect(b':', "expected `:` after a member name")?;
+        self.skip_ws();
+        Ok(())
+    }
+
+    /// Validates one JSON value at `pos` (no leading whitespace), enclosed in `depth`
+    /// containers, without building it. Iterative: a `u128` bit stack records for each
+    /// open container whether it is an object, so depth costs no native stack.
+    fn skip_value(&mut self, depth: u32) -> Result<(), InvalidEvent> {
+        let mut stack: u128 = 0;
+        let mut open: u32 = 0;
+        'value: loop {
+            match self.peek() {
+                Some(c @ (b'{' | b'[')) => {
+                    if depth + open + 1 > MAX_DEPTH {
+                        return Err(self.syntax(
+                            "nesting deeper than 127 levels (serde_json's recursion limit)",
+                        ));
+                    }
+                    self.pos += 1;
+                    self.skip_ws();
+                    let object = c == b'{';
+                    let close = if object { b'}' } else { b']' };
+                    if self.peek() == Some(close) {
+                        self.pos += 1;
+                    } else {
+                        stack = stack << 1 | u128::from(object);
+                        open += 1;
+                        if object {
+                            self.member_name()?;
+                        }
+                        continue 'value;
+                    }
+                }
+                Some(b'"') => {
+                    self.string(false)?;
+                }
+                Some(b'-' | b'0'..=b'9') => {
+                    self.number()?;
+                }
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                Some(_) => return Err(self.syntax("expected a value")),
+                None => return Err(self.syntax("end of input, expected a value")),
+            }
+            // A value is complete: close containers until one continues.
+            loop {
+                if open == 0 {
+                    return Ok(());
+                }
+                self.skip_ws();
+                let object = stack & 1 == 1;
+                match self.peek() {
+                    Some(b',') => {
+                        self.pos += 1;
+                        self.skip_ws();
+                        if object {
+                            self.member_name()?;
+                        }
+                        continue 'value;
+                    }
+                    Some(b'}') if object => {}
+                    Some(b']') if !object => {}
+                    _ if object => return Err(self.syntax("expected `,` or `}` in an object")),
+                    _ => return Err(self.syntax("expected `,` or `]` in an array")),
+                }
+                self.pos += 1;
+                stack >>= 1;
+                open -= 1;
+            }
+        }
+    }
+
+    // ---- the Event object ---------------------------------------------------------------
+
+    fn top_object(&mut self) -> Result<(), InvalidEvent> {
+        if self.peek() != Some(b'{') {
+            return Err(self.syntax("an Event is one JSON object, expected `{`"));
+        }
+        self.pos += 1;
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            if self.peek() != Some(b'"') {
+                return Err(self.syntax("expected a member name string"));
+            }
+            let mark = self.unescaped.len();
+            let key = self.string(true)?;
+            self.skip_ws();
+            self.expect(b':', "expected `:` after a member name")?;
+            self.skip_ws();
+            let member = Member::classify(self.text_bytes(key));
+            if let Some(bit) = member.bit() {
+                // A core name's decoded spelling is not kept.
+                self.unescaped.truncate(mark);
+                if self.seen & 1 << bit != 0 {
+                    return Err(InvalidEvent::new(format!(
+                        "duplicate top-level member `{}` (AEP-0001 §5; RFC 8259 §4: readers could disagree on which one counts)",
+                        member.describe().0
+                    )));
+                }
+                self.seen |= 1 << bit;
+                self.core_value(member)?;
+            } else {
+                self.extension(key)?;
+            }
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.syntax("expected `,` or `}` in the Event object")),
+            }
+        }
+    }
+
+    /// A value of the wrong JSON type for `what`: report a syntax fault in it first if it
+    /// has one, then `null` (AEP-0001 §5.1: absent attributes are omitted, never `null`),
+    /// then the type rule.
+    #[cold]
+    fn wrong_type(&mut self, name: &str, rule: String) -> InvalidEvent {
+        let is_null = self
+            .b
+            .get(self.pos..)
+            .is_some_and(|r| r.starts_with(b"null"));
+        if let Err(e) = self.skip_value(1) {
+            return e;
+        }
+        if is_null {
+            InvalidEvent::new(format!(
+                "`{name}` is null: absent attributes MUST be omitted, not set to null (AEP-0001 §5.1)"
+            ))
+        } else {
+            InvalidEvent::new(rule)
+        }
+    }
+
+    fn core_value(&mut self, member: Member) -> Result<(), InvalidEvent> {
+        let (name, row) = member.describe();
+        match member {
+            Member::Text(attr) => {
+                if self.peek() != Some(b'"') {
+                    let rule = format!("`{name}` must be a non-empty string (AEP-0001 §5.1 {row})");
+                    return Err(self.wrong_type(name, rule));
+                }
+                let text = self.string(true)?;
+                if self.text_bytes(text).is_empty() {
+                    return Err(InvalidEvent::new(format!(
+                        "`{name}` must be a non-empty string (AEP-0001 §5.1 {row})"
+                    )));
+                }
+                self.attrs.text[attr as usize] = Some(text);
+            }
+            Member::Seq | Member::Epoch => {
+                let rule = format!("`{name}` must be an integer >= 0 (AEP-0001 §5.1 {row})");
+                if !matches!(self.peek(), Some(b'-' | b'0'..=b'9')) {
+                    return Err(self.wrong_type(name, rule));
+                }
+                let start = self.pos;
+                let Num::U64(v) = self.number()? else {
+                    return Err(InvalidEvent::new(format!(
+                        "{rule}, got {}",
+                        self.shown(start)
+                    )));
+                };
+                if member == Member::Seq {
+                    self.attrs.seq = Some(v);
+                } else {
+                    self.attrs.epoch = Some(v);
+                }
+            }
+            Member::Severity | Member::Capture => {
+                let rule = if member == Member::Severity {
+                    "`severity` must be one of debug, info, notice, warning, error, critical (AEP-0001 §5.1 #15, §8.1)"
+                } else {
+                    "`capture` must be one of none, metadata, redacted, full (AEP-0001 §5.1 #16, §8.2)"
+                };
+                if self.peek() != Some(b'"') {
+                    return Err(self.wrong_type(name, rule.to_owned()));
+                }
+                let mark = self.unescaped.len();
+                let text = self.string(true)?;
+                let ok = if member == Member::Severity {
+                    let v = Severity::parse(self.text_str(text));
+                    self.attrs.severity = v;
+                    v.is_some()
+                } else {
+                    let v = Capture::parse(self.text_str(text));
+                    self.attrs.capture = v;
+                    v.is_some()
+                };
+                self.unescaped.truncate(mark);
+                if !ok {
+                    return Err(InvalidEvent::new(rule));
+                }
+            }
+            Member::Data => {
+                if self.peek() != Some(b'{') {
+                    let rule = "`data` must be a JSON object (AEP-0001 §5.1 #17)".to_owned();
+                    return Err(self.wrong_type(name, rule));
+                }
+                let start = self.pos;
+                self.skip_value(1)?;
+                self.attrs.data = Some((start as u32, self.pos as u32));
+            }
+            Member::Extension => {}
+        }
+        Ok(())
+    }
+
+    /// `b[from..pos]`, shortened for an error detail.
+    fn shown(&self, from: usize) -> String {
+        let s = String::from_utf8_lossy(self.b.get(from..self.pos).unwrap_or_default());
+        if s.len() > 40 {
+            format!("{}…", s.chars().take(40).collect::<String>())
+        } else {
+            s.into_owned()
+        }
+    }
+
+    /// An extension attribute member (AEP-0001 §5.4): `key` was just scanned.
+    fn extension(&mut self, key: Text) -> Result<(), InvalidEvent> {
+        let name = self.text_str(key);
+        if !is_valid_extension_name(name) {
+            let shown: String = name.chars().take(40).collect();
+            let more = if name.chars().count() > 40 { "…" } else { "" };
+            return Err(InvalidEvent::new(format!(
+                "extension attribute name {shown:?}{more} must match [a-z0-9]{{1,20}} and not be a core attribute name (AEP-0001 §5.4)"
+            )));
+        }
+        let k = name_key(self.text_bytes(key));
+        let fresh = match &mut self.ext_set {
+            Some(set) => set.insert(k),
+            None if self.ext_keys.contains(&k) => false,
+            None => {
+                self.ext_keys.push(k);
+                if self.ext_keys.len() > EXT_LINEAR_MAX {
+                    self.ext_set = Some(self.ext_keys.drain(..).collect());
+                }
+                true
+            }
+        };
+        if !fresh {
+            return Err(InvalidEvent::new(format!(
+                "duplicate top-level member `{}` (AEP-0001 §5; RFC 8259 §4: readers could disagree on which one counts)",
+                self.text_str(key)
+            )));
+        }
+        let start = self.pos;
+        let value = match self.peek() {
+            Some(b'"') => StoredScalar::Str(self.string(true)?),
+            Some(b't') => {
+                self.literal(b"true")?;
+                StoredScalar::Bool(true)
+            }
+            Some(b'f') => {
+                self.literal(b"false")?;
+                StoredScalar::Bool(false)
+            }
+            Some(b'-' | b'0'..=b'9') => match self.number()? {
+                Num::U64(v) => StoredScalar::Int(i128::from(v)),
+                Num::I64(v) => StoredScalar::Int(i128::from(v)),
+                Num::Float => {
+                    let name = self.text_str(key).to_owned();
+                    return Err(InvalidEvent::new(format!(
+                        "extension attribute `{name}` must be a string, an integer within i64/u64 or a boolean, got {} (AEP-0001 §5.4)",
+                        self.shown(start)
+                    )));
+                }
+            },
+            _ => {
+                let name = self.text_str(key).to_owned();
+                let rule = format!(
+                    "extension attribute `{name}` must be a string, integer or boolean (AEP-0001 §5.4: scalar values only)"
+                );
+                return Err(self.wrong_type(&name, rule));
+            }
+        };
+        self.attrs.extensions.push((key, value));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Attr, Capture, Event, Scalar, Severity, Text};
+    use super::*;
+
+    /// A minimal member list around `extra` (no envelope rules apply to `scan`).
+    fn scan_str(json: &str) -> Result<Event, InvalidEvent> {
+        Event::scan(Bytes::copy_from_slice(json.as_bytes()))
+    }
+
+    fn refused(json: &str) -> InvalidEvent {
+        match scan_str(json) {
+            Ok(ev) => panic!("accepted {json:?}: {ev:?}"),
+            Err(e) => e,
+        }
+    }
+
+    fn accepted(json: &str) -> Event {
+        scan_str(json).unwrap_or_else(|e| panic!("refused {json:?}: {e}"))
+    }
+
+    #[test]
+    fn plain_strings_are_raw_spans_and_escaped_ones_decoded() {
+        let ev = accepted(
+            r#"{"id":"plain","session":"s\u0031","subject":"a\"b\\c\/d\u00e9\n\t\b\f\r","agent":"é中"}"#,
+        );
+        assert_eq!(ev.id(), "plain");
+        assert!(matches!(
+            ev.attrs.text[Attr::Id as usize],
+            Some(Text::Raw { .. })
+        ));
+        assert_eq!(ev.session(), Some("s1"));
+        assert!(matches!(
+            ev.attrs.text[Attr::Session as usize],
+            Some(Text::Unescaped { .. })
+        ));
+        assert_eq!(ev.attr(Attr::Subject), Some("a\"b\\c/dé\n\t\u{8}\u{c}\r"));
+        assert_eq!(ev.attr(Attr::Agent), Some("é中"));
+        // Only escaped values reach the side buffer.
+        assert_eq!(ev.unescaped, "s1a\"b\\c/dé\n\t\u{8}\u{c}\r");
+    }
+
+    #[test]
+    fn escaped_member_names_are_decoded_and_not_kept() {
+        let ev = accepted(r#"{"typ\u0065":"tool.x","\u0073eq":3,"acm\u0065":"v"}"#);
+        assert_eq!(ev.event_type(), "tool.x");
+        assert_eq!(ev.seq(), Some(3));
+        assert_eq!(ev.extension("acme"), Some(Scalar::Str("v")));
+        // Core names are dropped from the side buffer; the extension name stays.
+        assert_eq!(ev.unescaped, "acme");
+    }
+
+    #[test]
+    fn surrogate_pairs_decode_and_lone_surrogates_are_refused() {
+        let ev = accepted(r#"{"id":"\ud83d\ude00","run":"\uD83D\uDE00x","step":"\uDBFF\uDFFF"}"#);
+        assert_eq!(ev.id(), "😀");
+        assert_eq!(ev.attr(Attr::Run), Some("😀x"));
+        assert_eq!(ev.attr(Attr::Step), Some("\u{10FFFF}"));
+        for bad in [
+            r#"{"id":"\ud800"}"#,
+            r#"{"id":"\ud800x"}"#,
+            r#"{"id":"\udc00"}"#,
+            r#"{"id":"\ud800\u0041"}"#,
+            r#"{"id":"\ud800\ud800"}"#,
+            r#"{"id":"\ud800\n"}"#,
+            r#"{"data":{"k":"\ude00"}}"#,
+            r#"{"id":"\u12"}"#,
+            r#"{"id":"\u12g4"}"#,
+            r#"{"id":"\x41"}"#,
+            r#"{"id":"\"#,
+        ] {
+            let e = refused(bad);
+            assert!(e.detail.starts_with("invalid JSON at byte "), "{bad}: {e}");
+            assert!(e.at.is_some(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn duplicate_members_are_refused_even_when_spelled_with_escapes() {
+        for (json, name) in [
+            (r#"{"type":"a.b","type":"a.c"}"#, "type"),
+            (r#"{"type":"a.b","typ\u0065":"a.c"}"#, "type"),
+            (r#"{"\u0073eq":1,"seq":1}"#, "seq"),
+            (r#"{"data":{},"data":{}}"#, "data"),
+            (r#"{"acme":1,"acm\u0065":2}"#, "acme"),
+            (r#"{"acme":1,"acme":1}"#, "acme"),
+        ] {
+            let e = refused(json);
+            assert!(
+                e.detail
+                    .starts_with(&format!("duplicate top-level member `{name}` (AEP-0001 §5")),
+                "{json}: {e}"
+            );
+        }
+        // Only top-level names count: serde_json accepts (and a relay never reads) `data`.
+        accepted(r#"{"data":{"a":1,"a":2}}"#);
+    }
+
+    #[test]
+    fn seq_and_epoch_are_u64_integers() {
+        for (n, want) in [
+            ("0", Some(0)),
+            ("9007199254740993", Some(9_007_199_254_740_993)), // 2^53 + 1, exact
+            ("18446744073709551615", Some(u64::MAX)),
+            ("18446744073709551616", None), // 2^64: a float to serde_json
+            ("-0", None),                   // serde_json reads -0.0 (a float)
+            ("-1", None),
+            ("1e2", None),
+            ("1.0", None),
+            ("1E0", None),
+        ] {
+            for attr in ["seq", "epoch"] {
+                let json = format!(r#"{{"{attr}":{n}}}"#);
+                match want {
+                    Some(v) => {
+                        let ev = accepted(&json);
+                        let got = if attr == "seq" {
+                            ev.seq()
+                        } else {
+                            ev.epoch_declared()
+                        };
+                        assert_eq!(got, Some(v), "{json}");
+                    }
+                    None => {
+                        let e = refused(&json);
+                        let row = if attr == "seq" { "#11" } else { "#12" };
+                        assert!(
+                            e.detail.starts_with(&format!(
+                                "`{attr}` must be an integer >= 0 (AEP-0001 §5.1 {row})"
+                            )),
+                            "{json}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+        // Grammar faults stay syntax faults.
+        for bad in ["01", "-", "1.", ".5", "+1", "1e", "0x10", "1e400"] {
+            let e = refused(&format!(r#"{{"seq":{bad}}}"#));
+            assert!(e.detail.starts_with("invalid JSON"), "{bad}: {e}");
+        }
+        let e = refused(r#"{"seq":"1"}"#);
+        assert!(e.detail.contains("`seq` must be an integer >= 0"), "{e}");
+    }
+
+    #[test]
+    fn extension_values_are_strings_integers_or_booleans() {
+        let ev = accepted(
+            r#"{"a1":"","a2":true,"a3":false,"a4":-9223372036854775808,"a5":18446744073709551615,"a6":0,"a7":"x\u0041"}"#,
+        );
+        let got: Vec<_> = ev.extensions().collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a1", Scalar::Str("")),
+                ("a2", Scalar::Bool(true)),
+                ("a3", Scalar::Bool(false)),
+                ("a4", Scalar::Int(i128::from(i64::MIN))),
+                ("a5", Scalar::Int(i128::from(u64::MAX))),
+                ("a6", Scalar::Int(0)),
+                ("a7", Scalar::Str("xA")),
+            ]
+        );
+        for bad in [
+            "-0",
+            "1.5",
+            "1e2",
+            "-9223372036854775809",
+            "18446744073709551616",
+            "{}",
+            "[]",
+            "[1]",
+        ] {
+            let e = refused(&format!(r#"{{"acme":{bad}}}"#));
+            assert!(e.detail.contains("AEP-0001 §5.4"), "{bad}: {e}");
+            assert!(e.detail.contains("`acme`"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn many_extensions_are_checked_for_duplicates_in_linear_time() {
+        let names: Vec<String> = (0..5000).map(|i| format!("e{i}")).collect();
+        let body: Vec<String> = names.iter().map(|n| format!("\"{n}\":1")).collect();
+        let ev = accepted(&format!("{{{}}}", body.join(",")));
+        assert_eq!(ev.extensions().count(), 5000);
+        for dup in ["e0", "e31", "e32", "e33", "e4999"] {
+            let e = refused(&format!("{{{},\"{dup}\":2}}", body.join(",")));
+            assert!(
+                e.detail
+                    .contains(&format!("duplicate top-level member `{dup}`")),
+                "{e}"
+            );
+        }
+        // The key is injective over legal names (length is part of it).
+        let keys: HashSet<u128> = [
+            "a",
+            "aa",
+            "a0",
+            "0",
+            "00",
+            "z",
+            "9",
+            "zzzzzzzzzzzzzzzzzzzz",
+            "99999999999999999999",
+        ]
+        .iter()
+        .map(|n| name_key(n.as_bytes()))
+        .collect();
+        assert_eq!(keys.len(), 9);
+    }
+
+    #[test]
+    fn extension_names_at_20_and_21_chars() {
+        let twenty = "a".repeat(20);
+        let ev = accepted(&format!(r#"{{"{twenty}":1}}"#));
+        assert_eq!(ev.extension(&twenty), Some(Scalar::Int(1)));
+        for bad in [
+            "a".repeat(21),
+            "Acme".to_owned(),
+            "acme_ext".to_owned(),
+            "acme-ext".to_owned(),
+            String::new(),
+            "é".to_owned(),
+        ] {
+            let e = refused(&format!(r#"{{"{bad}":1}}"#));
+            assert!(
+                e.detail.contains("must match [a-z0-9]{1,20}") && e.detail.contains("§5.4"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn null_top_level_values_are_refused() {
+        for name in [
+            "id", "session", "seq", "epoch", "severity", "capture", "data", "acme",
+        ] {
+            let e = refused(&format!(r#"{{"{name}":null}}"#));
+            assert!(
+                e.detail.contains(&format!("`{name}`"))
+                    && (e.detail.contains("not set to null (AEP-0001 §5.1)")
+                        || e.detail.contains("AEP-0001 §5.4")),
+                "{name}: {e}"
+            );
+        }
+        // `null` is fine inside `data`: the relay does not read it.
+        accepted(r#"{"data":{"k":null}}"#);
+    }
+
+    #[test]
+    fn core_value_types() {
+        for (json, needle) in [
+            (
+                r#"{"id":""}"#,
+                "`id` must be a non-empty string (AEP-0001 §5.1 #2)",
+            ),
+            (
+                r#"{"type":1}"#,
+                "`type` must be a non-empty string (AEP-0001 §5.1 #3)",
+            ),
+            (r#"{"traceparent":true}"#, "(AEP-0001 §5.1 #14)"),
+            (
+                r#"{"data":[]}"#,
+                "`data` must be a JSON object (AEP-0001 §5.1 #17)",
+            ),
+            (r#"{"data":"x"}"#, "`data` must be a JSON object"),
+            (r#"{"severity":"fatal"}"#, "`severity` must be one of"),
+            (r#"{"severity":"INFO"}"#, "§8.1"),
+            (r#"{"capture":"all"}"#, "`capture` must be one of"),
+            (r#"{"capture":1}"#, "§8.2"),
+        ] {
+            let e = refused(json);
+            assert!(e.detail.contains(needle), "{json}: {e}");
+            assert_eq!(e.at, None, "{json}: a value rule, not a syntax fault");
+        }
+        // A wrong-typed value with a syntax fault reports the syntax fault.
+        let e = refused(r#"{"id":[1,]}"#);
+        assert!(e.detail.starts_with("invalid JSON at byte 9"), "{e}");
+        assert_eq!(e.at, Some(9));
+
+        let ev = accepted(r#"{"severity":"w\u0061rning","capture":"full"}"#);
+        assert_eq!(ev.severity_declared(), Some(Severity::Warning));
+        assert_eq!(ev.capture_declared(), Some(Capture::Full));
+        assert!(ev.unescaped.is_empty(), "enum spellings are not kept");
+        for s in Severity::ALL {
+            let ev = accepted(&format!(r#"{{"severity":"{}"}}"#, s.as_str()));
+            assert_eq!(ev.severity(), s);
+        }
+        for c in Capture::ALL {
+            let ev = accepted(&format!(r#"{{"capture":"{}"}}"#, c.as_str()));
+            assert_eq!(ev.capture(), c);
+        }
+    }
+
+    #[test]
+    fn data_is_a_validated_span() {
+        let json = r#" {"data" : {"a":[1,-2.5e-3,"\u00e9",{"b":null}],"c":{}} , "id":"x"} "#;
+        let ev = accepted(json);
+        assert_eq!(
+            ev.data(),
+            Some(&br#"{"a":[1,-2.5e-3,"\u00e9",{"b":null}],"c":{}}"#[..])
+        );
+        for bad in [
+            r#"{"data":{"a":1,}}"#,
+            r#"{"data":{"a" 1}}"#,
+            r#"{"data":{"a":[1 2]}}"#,
+            r#"{"data":{1:2}}"#,
+            r#"{"data":{"a":tru}}"#,
+            r#"{"data":{"a":nul}}"#,
+            r#"{"data":{"a":[,]}}"#,
+            r#"{"data":{"a":"x
+"}}"#,
+            r#"{"data":{"a":1}"#,
+            r#"{"data":{"a":[}]}}"#,
+        ] {
+            let e = refused(bad);
+            assert!(e.detail.starts_with("invalid JSON"), "{bad:?}: {e}");
+        }
+    }
+
+    /// serde_json refuses the 128th nested container; the Event object is level 1.
+    #[test]
+    fn nesting_limit_matches_serde_json() {
+        let nested = |levels: usize| {
+            let inner = levels - 2; // the Event object and `data`
+            format!(
+                r#"{{"data":{{"k":{}0{}}}}}"#,
+                "[".repeat(inner),
+                "]".repeat(inner)
+            )
+        };
+        let ev = accepted(&nested(127));
+        assert!(ev.data().is_some());
+        for levels in [128, 129, 1000] {
+            let e = refused(&nested(levels));
+            assert!(
+                e.detail.contains("nesting deeper than 127"),
+                "{levels}: {e}"
+            );
+            assert!(serde_json::from_str::<serde_json::Value>(&nested(levels)).is_err());
+        }
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(127)).is_ok());
+    }
+
+    #[test]
+    fn framing_trailing_garbage_bom_and_utf8() {
+        let input = Bytes::from_static(b" \t\r\n{\"id\":\"x\"}\n ");
+        let ev = Event::scan(input.clone()).unwrap();
+        assert_eq!(&ev.bytes()[..], b"{\"id\":\"x\"}");
+        // Zero-copy: the kept bytes are a slice of the input's allocation.
+        assert_eq!(ev.bytes().as_ptr(), input[4..].as_ptr());
+
+        for (bad, at) in [
+            ("{}x", 2),
+            ("{} {}", 3),
+            ("{},", 2),
+            ("\u{feff}{}", 0),
+            ("\u{c}{}", 0),
+            ("{}\u{c}", 2),
+            ("[]", 0),
+            ("\"x\"", 0),
+            ("", 0),
+            ("   ", 3),
+            ("{", 1),
+            ("{\"id\":\"x\"", 9),
+            ("{\"id\" \"x\"}", 6),
+            ("{\"id\":\"x\" \"id\"}", 10),
+            ("{id:1}", 1),
+        ] {
+            let e = refused(bad);
+            assert_eq!(e.at, Some(at), "{bad:?}: {e}");
+            assert!(
+                e.detail.starts_with(&format!("invalid JSON at byte {at}:")),
+                "{e}"
+            );
+        }
+        for (bad, at) in [
+            (&b"{\"id\":\"\xff\"}"[..], 7),
+            (b"{\"id\":\"\xc3\"}", 7),
+            (b"{\"\xed\xa0\x80\":1}", 2),
+            (b"{\"id\":\"x\"}\xff", 10),
+        ] {
+            let e = Event::scan(Bytes::copy_from_slice(bad)).unwrap_err();
+            assert_eq!(e.at, Some(at), "{e}");
+            assert!(e.detail.contains("invalid UTF-8"), "{e}");
+        }
+        // Raw control characters in strings are refused; DEL is not a control character
+        // to JSON.
+        refused("{\"id\":\"a\u{1}b\"}");
+        refused("{\"id\":\"a\tb\"}");
+        assert_eq!(accepted("{\"id\":\"a\u{7f}b\"}").id(), "a\u{7f}b");
+    }
+
+    #[test]
+    fn swar_special_byte_detection_is_exact() {
+        for special in (0u8..0x20).chain([b'"', b'\\']) {
+            for lane in 0..8 {
+                let mut w = [b'a'; 8];
+                w[lane] = special;
+                assert!(
+                    has_special(u64::from_le_bytes(w)),
+                    "{special:#x} in lane {lane}"
+                );
+            }
+        }
+        for plain in (0x20u8..=0xff).filter(|&b| b != b'"' && b != b'\\') {
+            assert!(!has_special(u64::from_le_bytes([plain; 8])), "{plain:#x}");
+            let mut w = [b' '; 8];
+            w[3] = plain;
+            assert!(!has_special(u64::from_le_bytes(w)), "{plain:#x}");
+        }
+        // Long strings cross the 8-byte fast path with specials at every offset.
+        for k in 0..40 {
+            let s = format!("{}\\n{}", "x".repeat(k), "y".repeat(40 - k));
+            let json = format!(r#"{{"id":"{s}"}}"#);
+            assert_eq!(
+                accepted(&json).id(),
+                format!("{}\n{}", "x".repeat(k), "y".repeat(40 - k))
+            );
+            let json = format!("{{\"id\":\"{}\u{1}\"}}", "x".repeat(k));
+            refused(&json);
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_byte_is_handled_without_panic() {
+        let ev = r#"{"aep":"0.1","id":"i\u00e9","type":"tool.completed","seq":18446744073709551615,"acme":-5,"data":{"a":[1.5e3,true,null,"\ud83d\ude00"]}}"#;
+        for cut in 0..=ev.len() {
+            let r = Event::scan(Bytes::copy_from_slice(&ev.as_bytes()[..cut]));
+            assert_eq!(r.is_ok(), cut == ev.len(), "cut at {cut}");
+        }
+        for i in 0..ev.len() {
+            for b in [0u8, b'"', b'\\', b'{', b'}', b'9', 0x80, 0xff] {
+                let mut v = ev.as_bytes().to_vec();
+                v[i] = b;
+                let _ = Event::scan(Bytes::from(v));
+            }
+        }
+    }
 }
