@@ -1,0 +1,147 @@
+//! Relay configuration.
+//!
+//! Precedence: command-line flag, then `AEP_*` environment variable, then the `DEFAULT_*`
+//! constant of this module (the binary's `--help` lists them). Every limit the relay
+//! enforces is a field here, and reaching it always gets an answer (an HTTP status with a
+//! JSON error body, or an in-band error frame), never a silent drop.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Default listen address (`AEP_LISTEN`): loopback, port 8787.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// Default replay buffer depth in Events per session (`AEP_BUFFER`), AEP-0003 §5.
+pub const DEFAULT_BUFFER: usize = 10_000;
+/// Default number of sessions held before the least-recently-written one is evicted
+/// (`AEP_MAX_SESSIONS`).
+pub const DEFAULT_MAX_SESSIONS: usize = 500;
+/// Default largest request body in bytes (`AEP_MAX_BODY`): 16 MiB.
+pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
+/// Default most Events in one NDJSON batch (`AEP_MAX_BATCH`).
+pub const DEFAULT_MAX_BATCH: usize = 10_000;
+/// Default most resume positions in one `from` (`AEP_MAX_FROM`).
+pub const DEFAULT_MAX_FROM: usize = 1_000;
+/// Default largest HTTP request head in bytes (`AEP_MAX_HEAD`): 16 KiB.
+pub const DEFAULT_MAX_HEAD: usize = 16 * 1024;
+/// Default heartbeat interval (`AEP_HEARTBEAT_SECS`): 15 seconds (AEP-0003 §3.3.4 asks
+/// for at least one `: ping` every 30 s).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
+/// Default time a request head or body may take to arrive (`AEP_REQUEST_TIMEOUT_SECS`):
+/// 30 seconds; slower peers get 408 (slowloris defence).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default idle time before an HTTP keep-alive connection with no request in flight is
+/// closed (`AEP_IDLE_TIMEOUT_SECS`): 120 seconds.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default most simultaneous connections (`AEP_MAX_CONNECTIONS`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
+/// Default bound of one connection's output queue in bytes (`AEP_MAX_OUTPUT`): 8 MiB.
+pub const DEFAULT_MAX_OUTPUT: usize = 8 * 1024 * 1024;
+
+/// Everything the relay needs to run. `Config::default()` is a working loopback relay.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Address to listen on (`--listen`, `AEP_LISTEN`). Port 0 picks a free port; the
+    /// start-up line says which.
+    pub listen: SocketAddr,
+    /// Replay buffer depth in Events, per session (`AEP_BUFFER`). 0 disables buffering.
+    pub buffer_per_session: usize,
+    /// Sessions held at most (`AEP_MAX_SESSIONS`); the least-recently-written is evicted.
+    pub max_sessions: usize,
+    /// Largest request body in bytes (`AEP_MAX_BODY`); larger answers 413 before the
+    /// body is read.
+    pub max_body_bytes: usize,
+    /// Most Events in one NDJSON batch (`AEP_MAX_BATCH`); more answers 413
+    /// `too-many-events` and nothing is ingested.
+    pub max_batch_events: usize,
+    /// Most resume positions in one `from` (`AEP_MAX_FROM`); more answers 400.
+    pub max_from_positions: usize,
+    /// Largest HTTP request head in bytes; larger answers 431.
+    pub max_head_bytes: usize,
+    /// Interval between `: ping` comments on SSE streams (and WS `ping` frames).
+    pub heartbeat: Duration,
+    /// Time a request head or body may take to arrive before 408.
+    pub request_timeout: Duration,
+    /// Idle keep-alive connections are closed after this long.
+    pub idle_timeout: Duration,
+    /// Most simultaneous connections; more are answered 503 with `Retry-After`.
+    pub max_connections: usize,
+    /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
+    pub max_output_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: DEFAULT_LISTEN
+                .parse()
+                .expect("default listen address parses"),
+            buffer_per_session: DEFAULT_BUFFER,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_body_bytes: DEFAULT_MAX_BODY,
+            max_batch_events: DEFAULT_MAX_BATCH,
+            max_from_positions: DEFAULT_MAX_FROM,
+            max_head_bytes: DEFAULT_MAX_HEAD,
+            heartbeat: DEFAULT_HEARTBEAT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_output_bytes: DEFAULT_MAX_OUTPUT,
+        }
+    }
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: `{field}`: {reason}")]
+pub struct ConfigError {
+    /// The field (and its environment variable) at fault.
+    pub field: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+impl Config {
+    /// Checks that the values can work together.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("max_sessions (AEP_MAX_SESSIONS)", self.max_sessions),
+            ("max_body_bytes (AEP_MAX_BODY)", self.max_body_bytes),
+            ("max_batch_events (AEP_MAX_BATCH)", self.max_batch_events),
+            ("max_from_positions (AEP_MAX_FROM)", self.max_from_positions),
+            (
+                "max_connections (AEP_MAX_CONNECTIONS)",
+                self.max_connections,
+            ),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(ConfigError {
+                    field,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.max_head_bytes < 512 {
+            return Err(ConfigError {
+                field: "max_head_bytes (AEP_MAX_HEAD)",
+                reason: "must be at least 512 bytes".into(),
+            });
+        }
+        if self.max_output_bytes < 64 * 1024 {
+            return Err(ConfigError {
+                field: "max_output_bytes (AEP_MAX_OUTPUT)",
+                reason: "must be at least 65536 bytes".into(),
+            });
+        }
+        if self.heartbeat.is_zero() {
+            return Err(ConfigError {
+                field: "heartbeat (AEP_HEARTBEAT_SECS)",
+                reason: "must be positive".into(),
+            });
+        }
+        Ok(())
+    }
+}

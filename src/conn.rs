@@ -1,0 +1,217 @@
+//! One connection: its socket, read buffer, bounded output queue and protocol phase.
+
+use crate::http::{ChunkedDecoder, RequestHead};
+use bytes::Bytes;
+use mio::net::TcpStream;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// A connection's queued output: reference-counted buffers written in order with
+/// vectored writes. Fan-out pushes clones of shared frames here (no copy).
+///
+/// Invariant: `bytes` equals the sum of the lengths of `bufs` minus `front_off`.
+#[derive(Debug, Default)]
+pub(crate) struct OutQueue {
+    bufs: VecDeque<Bytes>,
+    front_off: usize,
+    bytes: usize,
+}
+
+/// What a flush achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Flush {
+    /// Everything queued was written.
+    Done,
+    /// The socket would block; some output remains.
+    Blocked,
+    /// The peer is gone.
+    Closed,
+}
+
+impl OutQueue {
+    /// Queues one buffer.
+    pub(crate) fn push(&mut self, b: Bytes) {
+        if b.is_empty() {
+            return;
+        }
+        self.bytes += b.len();
+        self.bufs.push_back(b);
+    }
+
+    /// Bytes queued and not yet written.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Writes as much as the socket takes.
+    pub(crate) fn flush<W: Write>(&mut self, w: &mut W) -> Flush {
+        while !self.bufs.is_empty() {
+            let mut iov = [IoSlice::new(&[]); 64];
+            let mut n = 0;
+            for (i, b) in self.bufs.iter().take(iov.len()).enumerate() {
+                iov[i] = if i == 0 {
+                    IoSlice::new(&b[self.front_off..])
+                } else {
+                    IoSlice::new(b)
+                };
+                n = i + 1;
+            }
+            match w.write_vectored(&iov[..n]) {
+                Ok(0) => return Flush::Closed,
+                Ok(mut written) => {
+                    self.bytes -= written;
+                    while written > 0 {
+                        let front = self.bufs.front().map(|b| b.len()).unwrap_or(0);
+                        let left = front - self.front_off;
+                        if written >= left {
+                            written -= left;
+                            self.bufs.pop_front();
+                            self.front_off = 0;
+                        } else {
+                            self.front_off += written;
+                            written = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flush::Blocked,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Flush::Closed,
+            }
+        }
+        Flush::Done
+    }
+}
+
+/// How a request body is being read.
+#[derive(Debug)]
+pub(crate) enum BodyReader {
+    /// This many bytes still to come.
+    Length(usize),
+    /// Chunked.
+    Chunked(ChunkedDecoder),
+}
+
+/// What the connection is doing.
+#[derive(Debug)]
+pub(crate) enum Phase {
+    /// Reading a request head (keep-alive idle when the read buffer is empty).
+    Head,
+    /// Reading the body of `head`.
+    Body {
+        head: Box<RequestHead>,
+        reader: BodyReader,
+        body: Vec<u8>,
+    },
+    /// Discarding a body whose request was already answered, then back to `Head`.
+    Discard(BodyReader),
+    /// Streaming SSE for the subscription with this key.
+    Sse { sub: usize },
+    /// Answered for the last time: flush, half-close, then discard input until EOF.
+    Closing,
+}
+
+/// One client connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(crate) sock: TcpStream,
+    pub(crate) peer: SocketAddr,
+    pub(crate) rbuf: Vec<u8>,
+    pub(crate) out: OutQueue,
+    pub(crate) phase: Phase,
+    /// Whether WRITABLE interest is registered.
+    pub(crate) want_write: bool,
+    /// Close once the output queue is flushed.
+    pub(crate) close_after_flush: bool,
+    /// Queued in the relay's dirty list for a flush.
+    pub(crate) dirty: bool,
+    /// When the current phase's clock started (request timeouts, idle, linger).
+    pub(crate) since: Instant,
+    /// Last time anything was written to this connection (heartbeats).
+    pub(crate) last_write: Instant,
+    /// Fan-out serial of the last Event queued here (single delivery per connection).
+    pub(crate) mark: u64,
+    /// Events not delivered because of backpressure (AEP-0003 §8.4).
+    pub(crate) dropped: u64,
+    /// Whether the write side has been shut down.
+    pub(crate) write_shut: bool,
+}
+
+impl Conn {
+    pub(crate) fn new(sock: TcpStream, peer: SocketAddr, now: Instant) -> Conn {
+        Conn {
+            sock,
+            peer,
+            rbuf: Vec::new(),
+            out: OutQueue::default(),
+            phase: Phase::Head,
+            want_write: false,
+            close_after_flush: false,
+            dirty: false,
+            since: now,
+            last_write: now,
+            mark: 0,
+            dropped: 0,
+            write_shut: false,
+        }
+    }
+
+    /// Queues raw bytes.
+    pub(crate) fn send(&mut self, b: impl Into<Bytes>) {
+        self.out.push(b.into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that takes at most `cap` bytes per call and then blocks once.
+    struct Trickle {
+        cap: usize,
+        got: Vec<u8>,
+        block_next: bool,
+    }
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            if self.block_next {
+                self.block_next = false;
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.block_next = true;
+            let n = b.len().min(self.cap);
+            self.got.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn queue_keeps_order_across_partial_writes() {
+        let mut q = OutQueue::default();
+        let mut want = Vec::new();
+        for i in 0..50u8 {
+            let b = vec![i; (i as usize % 7) + 1];
+            want.extend_from_slice(&b);
+            q.push(Bytes::from(b));
+        }
+        let mut w = Trickle {
+            cap: 3,
+            got: Vec::new(),
+            block_next: false,
+        };
+        while q.flush(&mut w) == Flush::Blocked {
+            assert_eq!(q.len(), want.len() - w.got.len());
+        }
+        assert!(q.is_empty());
+        assert_eq!(w.got, want);
+    }
+}

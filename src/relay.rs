@@ -1,0 +1,1011 @@
+//! The reactor: one thread, one `mio::Poll`, a slab of connections, a coarse tick for
+//! heartbeats and timeouts. Every byte a peer sends is handled here, in readiness order;
+//! a slow or dead peer never blocks anyone else (all sockets are non-blocking and output
+//! is queued per connection).
+
+use crate::config::{Config, ConfigError};
+use crate::conn::{BodyReader, Conn, Flush, Phase};
+use crate::envelope::{self, Event};
+use crate::fanout::{self, Binding, Hub, Subscription};
+use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::sse;
+use crate::store::{Admission, Store};
+use bytes::Bytes;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde_json::json;
+use slab::Slab;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+/// How long a connection that got its final answer keeps draining input before it is
+/// dropped (so the peer sees the answer rather than a reset).
+const LINGER: Duration = Duration::from_secs(2);
+
+fn conn_token(key: usize) -> Token {
+    Token(key + FIRST_CONN)
+}
+
+/// Why the relay could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Binding the listener or creating the poller failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Io {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
+/// status and JSON error code (see [`Refusal::status`], [`Refusal::code`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// An Event failed envelope validation (400 `invalid-event`); `line` is 1-based.
+    #[error("line {line}: {detail}")]
+    InvalidEvent {
+        /// 1-based line of the failing Event in the body (1 for a single Event).
+        line: usize,
+        /// What was wrong, naming the attribute and section.
+        detail: String,
+    },
+    /// A batch held more Events than `max_batch_events` (413 `too-many-events`).
+    #[error("the batch holds {count} Events; at most {max} are accepted (AEP_MAX_BATCH)")]
+    TooManyEvents {
+        /// Events in the batch.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A command arrived on a binding that may not carry control (403 `forbidden`),
+    /// AEP-0004 §4.1.
+    #[error("line {line}: `{event_type}` is a command; control flows only on an authenticated duplex binding (WebSocket), never over HTTP POST (AEP-0004 §4.1)")]
+    Command {
+        /// 1-based line.
+        line: usize,
+        /// The command type.
+        event_type: String,
+    },
+}
+
+impl Refusal {
+    /// The HTTP status for this refusal.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::InvalidEvent { .. } => 400,
+            Refusal::TooManyEvents { .. } => 413,
+            Refusal::Command { .. } => 403,
+        }
+    }
+
+    /// The JSON error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::InvalidEvent { .. } => "invalid-event",
+            Refusal::TooManyEvents { .. } => "too-many-events",
+            Refusal::Command { .. } => "forbidden",
+        }
+    }
+
+    /// The full JSON error body.
+    pub fn body(&self) -> Vec<u8> {
+        match self {
+            Refusal::InvalidEvent { line, detail } => {
+                http::error_body(self.code(), detail, &[("line", json!(line))])
+            }
+            Refusal::Command { line, .. } => {
+                http::error_body(self.code(), &self.to_string(), &[("line", json!(line))])
+            }
+            _ => http::error_body(self.code(), &self.to_string(), &[]),
+        }
+    }
+}
+
+/// Stops a running relay from any thread.
+#[derive(Clone, Debug)]
+pub struct StopHandle {
+    flag: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl StopHandle {
+    /// Asks the relay to stop; `run` returns after its current iteration.
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+/// The relay: listener, connections, replay store and subscriptions, driven by one
+/// `mio::Poll` on the calling thread.
+pub struct Relay {
+    config: Config,
+    poll: Poll,
+    events: Events,
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    conns: Slab<Conn>,
+    store: Store<Event>,
+    hub: Hub,
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+    started: Instant,
+    next_tick: Instant,
+    dirty: Vec<usize>,
+    doomed: Vec<usize>,
+    scratch: Vec<u8>,
+    /// Events accepted since start.
+    ingested: u64,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("local_addr", &self.local_addr)
+            .field("connections", &self.conns.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// Validates `config`, binds its listen address and prepares the poller. Nothing is
+    /// served until [`Relay::run`] or [`Relay::poll_once`] is called.
+    ///
+    /// # Errors
+    /// [`StartError`].
+    pub fn bind(config: Config) -> Result<Relay, StartError> {
+        config.validate()?;
+        let addr = config.listen;
+        let io_err = |source| StartError::Io { addr, source };
+        let poll = Poll::new().map_err(io_err)?;
+        let mut listener = TcpListener::bind(addr).map_err(io_err)?;
+        let local_addr = listener.local_addr().map_err(io_err)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(io_err)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err)?);
+        let now = Instant::now();
+        let store = Store::new(config.buffer_per_session, config.max_sessions);
+        Ok(Relay {
+            poll,
+            events: Events::with_capacity(1024),
+            listener,
+            local_addr,
+            conns: Slab::with_capacity(1024),
+            store,
+            hub: Hub::default(),
+            stop: Arc::new(AtomicBool::new(false)),
+            waker,
+            started: now,
+            next_tick: now,
+            dirty: Vec::new(),
+            doomed: Vec::new(),
+            scratch: vec![0; 64 * 1024],
+            ingested: 0,
+            config,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A handle that stops [`Relay::run`] from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            flag: self.stop.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
+    /// Runs until stopped through a [`StopHandle`].
+    ///
+    /// # Errors
+    /// An I/O error of the poller itself (per-connection errors only close that
+    /// connection).
+    pub fn run(&mut self) -> io::Result<()> {
+        while !self.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            let timeout = self.next_tick.saturating_duration_since(now);
+            self.poll_once(Some(timeout))?;
+        }
+        Ok(())
+    }
+
+    fn tick_interval(&self) -> Duration {
+        let shortest = self
+            .config
+            .heartbeat
+            .min(self.config.request_timeout)
+            .min(self.config.idle_timeout);
+        (shortest / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
+    }
+
+    /// Waits at most `timeout` for readiness, handles it, runs due timers and flushes
+    /// output. For hosts that drive the relay from their own loop.
+    ///
+    /// # Errors
+    /// An I/O error of the poller itself.
+    pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        match self.poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        let ready: Vec<(Token, bool, bool)> = self
+            .events
+            .iter()
+            .map(|e| {
+                (
+                    e.token(),
+                    e.is_readable() || e.is_read_closed() || e.is_error(),
+                    e.is_writable() || e.is_write_closed(),
+                )
+            })
+            .collect();
+        for (token, readable, writable) in ready {
+            match token {
+                LISTENER => self.accept(),
+                WAKER => {}
+                Token(t) => {
+                    let key = t - FIRST_CONN;
+                    if readable {
+                        self.on_readable(key);
+                    }
+                    if writable {
+                        self.mark_dirty(key);
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        if now >= self.next_tick {
+            self.tick(now);
+            self.next_tick = now + self.tick_interval();
+        }
+        self.settle();
+        Ok(())
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, peer)) => self.admit_conn(sock, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::warn!("accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit_conn(&mut self, mut sock: TcpStream, peer: SocketAddr) {
+        let _ = sock.set_nodelay(true);
+        if self.conns.len() >= self.config.max_connections {
+            log::warn!(
+                "refused connection from {peer}: {} connections open (max_connections)",
+                self.conns.len()
+            );
+            let resp = http::error_response(
+                503,
+                "too-many-connections",
+                "the relay is at its connection limit (AEP_MAX_CONNECTIONS); retry later",
+                &[],
+                &[("Retry-After", "1")],
+                true,
+            );
+            let _ = sock.write(&resp);
+            return;
+        }
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        if let Err(e) =
+            self.poll
+                .registry()
+                .register(&mut sock, conn_token(key), Interest::READABLE)
+        {
+            log::warn!("cannot register connection from {peer}: {e}");
+            return;
+        }
+        entry.insert(Conn::new(sock, peer, Instant::now()));
+    }
+
+    fn mark_dirty(&mut self, key: usize) {
+        if let Some(c) = self.conns.get_mut(key) {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(key);
+            }
+        }
+    }
+
+    fn on_readable(&mut self, key: usize) {
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            match conn.sock.read(&mut self.scratch) {
+                Ok(0) => {
+                    self.on_eof(key);
+                    return;
+                }
+                Ok(n) => match conn.phase {
+                    Phase::Sse { .. } | Phase::Closing => {}
+                    _ => {
+                        if conn.rbuf.is_empty() && matches!(conn.phase, Phase::Head) {
+                            conn.since = Instant::now();
+                        }
+                        conn.rbuf.extend_from_slice(&self.scratch[..n]);
+                        self.process(key);
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::debug!("read error from {}: {e}", conn.peer);
+                    self.close(key);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_eof(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        match conn.phase {
+            Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+            Phase::Sse { .. } | Phase::Closing => self.close(key),
+            _ => {
+                // The peer half-closed: answer what it sent, then close.
+                conn.close_after_flush = true;
+                self.mark_dirty(key);
+            }
+        }
+    }
+
+    /// Answers on `key`; with `close`, this is the connection's last answer.
+    fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.send(bytes);
+            if close {
+                conn.close_after_flush = true;
+                conn.phase = Phase::Closing;
+                conn.rbuf.clear();
+            }
+            conn.since = Instant::now();
+            self.mark_dirty(key);
+        }
+    }
+
+    fn reply_error(&mut self, key: usize, status: u16, code: &str, detail: &str, close: bool) {
+        let body = http::error_response(status, code, detail, &[], &[], close);
+        self.reply(key, body, close);
+    }
+
+    /// Runs the HTTP state machine over the connection's read buffer.
+    fn process(&mut self, key: usize) {
+        let max_head = self.config.max_head_bytes;
+        let max_body = self.config.max_body_bytes;
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            if conn.close_after_flush {
+                conn.rbuf.clear();
+                return;
+            }
+            match &mut conn.phase {
+                Phase::Head => {
+                    if conn.rbuf.is_empty() {
+                        return;
+                    }
+                    match http::parse_head(&conn.rbuf) {
+                        Ok(None) => {
+                            if conn.rbuf.len() > max_head {
+                                let d = format!("the request head exceeds {max_head} bytes");
+                                self.reply_error(key, 431, "head-too-large", &d, true);
+                            }
+                            return;
+                        }
+                        Ok(Some((head, n))) => {
+                            if n > max_head {
+                                let d = format!("the request head exceeds {max_head} bytes");
+                                self.reply_error(key, 431, "head-too-large", &d, true);
+                                return;
+                            }
+                            conn.rbuf.drain(..n);
+                            self.on_head(key, head);
+                        }
+                        Err(HeadError::TooManyHeaders) => {
+                            let d = format!("more than {} header lines", http::MAX_HEADERS);
+                            self.reply_error(key, 431, "head-too-large", &d, true);
+                            return;
+                        }
+                        Err(HeadError::Malformed(why)) => {
+                            let d = format!("malformed request head: {why}");
+                            self.reply_error(key, 400, "bad-request", &d, true);
+                            return;
+                        }
+                    }
+                }
+                Phase::Body { reader, body, .. } => {
+                    let done = match reader {
+                        BodyReader::Length(rem) => {
+                            let take = (*rem).min(conn.rbuf.len());
+                            body.extend_from_slice(&conn.rbuf[..take]);
+                            conn.rbuf.drain(..take);
+                            *rem -= take;
+                            *rem == 0
+                        }
+                        BodyReader::Chunked(d) => match d.decode(&conn.rbuf, body, max_body) {
+                            Ok((used, done)) => {
+                                conn.rbuf.drain(..used);
+                                done
+                            }
+                            Err(e) => {
+                                self.chunk_error(key, e);
+                                return;
+                            }
+                        },
+                    };
+                    if !done {
+                        return;
+                    }
+                    let Phase::Body { head, body, .. } =
+                        std::mem::replace(&mut conn.phase, Phase::Head)
+                    else {
+                        return;
+                    };
+                    conn.since = Instant::now();
+                    self.on_request(key, *head, body);
+                }
+                Phase::Discard(reader) => {
+                    let done = match reader {
+                        BodyReader::Length(rem) => {
+                            let take = (*rem).min(conn.rbuf.len());
+                            conn.rbuf.drain(..take);
+                            *rem -= take;
+                            *rem == 0
+                        }
+                        BodyReader::Chunked(d) => {
+                            let mut sink = Vec::new();
+                            match d.decode(&conn.rbuf, &mut sink, max_body) {
+                                Ok((used, done)) => {
+                                    conn.rbuf.drain(..used);
+                                    done
+                                }
+                                Err(e) => {
+                                    self.chunk_error(key, e);
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    if !done {
+                        return;
+                    }
+                    conn.phase = Phase::Head;
+                    conn.since = Instant::now();
+                }
+                Phase::Sse { .. } | Phase::Closing => {
+                    conn.rbuf.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn chunk_error(&mut self, key: usize, e: ChunkError) {
+        match e {
+            ChunkError::TooLarge => {
+                let d = format!(
+                    "the request body exceeds {} bytes (AEP_MAX_BODY)",
+                    self.config.max_body_bytes
+                );
+                self.reply_error(key, 413, "body-too-large", &d, true)
+            }
+            ChunkError::Malformed => {
+                self.reply_error(key, 400, "bad-request", "malformed chunked body", true)
+            }
+        }
+    }
+
+    /// Answers a request whose body we will not use: keep the connection when the body
+    /// can be skipped, close it otherwise.
+    fn reply_skipping_body(
+        &mut self,
+        key: usize,
+        head: &RequestHead,
+        resp_status: u16,
+        code: &str,
+        detail: &str,
+        more: &[(&str, serde_json::Value)],
+        extra: &[(&str, &str)],
+    ) {
+        let framing = http::framing(head, self.config.max_body_bytes);
+        let expect = head.header("expect").is_some();
+        let close = head.wants_close()
+            || expect
+            || !matches!(
+                framing,
+                Ok(Framing::None) | Ok(Framing::Length(_)) | Ok(Framing::Chunked)
+            );
+        let body = http::error_response(resp_status, code, detail, more, extra, close);
+        self.reply(key, body, close);
+        if !close {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.phase = match framing {
+                    Ok(Framing::Length(n)) => Phase::Discard(BodyReader::Length(n)),
+                    Ok(Framing::Chunked) => Phase::Discard(BodyReader::Chunked(Default::default())),
+                    _ => Phase::Head,
+                };
+            }
+        }
+    }
+
+    fn on_head(&mut self, key: usize, head: RequestHead) {
+        let allow = match head.path.as_str() {
+            "/events" => "GET, POST",
+            "/.well-known/aep" | "/stream" => "GET",
+            _ => {
+                let d = format!("no resource at {}", head.path);
+                return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
+            }
+        };
+        let method_ok = allow.split(", ").any(|m| m == head.method);
+        if !method_ok {
+            let d = format!(
+                "{} is not allowed on {}; use {allow}",
+                head.method, head.path
+            );
+            return self.reply_skipping_body(
+                key,
+                &head,
+                405,
+                "method-not-allowed",
+                &d,
+                &[],
+                &[("Allow", allow)],
+            );
+        }
+        match (head.method.as_str(), head.path.as_str()) {
+            ("POST", "/events") => self.begin_ingest(key, head),
+            ("GET", "/events") | ("GET", "/.well-known/aep") => {
+                let close = head.wants_close();
+                let doc = self.discovery();
+                let body = http::response(200, "application/json", &[], &doc, close);
+                self.reply(key, body, close);
+            }
+            ("GET", "/stream") => self.begin_sse(key, head),
+            _ => {}
+        }
+    }
+
+    /// The discovery document (AEP-0003 §3.4) with what this relay really does.
+    fn discovery(&self) -> Vec<u8> {
+        let doc = json!({
+            "aep": envelope::SUPPORTED_VERSIONS,
+            "role": "relay",
+            "endpoints": { "events": "/events", "stream": "/stream" },
+            "capabilities": {
+                "filters": ["attr-match"],
+                "replay": {
+                    "buffer": self.config.buffer_per_session,
+                    "per": "session",
+                    "sessions": self.config.max_sessions,
+                    "all": true
+                },
+                "capture": ["none", "metadata", "redacted", "full"],
+                "experimental": {}
+            }
+        });
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    fn begin_ingest(&mut self, key: usize, head: RequestHead) {
+        let framing = match http::framing(&head, self.config.max_body_bytes) {
+            Ok(f) => f,
+            Err(FramingError::TooLarge(n)) => {
+                let d = format!(
+                    "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
+                    self.config.max_body_bytes
+                );
+                return self.reply_error(key, 413, "body-too-large", &d, true);
+            }
+            Err(FramingError::Bad(why)) => {
+                return self.reply_error(key, 400, "bad-request", why, true);
+            }
+        };
+        match head.header("aep-version") {
+            None => {
+                let d = "the AEP-Version request header is required (AEP-0003 §3.2.2)";
+                return self.reply_skipping_body(key, &head, 400, "version-required", d, &[], &[]);
+            }
+            Some(v) if !envelope::header_version_supported(v) => {
+                let d = format!("AEP-Version {v:?} is not supported (AEP-0003 §3.2.2)");
+                let more = [("versions", json!(envelope::SUPPORTED_VERSIONS))];
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    426,
+                    "version-unsupported",
+                    &d,
+                    &more,
+                    &[],
+                );
+            }
+            Some(_) => {}
+        }
+        match head.media_type().as_deref() {
+            Some("application/json") | Some("application/x-ndjson") => {}
+            other => {
+                let d = format!(
+                    "Content-Type must be application/json (one Event) or application/x-ndjson (a batch), got {} (AEP-0003 §3.2.1)",
+                    other.unwrap_or("none")
+                );
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    415,
+                    "unsupported-media-type",
+                    &d,
+                    &[],
+                    &[],
+                );
+            }
+        }
+        let reader = match framing {
+            Framing::None => return self.on_request(key, head, Vec::new()),
+            Framing::Length(n) => BodyReader::Length(n),
+            Framing::Chunked => BodyReader::Chunked(Default::default()),
+        };
+        if head
+            .header("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+        {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.send(&b"HTTP/1.1 100 Continue\r\n\r\n"[..]);
+            }
+            self.mark_dirty(key);
+        }
+        let cap = match reader {
+            BodyReader::Length(n) => n,
+            _ => 0,
+        };
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.phase = Phase::Body {
+                head: Box::new(head),
+                reader,
+                body: Vec::with_capacity(cap),
+            };
+        }
+    }
+
+    fn on_request(&mut self, key: usize, head: RequestHead, body: Vec<u8>) {
+        let close = head.wants_close();
+        let batch = head.media_type().as_deref() == Some("application/x-ndjson");
+        let resp = match self.ingest_body(Bytes::from(body), batch) {
+            Ok(n) => http::response(
+                202,
+                "application/json",
+                &[],
+                format!("{{\"accepted\":{n}}}").as_bytes(),
+                close,
+            ),
+            Err(r) => {
+                log::debug!("refused POST /events: {r}");
+                http::response(r.status(), "application/json", &[], &r.body(), close)
+            }
+        };
+        self.reply(key, resp, close);
+    }
+
+    /// Validates every Event of a body, then ingests them all in order, or none.
+    fn ingest_body(&mut self, body: Bytes, batch: bool) -> Result<usize, Refusal> {
+        let mut events = Vec::new();
+        if batch {
+            let count = memchr::memchr_iter(b'\n', &body).count() + 1;
+            let mut start = 0;
+            let mut line = 0;
+            let max = self.config.max_batch_events;
+            if count > max {
+                // Blank lines do not count; only refuse when the Events really are too many.
+                let real = body
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
+                    .count();
+                if real > max {
+                    return Err(Refusal::TooManyEvents { count: real, max });
+                }
+            }
+            while start < body.len() {
+                let end = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |i| start + i);
+                line += 1;
+                let slice = &body[start..end];
+                if !slice.iter().all(|b| b.is_ascii_whitespace()) {
+                    events.push((line, Event::parse(body.slice(start..end))));
+                }
+                start = end + 1;
+            }
+        } else {
+            events.push((1, Event::parse(body)));
+        }
+        let mut ok = Vec::with_capacity(events.len());
+        for (line, ev) in events {
+            match ev {
+                Ok(ev) if ev.is_command() => {
+                    return Err(Refusal::Command {
+                        line,
+                        event_type: ev.event_type().to_string(),
+                    })
+                }
+                Ok(ev) => ok.push(Arc::new(ev)),
+                Err(e) => {
+                    return Err(Refusal::InvalidEvent {
+                        line,
+                        detail: e.detail,
+                    })
+                }
+            }
+        }
+        let n = ok.len();
+        for ev in ok {
+            self.publish(ev);
+        }
+        Ok(n)
+    }
+
+    /// Ingests Events in-process, exactly as `POST /events` with
+    /// `application/x-ndjson` would (all or nothing).
+    ///
+    /// # Errors
+    /// [`Refusal`] as for the HTTP binding.
+    pub fn ingest(&mut self, ndjson: Bytes) -> Result<usize, Refusal> {
+        let n = self.ingest_body(ndjson, true)?;
+        self.settle();
+        Ok(n)
+    }
+
+    /// Admits one valid Event to the replay store and fans it out.
+    fn publish(&mut self, ev: Arc<Event>) {
+        self.ingested += 1;
+        if let Admission::Conflict = self.store.admit(&ev) {
+            log::warn!(
+                "session {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
+                ev.session().unwrap_or_default(),
+                ev.epoch(),
+                ev.seq().unwrap_or_default()
+            );
+        }
+        self.hub.fanout(
+            &ev,
+            &mut self.conns,
+            self.config.max_output_bytes,
+            &mut self.dirty,
+            &mut self.doomed,
+        );
+    }
+
+    fn begin_sse(&mut self, key: usize, head: RequestHead) {
+        let req = match sse::parse_request(&head, self.config.max_from_positions) {
+            Ok(r) => r,
+            Err(e) => {
+                let close = head.wants_close();
+                let body = http::error_response(400, e.code, &e.detail, &[], &[], close);
+                return self.reply(key, body, close);
+            }
+        };
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.send(sse::STREAM_HEAD);
+        conn.last_write = Instant::now();
+        // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded,
+        // so no Event can arrive between the replay and the subscription going live: no
+        // gap and no duplicate across the boundary.
+        let mut frames: Vec<Bytes> = Vec::new();
+        let (filter, ceiling) = (&req.filter, req.ceiling);
+        let emit = |frames: &mut Vec<Bytes>, ev: &Arc<Event>| {
+            if filter.matches(&**ev) {
+                frames.push(fanout::Frames::default().sse(ev, ceiling));
+            }
+        };
+        match &req.from {
+            sse::From::Live => {}
+            sse::From::All => {
+                self.store.replay_all(&mut |ev| emit(&mut frames, ev));
+            }
+            sse::From::Positions(ps) => {
+                for p in ps {
+                    let mut held = Vec::new();
+                    let marker = self
+                        .store
+                        .replay_after(&p.session, (p.epoch, p.seq), &mut |ev| {
+                            held.push(ev.clone())
+                        });
+                    if let Some(earliest) = marker {
+                        frames.push(sse::replay_exhausted(&p.session, earliest));
+                    }
+                    for ev in &held {
+                        emit(&mut frames, ev);
+                    }
+                }
+            }
+        }
+        let conn = &mut self.conns[key];
+        for f in frames {
+            conn.out.push(f);
+        }
+        if req.live {
+            let sub = self.hub.insert(Subscription {
+                conn: key,
+                filter: req.filter,
+                ceiling: req.ceiling,
+                binding: Binding::Sse,
+            });
+            conn.phase = Phase::Sse { sub };
+        } else {
+            conn.phase = Phase::Closing;
+            conn.close_after_flush = true;
+        }
+        self.mark_dirty(key);
+    }
+
+    /// Timers: heartbeats, request and idle timeouts, lingering closes.
+    fn tick(&mut self, now: Instant) {
+        let mut expired = Vec::new();
+        let mut slow = Vec::new();
+        for (key, conn) in self.conns.iter_mut() {
+            match conn.phase {
+                Phase::Sse { .. } => {
+                    if now.duration_since(conn.last_write) >= self.config.heartbeat {
+                        conn.send(sse::PING);
+                        conn.last_write = now;
+                        if !conn.dirty {
+                            conn.dirty = true;
+                            self.dirty.push(key);
+                        }
+                    }
+                }
+                Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => {
+                    if now.duration_since(conn.since) >= self.config.idle_timeout {
+                        expired.push(key);
+                    }
+                }
+                Phase::Head | Phase::Body { .. } | Phase::Discard(_) => {
+                    if now.duration_since(conn.since) >= self.config.request_timeout
+                        && !conn.close_after_flush
+                    {
+                        slow.push(key);
+                    }
+                }
+                Phase::Closing => {
+                    let waited = now.duration_since(conn.since);
+                    if (conn.out.is_empty() && waited >= LINGER)
+                        || waited >= self.config.request_timeout.max(LINGER)
+                    {
+                        expired.push(key);
+                    }
+                }
+            }
+        }
+        for key in expired {
+            self.close(key);
+        }
+        for key in slow {
+            log::info!(
+                "closing {}: request not received in time (408)",
+                self.conns[key].peer
+            );
+            let d = format!(
+                "the request did not arrive within {} s",
+                self.config.request_timeout.as_secs_f64()
+            );
+            self.reply_error(key, 408, "request-timeout", &d, true);
+        }
+    }
+
+    /// Flushes every connection with new output, closes the doomed, updates interest.
+    fn settle(&mut self) {
+        for key in std::mem::take(&mut self.doomed) {
+            if let Some(c) = self.conns.get(key) {
+                log::info!(
+                    "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
+                    c.peer, c.dropped
+                );
+            }
+            self.close(key);
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        for &key in &dirty {
+            self.flush(key);
+        }
+        self.dirty = dirty;
+        self.dirty.clear();
+    }
+
+    fn flush(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.dirty = false;
+        let now = Instant::now();
+        let had_output = !conn.out.is_empty();
+        match conn.out.flush(&mut conn.sock) {
+            Flush::Closed => return self.close(key),
+            Flush::Done => {
+                if had_output {
+                    conn.last_write = now;
+                }
+                if conn.close_after_flush && !conn.write_shut {
+                    conn.write_shut = true;
+                    let _ = conn.sock.shutdown(std::net::Shutdown::Write);
+                    conn.phase = Phase::Closing;
+                    conn.since = now;
+                }
+                if conn.want_write {
+                    conn.want_write = false;
+                    let _ = self.poll.registry().reregister(
+                        &mut conn.sock,
+                        conn_token(key),
+                        Interest::READABLE,
+                    );
+                }
+            }
+            Flush::Blocked => {
+                if !conn.want_write {
+                    conn.want_write = true;
+                    let _ = self.poll.registry().reregister(
+                        &mut conn.sock,
+                        conn_token(key),
+                        Interest::READABLE | Interest::WRITABLE,
+                    );
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, key: usize) {
+        if !self.conns.contains(key) {
+            return;
+        }
+        let mut conn = self.conns.remove(key);
+        if let Phase::Sse { sub } = conn.phase {
+            self.hub.remove(sub);
+        }
+        let _ = self.poll.registry().deregister(&mut conn.sock);
+    }
+
+    /// Seconds since [`Relay::bind`].
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Events accepted since start.
+    pub fn ingested(&self) -> u64 {
+        self.ingested
+    }
+}

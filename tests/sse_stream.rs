@@ -1,0 +1,328 @@
+//! `GET /stream` through the real server: byte identity, filters, capture ceilings,
+//! resume and replay (AEP-0003 §3.3, §5, §6, §7).
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+
+fn ev(session: &str, seq: u64) -> String {
+    event(session, 0, seq, "tool.completed", "")
+}
+
+#[test]
+fn a_posted_line_arrives_byte_for_byte_with_event_and_id() {
+    let relay = TestRelay::start();
+    let mut stream = relay.sse("", &[]);
+    let line = event(
+        "s_8f2c",
+        2,
+        187,
+        "tool.completed",
+        r#","severity":"info","acmeregion":"eu-1","data":{"tool":{"name":"Bash"},"status":"success"}"#,
+    );
+    relay.post_ok(&[&line]);
+    let m = stream.expect();
+    assert_eq!(m.data, line, "data: is the Event's original bytes");
+    assert_eq!(m.event.as_deref(), Some("tool.completed"));
+    assert_eq!(m.id.as_deref(), Some("s_8f2c:2:187"));
+}
+
+#[test]
+fn a_multi_line_event_is_sent_on_one_data_line() {
+    let relay = TestRelay::start();
+    let mut stream = relay.sse("", &[]);
+    let pretty = ev("s", 0).replace(",\"", ",\n  \"");
+    let (status, _) = relay.post("application/json", &pretty);
+    assert_eq!(status, 202);
+    let m = stream.expect();
+    assert_eq!(m.data, pretty.replace('\n', " "));
+    let v: serde_json::Value = serde_json::from_str(&m.data).unwrap();
+    assert_eq!(v["seq"], 0);
+}
+
+#[test]
+fn agent_scoped_events_carry_no_id() {
+    let relay = TestRelay::start();
+    let mut stream = relay.sse("", &[]);
+    let hb = r#"{"aep":"0.1","id":"h1","type":"agent.heartbeat","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a"}"#;
+    relay.post_ok(&[hb]);
+    let m = stream.expect();
+    assert_eq!((m.data.as_str(), m.id), (hb, None));
+    // Agent-scoped Events are never buffered (AEP-0003 §5 via the store rules).
+    assert!(relay.sse("from=all&live=0", &[]).rest().is_empty());
+}
+
+#[test]
+fn filter_selects_events() {
+    let relay = TestRelay::start();
+    let filter = enc(r#"{"type":["attention.*"],"severity":{"gte":"notice"}}"#);
+    let mut stream = relay.sse(&format!("filter={filter}"), &[]);
+    let miss_type = ev("s", 0);
+    let miss_sev = event("s", 0, 1, "attention.requested", r#","severity":"info""#);
+    let hit = event("s", 0, 2, "attention.requested", r#","severity":"warning""#);
+    let sentinel = event("s", 0, 3, "attention.resolved", r#","severity":"critical""#);
+    relay.post_ok(&[&miss_type, &miss_sev, &hit, &sentinel]);
+    assert_eq!(stream.expect().data, hit);
+    assert_eq!(stream.expect().data, sentinel);
+}
+
+#[test]
+fn bad_filter_capture_or_from_is_400_before_stream_headers() {
+    let relay = TestRelay::with(|c| c.max_from_positions = 2);
+    let three = enc(r#"[{"session":"a","seq":1},{"session":"b","seq":1},{"session":"c","seq":1}]"#);
+    let cases = [
+        format!("filter={}", enc(r#"{"seq":5}"#)),
+        format!("filter={}", enc(r#"{"type":"*"}"#)),
+        "filter=notjson".to_string(),
+        "capture=everything".to_string(),
+        format!("from={}", enc(r#"[{"session":"s"}]"#)),
+        "from=some".to_string(),
+        "live=maybe".to_string(),
+    ];
+    for q in &cases {
+        let (status, json) =
+            status_json(agent().get(&format!("{}?{q}", relay.url("/stream"))).call());
+        assert_eq!(status, 400, "{q}");
+        assert_eq!(json["error"], "invalid-filter", "{q}");
+    }
+    let (status, json) = status_json(
+        agent()
+            .get(&format!("{}?from={three}", relay.url("/stream")))
+            .call(),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        json["detail"].as_str().unwrap().contains("AEP_MAX_FROM"),
+        "{json}"
+    );
+    let (status, _) = status_json(
+        agent()
+            .get(&relay.url("/stream"))
+            .set("Last-Event-ID", "garbage")
+            .call(),
+    );
+    assert_eq!(status, 400);
+}
+
+#[test]
+fn resume_with_last_event_id_has_no_gap_and_no_duplicate() {
+    let relay = TestRelay::start();
+    let evs: Vec<String> = (0..8).map(|i| ev("s1", i)).collect();
+    let refs: Vec<&str> = evs.iter().map(|s| s.as_str()).collect();
+    relay.post_ok(&refs[..5]);
+    let mut stream = relay.sse("", &[("Last-Event-ID", "s1:0:2")]);
+    // Replay strictly after the position…
+    for want in &evs[3..5] {
+        assert_eq!(&stream.expect().data, want);
+    }
+    // …then live, continuing without gap or duplicate.
+    relay.post_ok(&refs[5..8]);
+    for want in &evs[5..8] {
+        assert_eq!(&stream.expect().data, want);
+    }
+}
+
+#[test]
+fn from_takes_precedence_over_last_event_id_and_covers_many_sessions() {
+    let relay = TestRelay::start();
+    relay.post_ok(&[
+        &ev("a", 0),
+        &ev("b", 0),
+        &ev("a", 1),
+        &ev("b", 1),
+        &ev("c", 0),
+    ]);
+    let from = enc(r#"[{"session":"a","epoch":0,"seq":0},{"session":"b","seq":0}]"#);
+    let got: Vec<String> = relay
+        .sse(
+            &format!("from={from}&live=0"),
+            &[("Last-Event-ID", "c:0:0")],
+        )
+        .rest()
+        .into_iter()
+        .map(|m| m.data)
+        .collect();
+    assert_eq!(got, vec![ev("a", 1), ev("b", 1)]);
+}
+
+#[test]
+fn backfill_is_replayed_in_epoch_seq_order() {
+    let relay = TestRelay::start();
+    let e = |epoch, seq| event("s", epoch, seq, "tool.completed", "");
+    relay.post_ok(&[&e(0, 1), &e(1, 0), &e(0, 3), &e(0, 2)]);
+    let got: Vec<String> = relay
+        .sse("from=all&live=0", &[])
+        .rest()
+        .into_iter()
+        .map(|m| m.data)
+        .collect();
+    assert_eq!(got, vec![e(0, 1), e(0, 2), e(0, 3), e(1, 0)]);
+}
+
+#[test]
+fn redelivery_is_forwarded_live_but_buffered_once() {
+    let relay = TestRelay::start();
+    let mut stream = relay.sse("", &[]);
+    relay.post_ok(&[&ev("s", 0)]);
+    relay.post_ok(&[&ev("s", 0)]);
+    relay.post_ok(&[&ev("s", 1)]);
+    let live: Vec<String> = (0..3).map(|_| stream.expect().data).collect();
+    assert_eq!(
+        live,
+        vec![ev("s", 0), ev("s", 0), ev("s", 1)],
+        "live fan-out forwards redelivery (AEP-0003 §5)"
+    );
+    let replay: Vec<String> = relay
+        .sse("from=all&live=0", &[])
+        .rest()
+        .into_iter()
+        .map(|m| m.data)
+        .collect();
+    assert_eq!(
+        replay,
+        vec![ev("s", 0), ev("s", 1)],
+        "admission dedupes on (source, id)"
+    );
+}
+
+#[test]
+fn a_position_older_than_the_buffer_gets_replay_exhausted_first() {
+    let relay = TestRelay::with(|c| c.buffer_per_session = 3);
+    let evs: Vec<String> = (0..10).map(|i| ev("s1", i)).collect();
+    let refs: Vec<&str> = evs.iter().map(|s| s.as_str()).collect();
+    relay.post_ok(&refs);
+    let mut stream = relay.sse("live=0", &[("Last-Event-ID", "s1:0:1")]);
+    let first = stream.expect();
+    assert_eq!(first.comments, vec!["replay-exhausted s1 0:7".to_string()]);
+    assert_eq!(first.data, evs[7]);
+    assert_eq!(stream.expect().data, evs[8]);
+    assert_eq!(stream.expect().data, evs[9]);
+    assert!(
+        stream.next().is_none(),
+        "live=0 ends the stream after the replay"
+    );
+    // A position inside the buffer gets no marker.
+    let mut stream = relay.sse("live=0", &[("Last-Event-ID", "s1:0:7")]);
+    let m = stream.expect();
+    assert!(m.comments.is_empty());
+    assert_eq!(m.data, evs[8]);
+}
+
+#[test]
+fn from_all_replays_every_session_without_markers() {
+    let relay = TestRelay::with(|c| c.buffer_per_session = 2);
+    relay.post_ok(&[&ev("a", 0), &ev("a", 1), &ev("a", 2), &ev("b", 5)]);
+    let got = relay.sse("from=all&live=0", &[]).rest();
+    assert!(got.iter().all(|m| m.comments.is_empty()));
+    let mut data: Vec<String> = got.into_iter().map(|m| m.data).collect();
+    data.sort();
+    let mut want = vec![ev("a", 1), ev("a", 2), ev("b", 5)];
+    want.sort();
+    assert_eq!(data, want);
+}
+
+#[test]
+fn replay_then_live_with_a_filter_applies_the_filter_to_both() {
+    let relay = TestRelay::start();
+    relay.post_ok(&[&ev("a", 0), &ev("b", 0)]);
+    let filter = enc(r#"{"session":"b"}"#);
+    let mut stream = relay.sse(&format!("from=all&filter={filter}"), &[]);
+    assert_eq!(stream.expect().data, ev("b", 0));
+    relay.post_ok(&[&ev("a", 1), &ev("b", 1)]);
+    assert_eq!(stream.expect().data, ev("b", 1));
+}
+
+#[test]
+fn session_cap_evicts_the_least_recently_written_session() {
+    let relay = TestRelay::with(|c| c.max_sessions = 2);
+    relay.post_ok(&[&ev("a", 0), &ev("b", 0), &ev("a", 1), &ev("c", 0)]);
+    let mut got: Vec<String> = relay
+        .sse("from=all&live=0", &[])
+        .rest()
+        .into_iter()
+        .map(|m| m.data)
+        .collect();
+    got.sort();
+    let mut want = vec![ev("a", 0), ev("a", 1), ev("c", 0)];
+    want.sort();
+    assert_eq!(got, want, "b was least recently written");
+}
+
+#[test]
+fn capture_ceiling_downlevels_and_never_uplevels() {
+    let relay = TestRelay::start();
+    let full = event(
+        "s",
+        0,
+        0,
+        "tool.completed",
+        r#","capture":"full","data":{"tool":{"name":"Bash"},"status":"success","result":"secret output"}"#,
+    );
+    let meta = event(
+        "s",
+        0,
+        1,
+        "tool.completed",
+        r#","capture":"metadata","data":{"tool":{"name":"Bash"},"status":"success"}"#,
+    );
+    relay.post_ok(&[&full, &meta]);
+    let got = relay.sse("from=all&live=0&capture=metadata", &[]).rest();
+    let first: serde_json::Value = serde_json::from_str(&got[0].data).unwrap();
+    assert_eq!(first["capture"], "metadata");
+    assert!(
+        first["data"].get("result").is_none(),
+        "a full field never reaches a metadata ceiling"
+    );
+    assert_eq!(first["data"]["status"], "success");
+    assert_eq!(
+        got[1].data, meta,
+        "an Event at or under the ceiling is forwarded byte-identical"
+    );
+    let none = relay.sse("from=all&live=0&capture=none", &[]).rest();
+    let v: serde_json::Value = serde_json::from_str(&none[0].data).unwrap();
+    assert_eq!(v["capture"], "none");
+    assert!(v.get("data").is_none(), "none = envelope only");
+    let redacted = relay.sse("from=all&live=0&capture=redacted", &[]).rest();
+    let v: serde_json::Value = serde_json::from_str(&redacted[0].data).unwrap();
+    assert_eq!(
+        v["capture"], "metadata",
+        "a full Event under a redacted ceiling lands on metadata (AEP-0001 §8.2(e))"
+    );
+}
+
+#[test]
+fn heartbeat_comments_keep_idle_streams_alive() {
+    let relay = TestRelay::with(|c| c.heartbeat = std::time::Duration::from_millis(50));
+    let mut s = relay.tcp();
+    s.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let mut pings = 0;
+    let mut line = String::new();
+    while pings < 2 {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "stream ended");
+        if line == ": ping\n" {
+            pings += 1;
+        }
+    }
+}
+
+#[test]
+fn golden_events_stream_back_byte_identical() {
+    let Some(golden) = fixture("aep-fixtures/golden/golden.jsonl") else {
+        return;
+    };
+    let relay = TestRelay::start();
+    let mut stream = relay.sse("", &[]);
+    let mut sent = Vec::new();
+    for line in golden.lines().filter(|l| !l.trim().is_empty()) {
+        let (status, _) = relay.post("application/json", line);
+        if status == 202 {
+            sent.push(line.to_string());
+        }
+    }
+    for want in &sent {
+        assert_eq!(&stream.expect().data, want);
+    }
+}
