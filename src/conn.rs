@@ -1,8 +1,8 @@
 //! One connection: its socket, read buffer, bounded output queue and protocol phase.
 
 use crate::http::{ChunkedDecoder, RequestHead};
+use crate::transport::Transport;
 use bytes::Bytes;
-use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
@@ -120,7 +120,7 @@ pub(crate) enum Phase {
 /// One client connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub(crate) sock: TcpStream,
+    pub(crate) sock: Transport,
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
     pub(crate) out: OutQueue,
@@ -141,10 +141,12 @@ pub(crate) struct Conn {
     pub(crate) dropped: u64,
     /// Whether the write side has been shut down.
     pub(crate) write_shut: bool,
+    /// Whether the peer closed its writing side.
+    pub(crate) peer_eof: bool,
 }
 
 impl Conn {
-    pub(crate) fn new(sock: TcpStream, peer: SocketAddr, now: Instant) -> Conn {
+    pub(crate) fn new(sock: Transport, peer: SocketAddr, now: Instant) -> Conn {
         Conn {
             sock,
             peer,
@@ -159,6 +161,7 @@ impl Conn {
             mark: 0,
             dropped: 0,
             write_shut: false,
+            peer_eof: false,
         }
     }
 

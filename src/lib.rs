@@ -25,6 +25,7 @@ pub mod http;
 pub mod relay;
 pub mod sse;
 pub mod store;
+pub(crate) mod transport;
 
 pub use config::Config;
 pub use relay::{Refusal, Relay, StartError, StopHandle};

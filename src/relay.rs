@@ -10,6 +10,7 @@ use crate::fanout::{self, Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::sse;
 use crate::store::{Admission, Store};
+use crate::transport::{MemoryPipe, Transport};
 use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -147,6 +148,8 @@ pub struct Relay {
     dirty: Vec<usize>,
     doomed: Vec<usize>,
     scratch: Vec<u8>,
+    /// Final output of in-memory connections the relay closed, until taken.
+    memory_closed: Vec<(usize, Vec<u8>)>,
     /// Events accepted since start.
     ingested: u64,
 }
@@ -194,6 +197,7 @@ impl Relay {
             dirty: Vec::new(),
             doomed: Vec::new(),
             scratch: vec![0; 64 * 1024],
+            memory_closed: Vec::new(),
             ingested: 0,
             config,
         })
@@ -320,11 +324,8 @@ impl Relay {
         }
         let entry = self.conns.vacant_entry();
         let key = entry.key();
-        if let Err(e) =
-            self.poll
-                .registry()
-                .register(&mut sock, conn_token(key), Interest::READABLE)
-        {
+        let mut sock = Transport::Tcp(sock);
+        if let Err(e) = sock.register(self.poll.registry(), conn_token(key), Interest::READABLE) {
             log::warn!("cannot register connection from {peer}: {e}");
             return;
         }
@@ -375,9 +376,12 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.peer_eof = true;
         match conn.phase {
-            Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
-            Phase::Sse { .. } | Phase::Closing => self.close(key),
+            Phase::Sse { .. } => self.close(key),
+            _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
+                self.close(key)
+            }
             _ => {
                 // The peer half-closed: answer what it sent, then close.
                 conn.close_after_flush = true;
@@ -960,16 +964,19 @@ impl Relay {
                 if had_output {
                     conn.last_write = now;
                 }
+                if conn.close_after_flush && conn.peer_eof {
+                    return self.close(key);
+                }
                 if conn.close_after_flush && !conn.write_shut {
                     conn.write_shut = true;
-                    let _ = conn.sock.shutdown(std::net::Shutdown::Write);
+                    conn.sock.shutdown_write();
                     conn.phase = Phase::Closing;
                     conn.since = now;
                 }
                 if conn.want_write {
                     conn.want_write = false;
-                    let _ = self.poll.registry().reregister(
-                        &mut conn.sock,
+                    let _ = conn.sock.reregister(
+                        self.poll.registry(),
                         conn_token(key),
                         Interest::READABLE,
                     );
@@ -978,8 +985,8 @@ impl Relay {
             Flush::Blocked => {
                 if !conn.want_write {
                     conn.want_write = true;
-                    let _ = self.poll.registry().reregister(
-                        &mut conn.sock,
+                    let _ = conn.sock.reregister(
+                        self.poll.registry(),
                         conn_token(key),
                         Interest::READABLE | Interest::WRITABLE,
                     );
@@ -996,7 +1003,85 @@ impl Relay {
         if let Phase::Sse { sub } = conn.phase {
             self.hub.remove(sub);
         }
-        let _ = self.poll.registry().deregister(&mut conn.sock);
+        let _ = conn.sock.deregister(self.poll.registry());
+        if let Some(pipe) = conn.sock.memory() {
+            let out = std::mem::take(&mut pipe.output);
+            self.memory_closed.push((key, out));
+        }
+    }
+
+    /// Opens an in-memory connection that runs the same state machine as a TCP one
+    /// (HTTP, SSE, …) without a socket; returns its key. For tests, fuzzing, benchmarks
+    /// and hosts that embed the relay. Drive it with [`Relay::feed`] and read what the
+    /// relay sent with [`Relay::take_output`].
+    ///
+    /// `write_limit` makes the connection stop accepting output once that many bytes
+    /// are unread: a consumer that stopped reading.
+    #[doc(hidden)]
+    pub fn connect_memory(&mut self, write_limit: Option<usize>) -> usize {
+        let pipe = MemoryPipe {
+            write_limit,
+            ..Default::default()
+        };
+        let peer = SocketAddr::from(([0, 0, 0, 0], 0));
+        let key = self
+            .conns
+            .insert(Conn::new(Transport::Memory(pipe), peer, Instant::now()));
+        self.memory_closed.retain(|(k, _)| *k != key);
+        key
+    }
+
+    /// Delivers `bytes` to the in-memory connection `key` as if they arrived from the
+    /// network, with `eof` closing the peer's writing side after them; then runs the
+    /// connection and flushes all output. Returns `false` when `key` is not an open
+    /// in-memory connection.
+    #[doc(hidden)]
+    pub fn feed(&mut self, key: usize, bytes: &[u8], eof: bool) -> bool {
+        let Some(pipe) = self.conns.get_mut(key).and_then(|c| c.sock.memory()) else {
+            return false;
+        };
+        pipe.input.extend_from_slice(bytes);
+        pipe.eof |= eof;
+        self.on_readable(key);
+        self.settle();
+        true
+    }
+
+    /// Takes what the relay wrote to the in-memory connection `key` so far (and, once,
+    /// the final output of one the relay closed). `None` for an unknown key.
+    #[doc(hidden)]
+    pub fn take_output(&mut self, key: usize) -> Option<Vec<u8>> {
+        if let Some(pipe) = self.conns.get_mut(key).and_then(|c| c.sock.memory()) {
+            let out = std::mem::take(&mut pipe.output);
+            if !out.is_empty() {
+                // Room was made: let a write-limited pipe take more.
+                self.mark_dirty(key);
+                self.settle();
+            }
+            return Some(out);
+        }
+        let i = self.memory_closed.iter().position(|(k, _)| *k == key)?;
+        Some(self.memory_closed.swap_remove(i).1)
+    }
+
+    /// Whether connection `key` is open.
+    #[doc(hidden)]
+    pub fn is_open(&self, key: usize) -> bool {
+        self.conns.contains(key)
+    }
+
+    /// Runs the timers (heartbeats, timeouts) as if `now` had come.
+    #[doc(hidden)]
+    pub fn tick_at(&mut self, now: Instant) {
+        self.tick(now);
+        self.settle();
+    }
+
+    /// Bytes queued for output across all connections (an invariant check for fuzzing:
+    /// each connection stays within `max_output_bytes` plus one frame).
+    #[doc(hidden)]
+    pub fn queued_output(&self, key: usize) -> Option<usize> {
+        self.conns.get(key).map(|c| c.out.len())
     }
 
     /// Seconds since [`Relay::bind`].
