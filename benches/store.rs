@@ -1,0 +1,149 @@
+//! `store`: the replay store (AEP-0003 §5, §7), in **ns per Event** (Throughput:
+//! Events/s), and its memory per held Event (printed once, from a counting allocator).
+//!
+//! - `store/admit/one_session`: `Store::admit` of distinct ~600-byte Events with rising
+//!   `seq` into one session whose 10 000-Event ring is full (every admission evicts:
+//!   the steady state). `store/admit/100_sessions`: the same, round-robin over 100
+//!   sessions of 1 000. Events are parsed outside the timed region, 4 096 at a time.
+//! - `store/replay/after_5000`: `Store::replay_after` from the middle of a full
+//!   10 000-Event session (5 000 Events delivered to a callback that counts them).
+//! - `store/replay/all_100x1000`: `Store::replay_all` over 100 sessions of 1 000.
+//! - Memory: heap held per Event once 10 000 Events sit in the store, as a ratio to their
+//!   raw bytes: the store's own structures (ring entry, dedupe slot, `Arc` counts), and
+//!   everything (plus each Event's scanned attributes and its byte buffer's header).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aep_relay::envelope::Event;
+use aep_relay::store::{Admission, Store};
+use bytes::Bytes;
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+
+#[path = "support/alloc.rs"]
+mod alloc;
+mod support;
+
+const SIZE: usize = 600;
+
+/// An Event whose buffer is exactly its bytes (as a slice of a request body is).
+fn parse(n: u64, session: &str) -> Arc<Event> {
+    let bytes = Bytes::copy_from_slice(support::event(n, session, SIZE).as_bytes());
+    Arc::new(Event::parse(bytes).expect("valid"))
+}
+
+struct Feed {
+    sessions: Vec<String>,
+    next: u64,
+}
+
+impl Feed {
+    fn new(sessions: usize) -> Feed {
+        Feed {
+            sessions: (0..sessions).map(|s| format!("s_{s}")).collect(),
+            next: 0,
+        }
+    }
+    fn chunk(&mut self, n: usize) -> Vec<Arc<Event>> {
+        (0..n)
+            .map(|_| {
+                self.next += 1;
+                let s = &self.sessions[self.next as usize % self.sessions.len()];
+                parse(self.next, s)
+            })
+            .collect()
+    }
+}
+
+fn filled(buffer: usize, sessions: usize) -> (Store<Event>, Feed) {
+    let mut store = Store::new(buffer, sessions.max(1));
+    let mut feed = Feed::new(sessions);
+    for ev in feed.chunk(buffer * sessions) {
+        assert_eq!(store.admit(&ev), Admission::Admitted);
+    }
+    (store, feed)
+}
+
+fn report_memory() {
+    const N: usize = 10_000;
+    let mut feed = Feed::new(1);
+    let before_events = alloc::live_bytes();
+    let events = feed.chunk(N);
+    let events_heap = alloc::live_bytes() - before_events;
+    let raw: usize = events.iter().map(|e| e.bytes().len()).sum();
+    let before = alloc::live_bytes();
+    let mut store = Store::new(N, 1);
+    for e in &events {
+        store.admit(e);
+    }
+    let store_heap = alloc::live_bytes() - before;
+    println!(
+        "store/memory: {N} Events of {} raw bytes each; store structures {:.1} B/Event \
+         ({:.3}x raw with the bytes); Events themselves {:.1} B/Event (size_of::<Event>() = {}); \
+         all held {:.3}x raw",
+        raw / N,
+        store_heap as f64 / N as f64,
+        (raw as f64 + store_heap as f64) / raw as f64,
+        events_heap as f64 / N as f64,
+        std::mem::size_of::<Event>(),
+        (events_heap + store_heap) as f64 / raw as f64,
+    );
+    black_box(store);
+}
+
+fn admit(c: &mut Criterion) {
+    report_memory();
+    let mut g = c.benchmark_group("store/admit");
+    g.throughput(Throughput::Elements(1));
+    for (name, buffer, sessions) in [("one_session", 10_000, 1), ("100_sessions", 1_000, 100)] {
+        let (mut store, mut feed) = filled(buffer, sessions);
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                let mut left = iters as usize;
+                while left > 0 {
+                    let chunk = feed.chunk(left.min(4096));
+                    left -= chunk.len();
+                    let t = Instant::now();
+                    for ev in &chunk {
+                        black_box(store.admit(ev));
+                    }
+                    spent += t.elapsed();
+                }
+                spent
+            })
+        });
+    }
+    g.finish();
+}
+
+fn replay(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store/replay");
+    let (store, _) = filled(10_000, 1);
+    g.throughput(Throughput::Elements(5_000));
+    g.bench_function("after_5000", |b| {
+        b.iter(|| {
+            let mut n = 0usize;
+            store.replay_after("s_0", (0, 5_000), &mut |_| n += 1);
+            assert_eq!(n, 5_000);
+            n
+        })
+    });
+    let (store, _) = filled(1_000, 100);
+    g.throughput(Throughput::Elements(100_000));
+    g.bench_function("all_100x1000", |b| {
+        b.iter(|| {
+            let mut n = 0usize;
+            store.replay_all(&mut |_| n += 1);
+            n
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = store;
+    config = support::config();
+    targets = admit, replay
+}
+criterion_main!(store);

@@ -1,0 +1,105 @@
+//! Shared inputs for the benches: the golden corpus (read from `../shared`, skipped with a
+//! message when absent), the AEP-0001 §5.3 worked example, a generator of distinct
+//! ~600-byte Events, and the criterion configuration that keeps `cargo bench` short.
+#![allow(dead_code)] // each bench uses a different subset
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::Criterion;
+
+/// The AEP-0001 §5.3 worked example, verbatim (spec text, non-normative).
+pub const WORKED_EXAMPLE: &str = r#"{
+  "aep": "0.1",
+  "id": "01JX9YB3P4T9",
+  "type": "tool.completed",
+  "subject": "Bash",
+  "time": "2026-07-03T10:15:04.221Z",
+  "source": "aep://host-a/agent/claude-code/session/s_8f2c",
+  "agent": "claude-code",
+  "session": "s_8f2c",
+  "run": "r_0042",
+  "step": "turn-3",
+  "seq": 187,
+  "epoch": 0,
+  "cause": "01JX9YB2Z1QK",
+  "severity": "info",
+  "capture": "metadata",
+  "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+  "data": {
+    "tool": { "name": "Bash", "call_id": "t_91" },
+    "status": "success",
+    "duration_ms": 1240,
+    "gen_ai.usage.input_tokens": 142,
+    "gen_ai.usage.output_tokens": 87
+  }
+}"#;
+
+/// Short warm-up and measurement so the whole `cargo bench` stays within a few minutes
+/// on a 2-core machine; pass `--measurement-time` on the command line for tighter
+/// intervals.
+pub fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+        .configure_from_args()
+}
+
+/// The golden corpus lines (`aep-fixtures/golden/golden.jsonl` beside the project), or
+/// `None` with a message on stderr when `../shared` is absent.
+pub fn golden_lines() -> Option<Vec<Vec<u8>>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/aep-fixtures/golden/golden.jsonl");
+    match std::fs::read(&path) {
+        Ok(all) => Some(
+            all.split(|b| *b == b'\n')
+                .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+                .map(<[u8]>::to_vec)
+                .collect(),
+        ),
+        Err(e) => {
+            eprintln!(
+                "skipping the golden-corpus benches: cannot read {} ({e})",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// One valid `tool.completed` Event of about `size` bytes (padding in `data.output`),
+/// with distinct `id` and `seq` from `n`, in `session`, and the integer extension
+/// `loadts` (AEP-0001 §5.4).
+pub fn event(n: u64, session: &str, size: usize) -> String {
+    let head = format!(
+        r#"{{"aep":"0.1","id":"01JXBENCH{n:016}","type":"tool.completed","subject":"Bash","time":"2026-07-03T10:15:04.221Z","source":"aep://host-a/agent/claude-code/session/{session}","agent":"claude-code","session":"{session}","run":"r_0042","seq":{n},"epoch":0,"severity":"info","capture":"metadata","loadts":{n},"data":{{"tool":{{"name":"Bash","call_id":"t_91"}},"status":"success","duration_ms":1240,"output":""#
+    );
+    let tail = r#""}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut s = head;
+    s.extend(std::iter::repeat('x').take(pad));
+    s.push_str(tail);
+    s
+}
+
+/// `count` Events from `first` on, one per line (NDJSON, final newline included).
+pub fn ndjson(first: u64, count: usize, session: &str, size: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(count * (size + 1));
+    for i in 0..count as u64 {
+        out.extend_from_slice(event(first + i, session, size).as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+/// An HTTP/1.1 `POST /events` request carrying `body` as NDJSON.
+pub fn post_ndjson(body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "POST /events HTTP/1.1\r\nHost: 127.0.0.1:8787\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    req
+}
