@@ -1052,7 +1052,10 @@ impl Relay {
     #[doc(hidden)]
     pub fn take_output(&mut self, key: usize) -> Option<Vec<u8>> {
         if let Some(pipe) = self.conns.get_mut(key).and_then(|c| c.sock.memory()) {
-            let out = std::mem::take(&mut pipe.output);
+            // Leave a buffer of the same capacity behind, so a host that drains a pipe
+            // regularly (the fan-out bench) sees no allocation in the relay's writes.
+            let cap = pipe.output.capacity();
+            let out = std::mem::replace(&mut pipe.output, Vec::with_capacity(cap));
             if !out.is_empty() {
                 // Room was made: let a write-limited pipe take more.
                 self.mark_dirty(key);
