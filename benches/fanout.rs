@@ -30,8 +30,10 @@ const DRAIN_EVERY: u64 = 64;
 const SIZE: usize = 600;
 
 fn relay() -> Relay {
-    let mut c = Config::default();
-    c.listen = "127.0.0.1:0".parse().expect("addr");
+    let c = Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        ..Config::default()
+    };
     Relay::bind(c).expect("relay")
 }
 

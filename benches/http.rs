@@ -46,8 +46,10 @@ fn ingest(c: &mut Criterion) {
     let mut g = c.benchmark_group("http/ingest");
     g.throughput(Throughput::Elements(BATCH as u64));
     for subscribers in [0usize, 10] {
-        let mut config = Config::default();
-        config.listen = "127.0.0.1:0".parse().expect("addr");
+        let config = Config {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            ..Config::default()
+        };
         let mut relay = Relay::bind(config).expect("relay");
         let subs: Vec<usize> = (0..subscribers)
             .map(|_| {

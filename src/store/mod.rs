@@ -40,20 +40,21 @@
 //!
 //! - `admit`: O(1) expected for the common case (a position above everything held, or
 //!   any foreign Event: both append); backfill is O(log n) to find its place plus the
-//!   `VecDeque` shift (distance to the nearer end). Dedupe is one hash of
-//!   `(source, id)`. Session eviction is O(1) (intrusive LRU list over a slab) plus
+//!   `VecDeque` shift (distance to the nearer end). Dedupe is one keyed hash of
+//!   `(source, id)`, computed once per admission and kept in the ring entry, so evicting
+//!   an Event from the dedupe set never reads its (by then cold) bytes. Session eviction is O(1) (intrusive LRU list over a slab) plus
 //!   dropping the evicted buffer.
 //! - `replay_after`: O(log n) to find the start, then O(delivered).
 //!
 //! # Memory
 //!
-//! Per held Event the store adds: one 32-byte ring entry (an `Arc` pointer plus a
-//! 24-byte order key); one 8-byte slot (an `Arc` pointer) plus one control byte in the
-//! per-session dedupe hash set, whose bucket count ends up at most 4× the items
-//! (power-of-two buckets at ≤ 7/8 load, and the steady evict-then-insert churn leaves
-//! tombstones that make it grow once more), so ≤ 37 bytes; and the `Arc`'s 16-byte
-//! reference counts. That is ≤ 85 bytes, ≤ 1.15× the raw bytes of a 600-byte
-//! Event, inside the 1.25× budget (the Event's own attribute struct is not counted: it is
+//! Per held Event the store adds: one 40-byte ring entry (an `Arc` pointer, a 24-byte
+//! order key and the 8-byte dedupe hash); one 16-byte slot (the hash and an `Arc`
+//! pointer) plus one control byte in the per-session dedupe hash set, whose bucket count
+//! ends up at most 4× the items (power-of-two buckets at ≤ 7/8 load, and the steady
+//! evict-then-insert churn leaves tombstones that make it grow once more), so ≤ 68
+//! bytes; and the `Arc`'s 16-byte reference counts. That is ≤ 124 bytes, ≤ 1.21× the raw
+//! bytes of a 600-byte Event, inside the 1.25× budget (the Event's own attribute struct is not counted: it is
 //! shared with fan-out). Ring capacity grows by doubling but is clamped to
 //! `buffer_per_session`, never beyond. Each session adds a fixed ~300 bytes (its struct,
 //! its name twice, its index slot), which is noise for buffers of ~50 Events or more.
@@ -73,9 +74,10 @@
 //!   [`Admission::Conflict`] for the second, which is not held (and so not in the dedupe
 //!   set: resending it reports `Conflict` again).
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use slab::Slab;
@@ -204,26 +206,59 @@ impl Key {
 /// One held Event.
 struct Entry<E> {
     key: Key,
+    /// The Event's dedupe hash, as in its [`ByKey`]: eviction finds the set slot without
+    /// touching the evicted (long cold) Event's bytes.
+    hash: u64,
     ev: Arc<E>,
 }
 
 /// A held Event viewed through its dedupe key `(source, id)`: the dedupe set stores the
-/// Events themselves (one pointer each) rather than copies of their keys.
-struct ByKey<E>(Arc<E>);
+/// Events themselves (one pointer each) rather than copies of their keys, with the key's
+/// hash computed once at admission by the store's keyed SipHash ([`Store::hasher`]).
+///
+/// Equal keys have equal hashes (one hasher per store), so comparing `hash` first is
+/// exact; the same `Arc` is equal without reading its key, which is how eviction removes
+/// an Event from the set without a cache miss on its bytes.
+struct ByKey<E> {
+    hash: u64,
+    ev: Arc<E>,
+}
 
-impl<E: Stored> Hash for ByKey<E> {
+impl<E> Hash for ByKey<E> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.dedupe_key().hash(state);
+        state.write_u64(self.hash);
     }
 }
 
 impl<E: Stored> PartialEq for ByKey<E> {
     fn eq(&self, other: &Self) -> bool {
-        self.0.dedupe_key() == other.0.dedupe_key()
+        self.hash == other.hash
+            && (Arc::ptr_eq(&self.ev, &other.ev) || self.ev.dedupe_key() == other.ev.dedupe_key())
     }
 }
 
 impl<E: Stored> Eq for ByKey<E> {}
+
+/// The dedupe set's hasher: the element already is a keyed SipHash, so it is used as is.
+#[derive(Default)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called (ByKey::hash); fold anything else anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type DedupeSet<E> = HashSet<ByKey<E>, BuildHasherDefault<PreHashed>>;
 
 /// Sentinel for the LRU list links.
 const NIL: usize = usize::MAX;
@@ -234,7 +269,7 @@ struct Session<E> {
     /// Held Events, strictly increasing by key.
     ring: VecDeque<Entry<E>>,
     /// Exactly the held Events, by `(source, id)`.
-    ids: HashSet<ByKey<E>>,
+    ids: DedupeSet<E>,
     /// Highest position ever admitted (held or since evicted): the anchor of the next
     /// foreign Event.
     high: Option<Position>,
@@ -254,7 +289,7 @@ impl<E> Session<E> {
         Session {
             name: name.into(),
             ring: VecDeque::new(),
-            ids: HashSet::new(),
+            ids: DedupeSet::default(),
             high: None,
             foreign_n: 0,
             evicted_high: None,
@@ -333,6 +368,9 @@ pub struct Store<E> {
     tail: usize,
     events: usize,
     bytes: usize,
+    /// Keys the dedupe hashes (randomly per store, so `(source, id)` values chosen by a
+    /// client cannot collide on purpose).
+    hasher: RandomState,
 }
 
 impl<E> fmt::Debug for Store<E> {
@@ -361,6 +399,7 @@ impl<E: Stored> Store<E> {
             tail: NIL,
             events: 0,
             bytes: 0,
+            hasher: RandomState::new(),
         }
     }
 
@@ -401,7 +440,10 @@ impl<E: Stored> Store<E> {
         let s = &mut self.slots[sid];
 
         // AEP-0001 §7 #4, AEP-0003 §5: buffer admission dedupes on (source, id).
-        let probe = ByKey(Arc::clone(ev));
+        let probe = ByKey {
+            hash: self.hasher.hash_one(ev.dedupe_key()),
+            ev: Arc::clone(ev),
+        };
         if s.ids.contains(&probe) {
             return Admission::Duplicate;
         }
@@ -437,7 +479,10 @@ impl<E: Stored> Store<E> {
                 s.bytes -= old.ev.byte_len();
                 self.bytes -= old.ev.byte_len();
                 self.events -= 1;
-                s.ids.remove(&ByKey(old.ev));
+                s.ids.remove(&ByKey {
+                    hash: old.hash,
+                    ev: old.ev,
+                });
                 idx -= 1;
             }
         }
@@ -457,6 +502,7 @@ impl<E: Stored> Store<E> {
             idx,
             Entry {
                 key,
+                hash: probe.hash,
                 ev: Arc::clone(ev),
             },
         );
@@ -663,7 +709,12 @@ impl<E: Stored> Store<E> {
                 assert!(w[0].key < w[1].key, "strict order");
             }
             for e in &s.ring {
-                assert!(s.ids.contains(&ByKey(Arc::clone(&e.ev))), "held id in set");
+                let probe = ByKey {
+                    hash: self.hasher.hash_one(e.ev.dedupe_key()),
+                    ev: Arc::clone(&e.ev),
+                };
+                assert_eq!(probe.hash, e.hash, "entry hash");
+                assert!(s.ids.contains(&probe), "held id in set");
                 assert!(Some(e.key) > s.evicted_high, "held above evicted_high");
                 if let Some(p) = e.key.anchor() {
                     assert!(Some(p) <= s.high, "high-water");

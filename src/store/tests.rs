@@ -551,12 +551,13 @@ fn introspection() {
     assert_eq!(st.max_sessions(), 10);
 }
 
-/// The ring entry stays at one `Arc` plus a 24-byte key (module docs, "Memory").
+/// The ring entry stays at one `Arc`, a 24-byte key and the 8-byte dedupe hash; a dedupe
+/// slot at the hash and one `Arc` (module docs, "Memory").
 #[test]
 fn entry_is_small() {
     assert_eq!(std::mem::size_of::<Key>(), 24);
-    assert_eq!(std::mem::size_of::<Entry<T>>(), 32);
-    assert_eq!(std::mem::size_of::<ByKey<T>>(), 8);
+    assert_eq!(std::mem::size_of::<Entry<T>>(), 40);
+    assert_eq!(std::mem::size_of::<ByKey<T>>(), 16);
 }
 
 /// 100k admits into buffers of 1000 stay bounded: per-session length and capacity, session
