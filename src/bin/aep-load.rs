@@ -124,8 +124,8 @@ fn check(args: &Args) {
     if !loopback {
         fail(format!("{} is not a loopback address", args.addr));
     }
-    if !(1..=20_000).contains(&args.subscribers) {
-        fail("--subscribers must be 1..=20000");
+    if args.subscribers > 20_000 || (args.subscribers == 0 && args.idle.is_some()) {
+        fail("--subscribers must be 0..=20000 (1..=20000 with --idle)");
     }
     if !(1..=10_000_000).contains(&args.events) {
         fail("--events must be 1..=10000000");
@@ -470,6 +470,9 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>) -> (Hist, Vec<u64>) {
                     }
                 };
                 let now = clock();
+                // A short read emptied the socket: a later arrival raises a new edge, so
+                // skip the read that would only say WouldBlock (half the syscalls).
+                let drained = n < buf.len();
                 let data = &buf[..n];
                 let mut from = 0;
                 if !s.carry.is_empty() {
@@ -498,6 +501,9 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>) -> (Hist, Vec<u64>) {
                 s.received += k;
                 got += k;
                 s.carry.extend_from_slice(&data[rest..]);
+                if drained {
+                    break;
+                }
             }
         }
         if got > 0 {
@@ -511,36 +517,46 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>) -> (Hist, Vec<u64>) {
 // ---------------------------------------------------------------------------------------
 // The publisher.
 
-/// Reads and counts the publisher connection's answers (HTTP statuses, Redis replies).
+/// The publisher connection's answers: HTTP statuses (relay), Redis integer replies, or
+/// the MQTT `PINGRESP` sent after the last `PUBLISH` (a broker handles one connection's
+/// packets in order, so it marks the point where every `PUBLISH` was processed).
+#[derive(Default)]
+struct Answers {
+    ok: AtomicU64,
+    bad: AtomicU64,
+    last: AtomicU64,
+}
+
 fn answers(
     mut s: TcpStream,
     target: Target,
+    state: Arc<Answers>,
     stop: Arc<AtomicBool>,
-) -> thread::JoinHandle<(u64, u64)> {
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
-        let (mut ok, mut bad) = (0u64, 0u64);
         let mut buf = vec![0u8; 64 * 1024];
         let mut carry: Vec<u8> = Vec::new();
-        s.set_read_timeout(Some(Duration::from_millis(50))).ok();
+        s.set_read_timeout(Some(Duration::from_millis(20))).ok();
         loop {
             match s.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    carry.extend_from_slice(&buf[..n]);
-                    // Count in complete lines only: every status line and every Redis
-                    // reply ends with CRLF.
-                    let Some(nl) = memchr::memrchr(b'\n', &carry) else {
-                        continue;
-                    };
-                    let lines = &carry[..=nl];
-                    match target {
-                        Target::Sse => {
+                    let (mut ok, mut bad) = (0, 0);
+                    if target == Target::Mqtt {
+                        ok = buf[..n].iter().filter(|&&b| b == 0xD0).count() as u64;
+                    } else {
+                        carry.extend_from_slice(&buf[..n]);
+                        // Count in complete lines only: every status line and every
+                        // Redis reply ends with CRLF.
+                        let Some(nl) = memchr::memrchr(b'\n', &carry) else {
+                            continue;
+                        };
+                        let lines = &carry[..=nl];
+                        if target == Target::Sse {
                             let all = memmem::find_iter(lines, b"HTTP/1.1 ").count() as u64;
-                            let good = memmem::find_iter(lines, b"HTTP/1.1 202").count() as u64;
-                            ok += good;
-                            bad += all - good;
-                        }
-                        _ => {
+                            ok = memmem::find_iter(lines, b"HTTP/1.1 202").count() as u64;
+                            bad = all - ok;
+                        } else {
                             for l in lines.split(|&b| b == b'\n') {
                                 match l.first() {
                                     Some(b':') => ok += 1,
@@ -549,8 +565,13 @@ fn answers(
                                 }
                             }
                         }
+                        carry.drain(..=nl);
                     }
-                    carry.drain(..=nl);
+                    if ok + bad > 0 {
+                        state.ok.fetch_add(ok, Ordering::Relaxed);
+                        state.bad.fetch_add(bad, Ordering::Relaxed);
+                        state.last.store(clock(), Ordering::Relaxed);
+                    }
                 }
                 Err(e)
                     if e.kind() == io::ErrorKind::WouldBlock
@@ -563,12 +584,14 @@ fn answers(
                 Err(_) => break,
             }
         }
-        (ok, bad)
     })
 }
 
 struct Published {
     started: u64,
+    /// When the last write returned.
+    written: u64,
+    /// When the server had answered everything (or `written` when it did not).
     finished: u64,
     ok: u64,
     bad: u64,
@@ -580,14 +603,13 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         mqtt_connect(&mut s, "aepload-pub");
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let reader = match args.target {
-        Target::Mqtt => None,
-        t => Some(answers(
-            s.try_clone().unwrap_or_else(|e| fail(e)),
-            t,
-            stop.clone(),
-        )),
-    };
+    let state = Arc::new(Answers::default());
+    let reader = answers(
+        s.try_clone().unwrap_or_else(|e| fail(e)),
+        args.target,
+        state.clone(),
+        stop.clone(),
+    );
     let tpl = Template::new(args.size);
     let topic = args.topic.as_bytes();
     let mut out = Vec::with_capacity(args.batch * (args.size + 128) + 256);
@@ -595,27 +617,22 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     let mut event = Vec::with_capacity(args.size + 64);
     let started = clock();
     let mut sent = 0u64;
+    let mut requests = 0u64;
     while sent < args.events && Instant::now() < deadline {
         let n = (args.batch as u64).min(args.events - sent);
         if args.rate > 0 {
             let due = started + (sent as u128 * 1_000_000_000 / args.rate as u128) as u64;
-            loop {
-                let now = clock();
-                if now >= due {
-                    break;
-                }
-                let wait = due - now;
-                if wait > 200_000 {
-                    thread::sleep(Duration::from_nanos(wait - 100_000));
-                } else {
-                    std::hint::spin_loop();
-                }
+            // Sleep, never spin: the reader shares the load core. An oversleep is made
+            // up by the absolute schedule.
+            let now = clock();
+            if due > now {
+                thread::sleep(Duration::from_nanos(due - now));
             }
         }
-        if args.window > 0 {
+        if args.window > 0 && subscribers > 0 {
             let need = (sent + n).saturating_sub(args.window) * subscribers;
             while shared.delivered.load(Ordering::Relaxed) < need && Instant::now() < deadline {
-                thread::yield_now();
+                thread::sleep(Duration::from_micros(20));
             }
         }
         out.clear();
@@ -654,21 +671,53 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
             fail(format!("publish: {e}"));
         }
         sent += n;
+        requests += 1;
     }
-    let finished = clock();
+    let written = clock();
+    let want = match args.target {
+        Target::Sse => requests,
+        Target::Redis => sent,
+        Target::Mqtt => {
+            let _ = s.write_all(&[0xC0, 0x00]); // PINGREQ
+            1
+        }
+    };
+    // Wait for every answer (or until they stop coming).
+    let idle = args.drain_ms * 1_000_000;
+    loop {
+        let got = state.ok.load(Ordering::Relaxed) + state.bad.load(Ordering::Relaxed);
+        let last = state.last.load(Ordering::Relaxed).max(written);
+        if got >= want || Instant::now() >= deadline || clock().saturating_sub(last) > idle {
+            break;
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+    let got = state.ok.load(Ordering::Relaxed) + state.bad.load(Ordering::Relaxed);
+    let finished = if got >= want {
+        state.last.load(Ordering::Relaxed).max(written)
+    } else {
+        written
+    };
     if args.target == Target::Mqtt {
-        let _ = s.write_all(&[0xE0, 0x00]);
+        let _ = s.write_all(&[0xE0, 0x00]); // DISCONNECT
     }
-    // Let the answers arrive, then stop the answer reader.
-    let (mut ok, mut bad) = (0, 0);
-    if let Some(r) = reader {
-        thread::sleep(Duration::from_millis(200));
-        stop.store(true, Ordering::Relaxed);
-        let _ = s.shutdown(std::net::Shutdown::Write);
-        (ok, bad) = r.join().unwrap_or((0, 0));
+    stop.store(true, Ordering::Relaxed);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let _ = reader.join();
+    let (mut ok, bad) = (
+        state.ok.load(Ordering::Relaxed),
+        state.bad.load(Ordering::Relaxed),
+    );
+    match args.target {
+        // One 202 answers a whole batch.
+        Target::Sse => ok = (ok * args.batch as u64).min(sent),
+        // The PINGRESP stands for every PUBLISH before it.
+        Target::Mqtt => ok = if ok > 0 { sent } else { 0 },
+        Target::Redis => {}
     }
     Published {
         started,
+        written,
         finished,
         ok,
         bad,
@@ -777,12 +826,24 @@ fn main() {
         .join()
         .unwrap_or_else(|_| fail("reader panicked"));
     let received: u64 = per_sub.iter().sum();
-    let last = shared.last_delivery.load(Ordering::Relaxed);
-    let secs = (last.saturating_sub(published.started)) as f64 / 1e9;
+    let publish_s = (published.finished - published.started) as f64 / 1e9;
+    // With subscribers: from the first write to the last delivery. Without: until the
+    // server answered the last write.
+    let secs = if n_subs == 0 {
+        publish_s
+    } else {
+        let last = shared.last_delivery.load(Ordering::Relaxed);
+        last.saturating_sub(published.started) as f64 / 1e9
+    };
     let rate = if secs > 0.0 {
         received as f64 / secs
     } else {
         0.0
+    };
+    let events_rate = if n_subs == 0 {
+        published.ok as f64 / secs.max(1e-9)
+    } else {
+        rate / n_subs as f64
     };
     let loss = expected.saturating_sub(received);
     let min_sub = per_sub.iter().copied().min().unwrap_or(0);
@@ -798,12 +859,12 @@ fn main() {
         f64::NAN
     };
     let rss_mib = rss.map_or(f64::NAN, |k| k as f64 / 1024.0);
-    let publish_s = (published.finished - published.started) as f64 / 1e9;
+    let write_s = (published.written - published.started) as f64 / 1e9;
     if args.json {
         println!(
             "{{\"target\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
-             \"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{:.0},\
+             \"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
              \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\
              \"server_cpu_s\":{cpu:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"server_rss_mib\":{rss_mib:.1}}}",
             args.target.name(),
@@ -813,7 +874,6 @@ fn main() {
             args.batch,
             args.rate,
             args.window,
-            rate / n_subs as f64,
             published.ok,
             published.bad,
         );
@@ -829,11 +889,11 @@ fn main() {
             args.window
         );
         println!(
-            "  deliveries {received}/{expected} (loss {loss}) in {secs:.3} s: {rate:.0} deliveries/s"
+            "  deliveries {received}/{expected} (loss {loss}) in {secs:.3} s: {rate:.0} deliveries/s, {events_rate:.0} Events/s"
         );
         println!("  latency p50 {p50:.1} µs, p99 {p99:.1} µs, max {max:.1} µs");
         println!(
-            "  publisher: {publish_s:.3} s, answers ok {} / errors {}",
+            "  publisher: writes {write_s:.3} s, answered after {publish_s:.3} s, ok {} / errors {}",
             published.ok, published.bad
         );
         if args.server_pid.is_some() {
