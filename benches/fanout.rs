@@ -8,7 +8,7 @@
 //! frame built once, 10 000 queue pushes, and the flush of every subscriber. The flush
 //! writes into the in-memory pipe, i.e. a `memcpy` of the ~700-byte frame per subscriber
 //! where TCP would make one `writev` syscall (a documented mock-stream cost: the real
-//! per-delivery cost over sockets is measured by `aep-load`). Every 64 Events the
+//! per-delivery cost over sockets is measured by `aep-load`). After every Event the
 //! subscribers' output is taken, outside the timed region.
 //!
 //! Allocations per delivery = (allocations of ingesting Events with 10 000 subscribers −
@@ -26,7 +26,7 @@ mod alloc;
 mod support;
 
 const SUBSCRIBERS: usize = 10_000;
-const DRAIN_EVERY: u64 = 64;
+const DRAIN_EVERY: u64 = 1;
 const SIZE: usize = 600;
 
 fn relay() -> Relay {
@@ -100,7 +100,7 @@ impl Bench {
 }
 
 fn report_allocations() {
-    let n = 4 * DRAIN_EVERY;
+    let n = 256;
     let mut none = Bench::new(0, "");
     none.run(n); // warm: store ring, hash sets
     let (_, base) = none.run(n);
