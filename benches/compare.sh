@@ -7,9 +7,12 @@
 #
 # Usage: benches/compare.sh [quick]
 #   Environment: SIZE (600), FANOUT_SUBS (1000), FANOUT_EVENTS (2000), LAT_SUBS (100),
-#   LAT_RATE (10000), LAT_EVENTS (30000), BATCH (64), INGEST_EVENTS (1000000),
-#   SERVER_CPU (1), LOAD_CPU (0), TARGETS ("relay-sse mqtt redis").
-#   `quick` divides the counts by 10.
+#   LAT_RATE (10000), LAT_EVENTS (30000), BATCH (64), INGEST_EVENTS (300000),
+#   IDLE_SUBS (10000), REPEAT (3), SERVER_CPU (1), LOAD_CPU (0),
+#   TARGETS ("relay-sse mqtt redis").
+#   `quick` divides the event counts by 10 and runs each scenario once.
+# Each scenario runs REPEAT rounds with the targets interleaved and reports, per target,
+# the run with the median of the scenario's key figure (the machine may be shared).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,7 +25,9 @@ LAT_SUBS=${LAT_SUBS:-100}
 LAT_RATE=${LAT_RATE:-10000}
 LAT_EVENTS=${LAT_EVENTS:-30000}
 BATCH=${BATCH:-64}
-INGEST_EVENTS=${INGEST_EVENTS:-1000000}
+INGEST_EVENTS=${INGEST_EVENTS:-300000}
+IDLE_SUBS=${IDLE_SUBS:-10000}
+REPEAT=${REPEAT:-3}
 SERVER_CPU=${SERVER_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
 TARGETS=${TARGETS:-"relay-sse mqtt redis"}
@@ -30,6 +35,7 @@ if [[ "${1:-}" == quick ]]; then
     FANOUT_EVENTS=$((FANOUT_EVENTS / 10))
     LAT_EVENTS=$((LAT_EVENTS / 10))
     INGEST_EVENTS=$((INGEST_EVENTS / 10))
+    REPEAT=1
 fi
 
 RELAY_PORT=18787
@@ -108,22 +114,42 @@ EOF
 }
 
 # load NAME TARGET ARGS...: one aep-load run on LOAD_CPU against a fresh server; the JSON
-# line goes to $WORK/NAME.TARGET.json.
+# line goes to $WORK/NAME.TARGET.RUN.json.
 load() {
-    local name=$1 target=$2
-    shift 2
+    local name=$1 target=$2 run=$3
+    shift 3
     start_server "$target"
     if ! taskset -c "$LOAD_CPU" "$BIN/aep-load" --target "$LOAD_TARGET" \
         --addr "127.0.0.1:$PORT" --server-pid "$SERVER_PID" --json "$@" \
-        >"$WORK/$name.$target.json"; then
+        >"$WORK/$name.$target.$run.json"; then
         echo "  ($target: loss or publish errors; see the row)" >&2
     fi
     stop_server
-    echo "  $name $target: $(cat "$WORK/$name.$target.json")" >&2
+    echo "  $name $target #$run: $(cat "$WORK/$name.$target.$run.json")" >&2
 }
 
 field() { # field FILE KEY
     sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1" | tr -d '"'
+}
+
+# scenario NAME KEY ARGS...: REPEAT rounds, targets interleaved within each round (so a
+# burst of background load hits every server alike); keeps, per target, the run with the
+# median KEY as $WORK/NAME.TARGET.json.
+scenario() {
+    local name=$1 key=$2
+    shift 2
+    for run in $(seq "$REPEAT"); do
+        for t in $TARGETS; do
+            load "$name" "$t" "$run" "$@"
+        done
+    done
+    for t in $TARGETS; do
+        local median
+        median=$(for f in "$WORK/$name.$t".*.json; do
+            [[ -s "$f" ]] && echo "$(field "$f" "$key") $f"
+        done | sort -g | awk '{ a[NR] = $2 } END { if (NR) print a[int((NR + 1) / 2)] }')
+        [[ -n "$median" ]] && cp "$median" "$WORK/$name.$t.json"
+    done
 }
 
 # table NAME KEY BETTER TITLE: one row per target, ratio of KEY to the better broker.
@@ -143,8 +169,8 @@ table() {
     echo
     echo "### $title"
     echo
-    echo "| server | deliveries/s | p50 µs | p99 µs | max µs | loss | server CPU s | deliveries per server CPU s | server RSS MiB | $key vs better broker |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "| server | deliveries/s | Events/s | p50 µs | p99 µs | max µs | loss | server CPU s | Events per server CPU s | server RSS MiB | $key vs better broker |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
     for t in $TARGETS; do
         local f="$WORK/$name.$t.json"
         [[ -s "$f" ]] || continue
@@ -153,30 +179,48 @@ table() {
         ratio=$(awk -v a="$v" -v b="$best" -v hi="$better" 'BEGIN {
             if (b == "" || b == 0 || a == 0) { print "-"; exit }
             if (hi == "high") printf "%.2fx", a / b; else printf "%.2fx (lower is better)", a / b }')
-        echo "| $t | $(field "$f" deliveries_per_s) | $(field "$f" p50_us) | $(field "$f" p99_us) | $(field "$f" max_us) | $(field "$f" loss) | $(field "$f" server_cpu_s) | $(field "$f" deliveries_per_server_cpu_s) | $(field "$f" server_rss_mib) | $ratio |"
+        echo "| $t | $(field "$f" deliveries_per_s) | $(field "$f" events_per_s) | $(field "$f" p50_us) | $(field "$f" p99_us) | $(field "$f" max_us) | $(field "$f" loss) | $(field "$f" server_cpu_s) | $(field "$f" events_per_server_cpu_s) | $(field "$f" server_rss_mib) | $ratio |"
+    done
+}
+
+idle_table() {
+    echo
+    echo "### Idle: $IDLE_SUBS subscribers connected and subscribed, nothing published"
+    echo
+    echo "| server | server RSS MiB | bytes per subscriber | connect s |"
+    echo "|---|---|---|---|"
+    for t in $TARGETS; do
+        local f="$WORK/idle.$t.1.json"
+        [[ -s "$f" ]] || continue
+        echo "| $t | $(field "$f" server_rss_mib) | $(field "$f" server_bytes_per_subscriber) | $(field "$f" connect_s) |"
     done
 }
 
 echo "== fan-out: $FANOUT_SUBS subscribers, $FANOUT_EVENTS Events of $SIZE bytes, batch $BATCH" >&2
-for t in $TARGETS; do
-    load fanout "$t" --subscribers "$FANOUT_SUBS" --events "$FANOUT_EVENTS" --size "$SIZE" \
-        --batch "$BATCH" --window 256 --timeout 300
-done
+scenario fanout deliveries_per_s --subscribers "$FANOUT_SUBS" --events "$FANOUT_EVENTS" \
+    --size "$SIZE" --batch "$BATCH" --window 256 --timeout 300
 echo "== latency: $LAT_SUBS subscribers at $LAT_RATE Events/s, $LAT_EVENTS Events" >&2
-for t in $TARGETS; do
-    load latency "$t" --subscribers "$LAT_SUBS" --events "$LAT_EVENTS" --size "$SIZE" \
-        --batch 1 --rate "$LAT_RATE" --window 0 --timeout 300
-done
+scenario latency p99_us --subscribers "$LAT_SUBS" --events "$LAT_EVENTS" --size "$SIZE" \
+    --batch 1 --rate "$LAT_RATE" --window 0 --timeout 300
+echo "== latency: $LAT_SUBS subscribers at $((LAT_RATE / 10)) Events/s" >&2
+scenario latency_low p99_us --subscribers "$LAT_SUBS" --events "$((LAT_EVENTS / 10))" \
+    --size "$SIZE" --batch 1 --rate "$((LAT_RATE / 10))" --window 0 --timeout 300
 echo "== ingest: $INGEST_EVENTS Events of $SIZE bytes, batch 1000, 0 and 10 subscribers" >&2
-for subs in 0 10; do
-    for t in $TARGETS; do
-        load "ingest$subs" "$t" --subscribers "$subs" --events "$INGEST_EVENTS" \
-            --size "$SIZE" --batch 1000 --window 5000 --timeout 300
-    done
+scenario ingest0 events_per_s --subscribers 0 --events "$INGEST_EVENTS" --size "$SIZE" \
+    --batch 1000 --window 0 --timeout 300
+scenario ingest10 events_per_s --subscribers 10 --events "$INGEST_EVENTS" --size "$SIZE" \
+    --batch 100 --window 1000 --timeout 300
+echo "== idle: $IDLE_SUBS subscribers" >&2
+for t in $TARGETS; do
+    load idle "$t" 1 --subscribers "$IDLE_SUBS" --idle 1 --timeout 300
 done
 
-echo "# aep-load comparison ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, server on CPU $SERVER_CPU, load on CPU $LOAD_CPU)"
+echo "# aep-load comparison ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, server on CPU $SERVER_CPU, load on CPU $LOAD_CPU, median of $REPEAT)"
+echo
+echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 table fanout deliveries_per_s high "Fan-out: $FANOUT_SUBS subscribers, $FANOUT_EVENTS Events x $SIZE B, batch $BATCH, window 256"
 table latency p99_us low "Latency: $LAT_SUBS subscribers, $LAT_RATE Events/s, $LAT_EVENTS Events x $SIZE B, batch 1"
+table latency_low p99_us low "Latency: $LAT_SUBS subscribers, $((LAT_RATE / 10)) Events/s, $((LAT_EVENTS / 10)) Events x $SIZE B, batch 1"
 table ingest0 events_per_s high "Ingest, no subscriber: $INGEST_EVENTS Events x $SIZE B, batch 1000 (until the server answered the last write)"
-table ingest10 events_per_s high "Ingest, 10 subscribers: $INGEST_EVENTS Events x $SIZE B, batch 1000, window 5000"
+table ingest10 events_per_s high "Ingest, 10 subscribers: $INGEST_EVENTS Events x $SIZE B, batch 100, window 1000"
+idle_table

@@ -858,6 +858,15 @@ fn main() {
     } else {
         f64::NAN
     };
+    // Events the server handled per CPU second: published ones without subscribers,
+    // delivered ones (per subscriber) with.
+    let events_per_cpu = if cpu <= 0.0 {
+        f64::NAN
+    } else if n_subs == 0 {
+        published.ok as f64 / cpu
+    } else {
+        per_cpu / n_subs as f64
+    };
     let rss_mib = rss.map_or(f64::NAN, |k| k as f64 / 1024.0);
     let write_s = (published.written - published.started) as f64 / 1e9;
     if args.json {
@@ -866,7 +875,7 @@ fn main() {
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
              \"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
              \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\
-             \"server_cpu_s\":{cpu:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"server_rss_mib\":{rss_mib:.1}}}",
+             \"server_cpu_s\":{cpu:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_rss_mib\":{rss_mib:.1}}}",
             args.target.name(),
             n_subs,
             args.events,
@@ -898,7 +907,7 @@ fn main() {
         );
         if args.server_pid.is_some() {
             println!(
-                "  server: {cpu:.2} CPU s ({per_cpu:.0} deliveries per CPU s), RSS {rss_mib:.1} MiB"
+                "  server: {cpu:.2} CPU s ({per_cpu:.0} deliveries, {events_per_cpu:.0} Events per CPU s), RSS {rss_mib:.1} MiB"
             );
         }
     }
