@@ -15,7 +15,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 
 mod support;
 
-fn bench_set(c: &mut Criterion, name: &str, events: &[Event], ceiling: Capture) {
+fn bench_set(c: &mut Criterion<support::CpuTime>, name: &str, events: &[Event], ceiling: Capture) {
     let above: Vec<&Event> = events.iter().filter(|e| e.capture() > ceiling).collect();
     if above.is_empty() {
         return;
@@ -33,7 +33,7 @@ fn bench_set(c: &mut Criterion, name: &str, events: &[Event], ceiling: Capture) 
     g.finish();
 }
 
-fn benches(c: &mut Criterion) {
+fn benches(c: &mut Criterion<support::CpuTime>) {
     let parse = |l: &[u8]| Event::parse(Bytes::copy_from_slice(l)).expect("valid Event");
     if let Some(lines) = support::golden_lines() {
         let events: Vec<Event> = lines.iter().map(|l| parse(l)).collect();

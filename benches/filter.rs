@@ -49,7 +49,7 @@ fn corpus() -> Vec<Event> {
         .collect()
 }
 
-fn eval(c: &mut Criterion) {
+fn eval(c: &mut Criterion<support::CpuTime>) {
     let events = corpus();
     let mut g = c.benchmark_group("filter/eval");
     g.throughput(Throughput::Elements(events.len() as u64));
@@ -95,7 +95,7 @@ fn event_for(pin: &str, k: usize) -> Event {
     Event::parse(Bytes::from(json)).expect("index Event")
 }
 
-fn index(c: &mut Criterion) {
+fn index(c: &mut Criterion<support::CpuTime>) {
     for pin in ["session", "agent", "type", "unpinned"] {
         let mut g = c.benchmark_group(format!("filter/index/{pin}"));
         g.throughput(Throughput::Elements(1));

@@ -11,7 +11,7 @@
 //!   flush into the subscribers' in-memory pipes (a memcpy each), and the 202 answer.
 //!   Bodies are generated and outputs drained outside the timed region.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aep_relay::http;
 use aep_relay::{Config, Relay};
@@ -22,7 +22,7 @@ mod support;
 const POST_HEAD: &str = "POST /events HTTP/1.1\r\nHost: 127.0.0.1:8787\r\nUser-Agent: aep-emitter/0.1\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: 614000\r\nAccept: */*\r\n\r\n";
 const GET_HEAD: &str = "GET /stream?filter=%7B%22type%22%3A%5B%22attention.*%22%2C%22error.*%22%5D%2C%22severity%22%3A%7B%22gte%22%3A%22notice%22%7D%7D&capture=metadata HTTP/1.1\r\nHost: 127.0.0.1:8787\r\nAccept: text/event-stream\r\nLast-Event-ID: s_8f2c:0:100\r\nCache-Control: no-cache\r\n\r\n";
 
-fn head(c: &mut Criterion) {
+fn head(c: &mut Criterion<support::CpuTime>) {
     let mut g = c.benchmark_group("http/head");
     for (name, h) in [
         ("post_events", POST_HEAD),
@@ -42,7 +42,7 @@ fn head(c: &mut Criterion) {
 
 const BATCH: usize = 1_000;
 
-fn ingest(c: &mut Criterion) {
+fn ingest(c: &mut Criterion<support::CpuTime>) {
     let mut g = c.benchmark_group("http/ingest");
     g.throughput(Throughput::Elements(BATCH as u64));
     for subscribers in [0usize, 10] {
@@ -67,9 +67,9 @@ fn ingest(c: &mut Criterion) {
                 for _ in 0..iters {
                     let req = support::post_ndjson(&support::ndjson(next, BATCH, "s_http", 600));
                     next += BATCH as u64;
-                    let t = Instant::now();
+                    let t = support::thread_cpu();
                     relay.feed(emitter, &req, false);
-                    spent += t.elapsed();
+                    spent += support::thread_cpu() - t;
                     let resp = relay.take_output(emitter).expect("open");
                     assert!(resp.starts_with(b"HTTP/1.1 202"), "ingest refused");
                     for &k in &subs {

@@ -20,7 +20,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 
 mod support;
 
-fn run(c: &mut Criterion, name: &str, lines: &[Vec<u8>]) {
+fn run(c: &mut Criterion<support::CpuTime>, name: &str, lines: &[Vec<u8>]) {
     let total: usize = lines.iter().map(Vec::len).sum();
     let shared: Vec<Bytes> = lines.iter().map(|l| Bytes::from(l.clone())).collect();
     for l in &shared {
@@ -73,7 +73,7 @@ fn run(c: &mut Criterion, name: &str, lines: &[Vec<u8>]) {
     }
 }
 
-fn benches(c: &mut Criterion) {
+fn benches(c: &mut Criterion<support::CpuTime>) {
     if let Some(lines) = support::golden_lines() {
         run(c, "golden", &lines);
     }

@@ -13,7 +13,7 @@
 //!   everything (plus each Event's scanned attributes and its byte buffer's header).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aep_relay::envelope::Event;
 use aep_relay::store::{Admission, Store};
@@ -91,7 +91,7 @@ fn report_memory() {
     black_box(store);
 }
 
-fn admit(c: &mut Criterion) {
+fn admit(c: &mut Criterion<support::CpuTime>) {
     report_memory();
     let mut g = c.benchmark_group("store/admit");
     g.throughput(Throughput::Elements(1));
@@ -104,11 +104,11 @@ fn admit(c: &mut Criterion) {
                 while left > 0 {
                     let chunk = feed.chunk(left.min(4096));
                     left -= chunk.len();
-                    let t = Instant::now();
+                    let t = support::thread_cpu();
                     for ev in &chunk {
                         black_box(store.admit(ev));
                     }
-                    spent += t.elapsed();
+                    spent += support::thread_cpu() - t;
                 }
                 spent
             })
@@ -117,7 +117,7 @@ fn admit(c: &mut Criterion) {
     g.finish();
 }
 
-fn replay(c: &mut Criterion) {
+fn replay(c: &mut Criterion<support::CpuTime>) {
     let mut g = c.benchmark_group("store/replay");
     let (store, _) = filled(10_000, 1);
     g.throughput(Throughput::Elements(5_000));
