@@ -735,6 +735,16 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0) // USER_HZ is 100 on Linux
 }
 
+/// Times the server was preempted (`nonvoluntary_ctxt_switches`): other processes on its
+/// core, which shows up as latency that is not the server's own.
+fn preempted(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("nonvoluntary_ctxt_switches:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
@@ -802,6 +812,7 @@ fn main() {
         thread::spawn(move || reader(subs, shared))
     };
     let cpu_before = args.server_pid.and_then(cpu_seconds);
+    let preempt_before = args.server_pid.and_then(preempted);
     let published = publish(&args, &shared, n_subs, deadline);
     let expected = args.events * n_subs;
     // Wait for the deliveries: all of them, or until they stop coming.
@@ -820,6 +831,10 @@ fn main() {
         thread::sleep(Duration::from_millis(5));
     }
     let cpu_after = args.server_pid.and_then(cpu_seconds);
+    let preemptions = match (preempt_before, args.server_pid.and_then(preempted)) {
+        (Some(a), Some(b)) => b.saturating_sub(a) as i64,
+        _ => -1,
+    };
     let rss = args.server_pid.and_then(rss_kib);
     shared.stop.store(true, Ordering::Relaxed);
     let (h, per_sub) = reader_thread
@@ -875,7 +890,7 @@ fn main() {
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
              \"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
              \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\
-             \"server_cpu_s\":{cpu:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_rss_mib\":{rss_mib:.1}}}",
+             \"server_cpu_s\":{cpu:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_preempted\":{preemptions},\"server_rss_mib\":{rss_mib:.1}}}",
             args.target.name(),
             n_subs,
             args.events,
@@ -907,7 +922,7 @@ fn main() {
         );
         if args.server_pid.is_some() {
             println!(
-                "  server: {cpu:.2} CPU s ({per_cpu:.0} deliveries, {events_per_cpu:.0} Events per CPU s), RSS {rss_mib:.1} MiB"
+                "  server: {cpu:.2} CPU s ({per_cpu:.0} deliveries, {events_per_cpu:.0} Events per CPU s), preempted {preemptions} times, RSS {rss_mib:.1} MiB"
             );
         }
     }
