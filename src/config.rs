@@ -5,6 +5,7 @@
 //! enforces is a field here, and reaching it always gets an answer (an HTTP status with a
 //! JSON error body, or an in-band error frame), never a silent drop.
 
+use crate::auth::Auth;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -67,6 +68,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
     pub max_output_bytes: usize,
+    /// Bearer tokens and their scopes (`AEP_TOKEN`, `AEP_TOKENS_FILE`); empty means
+    /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
+    pub auth: Auth,
 }
 
 impl Default for Config {
@@ -86,6 +90,7 @@ impl Default for Config {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
+            auth: Auth::default(),
         }
     }
 }

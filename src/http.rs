@@ -25,6 +25,16 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// The request target as sent: path plus `?query` when there is one. Scrub it
+    /// with [`crate::auth::scrub_query`] before logging.
+    pub fn target(&self) -> String {
+        if self.query.is_empty() {
+            self.path.clone()
+        } else {
+            format!("{}?{}", self.path, self.query)
+        }
+    }
+
     /// The first header named `name` (lowercase), trimmed.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers

@@ -1,6 +1,7 @@
 //! The `aep-relay` binary: flags and `AEP_*` environment variables → [`Config`] →
 //! [`Relay::run`]. Precedence: flag, then environment, then the documented default.
 
+use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
 use aep_relay::Relay;
 use clap::Parser;
@@ -49,6 +50,12 @@ struct Cli {
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
+    /// Bearer token with every scope (emit, watch, control).
+    #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…]` per line (emit, watch, control).
+    #[arg(long, env = "AEP_TOKENS_FILE")]
+    tokens_file: Option<std::path::PathBuf>,
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -71,7 +78,23 @@ impl Cli {
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
+            auth: self.auth()?,
         })
+    }
+
+    fn auth(&self) -> Result<Auth, String> {
+        let scoped = match &self.tokens_file {
+            None => Vec::new(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read tokens file {}: {e}", path.display()))?;
+                Auth::parse_tokens_file(path, &text).map_err(|e| e.to_string())?
+            }
+        };
+        if self.token.as_deref() == Some("") {
+            return Err("--token / AEP_TOKEN must not be empty".into());
+        }
+        Ok(Auth::new(self.token.as_deref(), &scoped))
     }
 }
 
@@ -103,8 +126,13 @@ fn main() -> ExitCode {
         }
     };
     let c = relay.config();
+    let posture = if c.auth.enabled() {
+        "auth: bearer tokens required"
+    } else {
+        "auth: none, emit and watch open to every peer, control refused (set AEP_TOKEN to enable control)"
+    };
     eprintln!(
-        "aep-relay listening on {} (TLS off; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
+        "aep-relay listening on {} (TLS off; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
         relay.local_addr(),
         c.buffer_per_session,
         c.max_sessions,

@@ -3,6 +3,7 @@
 //! a slow or dead peer never blocks anyone else (all sockets are non-blocking and output
 //! is queued per connection).
 
+use crate::auth::{self, Scopes};
 use crate::config::{Config, ConfigError};
 use crate::conn::{BodyReader, Conn, Flush, Phase};
 use crate::envelope::{self, Event};
@@ -571,9 +572,20 @@ impl Relay {
     }
 
     fn on_head(&mut self, key: usize, head: RequestHead) {
+        if head.path == "/healthz" && head.method == "GET" {
+            let body = self.health(
+                self.config
+                    .auth
+                    .check(&head)
+                    .is_ok_and(|g| g.authenticated || !self.config.auth.enabled()),
+            );
+            let close = head.wants_close();
+            let resp = http::response(200, "application/json", &[], &body, close);
+            return self.reply(key, resp, close);
+        }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
                 return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
@@ -595,6 +607,45 @@ impl Relay {
                 &[("Allow", allow)],
             );
         }
+        let grant = match self.config.auth.check(&head) {
+            Ok(g) => g,
+            Err(e) => {
+                log::info!(
+                    "refused {} {} from {}: 401 ({:?})",
+                    head.method,
+                    auth::scrub_query(&head.target()),
+                    self.conns
+                        .get(key)
+                        .map(|c| c.peer.to_string())
+                        .unwrap_or_default(),
+                    e
+                );
+                let extra = [("WWW-Authenticate", "Bearer")];
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    401,
+                    "unauthorized",
+                    e.detail(),
+                    &[],
+                    &extra,
+                );
+            }
+        };
+        let needed = match (head.method.as_str(), head.path.as_str()) {
+            ("POST", "/events") => Scopes::EMIT,
+            ("GET", "/stream") => Scopes::WATCH,
+            _ => Scopes::NONE,
+        };
+        if !grant.scopes.contains(needed) {
+            let d = format!(
+                "this token lacks the `{}` scope needed for {} {} (AEP-0003 §8.1)",
+                needed.name(),
+                head.method,
+                head.path
+            );
+            return self.reply_skipping_body(key, &head, 403, "forbidden", &d, &[], &[]);
+        }
         match (head.method.as_str(), head.path.as_str()) {
             ("POST", "/events") => self.begin_ingest(key, head),
             ("GET", "/events") | ("GET", "/.well-known/aep") => {
@@ -606,6 +657,22 @@ impl Relay {
             ("GET", "/stream") => self.begin_sse(key, head),
             _ => {}
         }
+    }
+
+    /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
+    fn health(&self, detailed: bool) -> Vec<u8> {
+        let doc = if detailed {
+            json!({
+                "ok": true,
+                "sessions": self.store.session_count(),
+                "subscribers": self.hub.len(),
+                "connections": self.conns.len(),
+                "uptime_s": self.started.elapsed().as_secs(),
+            })
+        } else {
+            json!({ "ok": true })
+        };
+        serde_json::to_vec(&doc).unwrap_or_default()
     }
 
     /// The discovery document (AEP-0003 §3.4) with what this relay really does.
