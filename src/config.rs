@@ -7,6 +7,7 @@
 
 use crate::auth::Auth;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default listen address (`AEP_LISTEN`): loopback, port 8787.
@@ -71,6 +72,12 @@ pub struct Config {
     /// Bearer tokens and their scopes (`AEP_TOKEN`, `AEP_TOKENS_FILE`); empty means
     /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
     pub auth: Auth,
+    /// TLS server configuration (`--tls-cert`, `--tls-key`); `None` serves plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Permit a non-loopback listen address without both TLS and a token, for a
+    /// TLS-terminating proxy in front (`--allow-insecure-off-host`). Off by default:
+    /// AEP-0003 §8.1 requires TLS and a bearer token for any off-host binding.
+    pub allow_insecure_off_host: bool,
 }
 
 impl Default for Config {
@@ -91,6 +98,8 @@ impl Default for Config {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
             auth: Auth::default(),
+            tls: None,
+            allow_insecure_off_host: false,
         }
     }
 }
@@ -139,6 +148,17 @@ impl Config {
             return Err(ConfigError {
                 field: "max_output_bytes (AEP_MAX_OUTPUT)",
                 reason: "must be at least 65536 bytes".into(),
+            });
+        }
+        let off_host = !self.listen.ip().is_loopback();
+        if off_host && !(self.tls.is_some() && self.auth.enabled()) && !self.allow_insecure_off_host
+        {
+            return Err(ConfigError {
+                field: "listen (AEP_LISTEN)",
+                reason: format!(
+                    "{} is not a loopback address: an off-host binding needs TLS (--tls-cert, --tls-key) and a bearer token (AEP_TOKEN or AEP_TOKENS_FILE) (AEP-0003 §8.1); pass --allow-insecure-off-host only when a TLS-terminating proxy with authentication stands in front",
+                    self.listen
+                ),
             });
         }
         if self.heartbeat.is_zero() {

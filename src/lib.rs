@@ -26,6 +26,7 @@ pub mod http;
 pub mod relay;
 pub mod sse;
 pub mod store;
+pub mod tls;
 pub(crate) mod transport;
 
 pub use config::Config;

@@ -3,6 +3,7 @@
 
 use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
+use aep_relay::tls;
 use aep_relay::Relay;
 use clap::Parser;
 use std::net::SocketAddr;
@@ -56,6 +57,16 @@ struct Cli {
     /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…]` per line (emit, watch, control).
     #[arg(long, env = "AEP_TOKENS_FILE")]
     tokens_file: Option<std::path::PathBuf>,
+    /// PEM certificate chain: serve HTTPS, SSE and WSS (needs --tls-key).
+    #[arg(long, env = "AEP_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "AEP_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Allow a non-loopback --listen without TLS and a token (a TLS-terminating proxy
+    /// stands in front). AEP-0003 §8.1 requires both for any off-host binding.
+    #[arg(long, env = "AEP_ALLOW_INSECURE_OFF_HOST")]
+    allow_insecure_off_host: bool,
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -79,6 +90,11 @@ impl Cli {
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
             auth: self.auth()?,
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(c), Some(k)) => Some(tls::server_config(c, k).map_err(|e| e.to_string())?),
+                _ => None,
+            },
+            allow_insecure_off_host: self.allow_insecure_off_host,
         })
     }
 
@@ -132,8 +148,9 @@ fn main() -> ExitCode {
         "auth: none, emit and watch open to every peer, control refused (set AEP_TOKEN to enable control)"
     };
     eprintln!(
-        "aep-relay listening on {} (TLS off; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
+        "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
         relay.local_addr(),
+        if c.tls.is_some() { "on" } else { "off" },
         c.buffer_per_session,
         c.max_sessions,
         c.max_body_bytes,

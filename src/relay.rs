@@ -11,6 +11,7 @@ use crate::fanout::{self, Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::sse;
 use crate::store::{Admission, Store};
+use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
 use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
@@ -320,12 +321,23 @@ impl Relay {
                 &[("Retry-After", "1")],
                 true,
             );
-            let _ = sock.write(&resp);
+            if self.config.tls.is_none() {
+                let _ = sock.write(&resp);
+            }
             return;
         }
         let entry = self.conns.vacant_entry();
         let key = entry.key();
-        let mut sock = Transport::Tcp(sock);
+        let mut sock = match &self.config.tls {
+            None => Transport::Tcp(sock),
+            Some(tls) => match TlsStream::new(sock, tls.clone()) {
+                Ok(s) => Transport::Tls(Box::new(s)),
+                Err(e) => {
+                    log::warn!("refused connection from {peer}: TLS set-up failed: {e}");
+                    return;
+                }
+            },
+        };
         if let Err(e) = sock.register(self.poll.registry(), conn_token(key), Interest::READABLE) {
             log::warn!("cannot register connection from {peer}: {e}");
             return;
@@ -362,10 +374,16 @@ impl Relay {
                         self.process(key);
                     }
                 },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // A TLS handshake may have output waiting for a writable socket.
+                    if matches!(conn.sock, Transport::Tls(_)) {
+                        self.mark_dirty(key);
+                    }
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log::debug!("read error from {}: {e}", conn.peer);
+                    log::info!("closing {} after a read error: {e}", conn.peer);
                     self.close(key);
                     return;
                 }
@@ -1025,7 +1043,15 @@ impl Relay {
         conn.dirty = false;
         let now = Instant::now();
         let had_output = !conn.out.is_empty();
-        match conn.out.flush(&mut conn.sock) {
+        let mut state = conn.out.flush(&mut conn.sock);
+        if state == Flush::Done {
+            state = match conn.sock.write_pending() {
+                Ok(false) => Flush::Done,
+                Ok(true) => Flush::Blocked,
+                Err(_) => Flush::Closed,
+            };
+        }
+        match state {
             Flush::Closed => return self.close(key),
             Flush::Done => {
                 if had_output {
