@@ -36,6 +36,9 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default most simultaneous connections (`AEP_MAX_CONNECTIONS`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
+/// Default time a graceful shutdown may take to flush every connection
+/// (`AEP_SHUTDOWN_DEADLINE_SECS`): 10 seconds; past it the process exits non-zero.
+pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// Default bound of one connection's output queue in bytes (`AEP_MAX_OUTPUT`): 8 MiB.
 pub const DEFAULT_MAX_OUTPUT: usize = 8 * 1024 * 1024;
 
@@ -69,6 +72,8 @@ pub struct Config {
     pub max_connections: usize,
     /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
     pub max_output_bytes: usize,
+    /// How long a graceful shutdown may take to flush every connection.
+    pub shutdown_deadline: Duration,
     /// Bearer tokens and their scopes (`AEP_TOKEN`, `AEP_TOKENS_FILE`); empty means
     /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
     pub auth: Auth,
@@ -97,6 +102,7 @@ impl Default for Config {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
+            shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
             auth: Auth::default(),
             tls: None,
             allow_insecure_off_host: false,

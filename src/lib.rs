@@ -23,6 +23,7 @@ pub mod envelope;
 pub mod fanout;
 pub mod filter;
 pub mod http;
+pub mod metrics;
 pub mod relay;
 pub mod sse;
 pub mod store;

@@ -51,6 +51,9 @@ struct Cli {
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
+    /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection.
+    #[arg(long, env = "AEP_SHUTDOWN_DEADLINE_SECS", default_value_t = config::DEFAULT_SHUTDOWN_DEADLINE.as_secs_f64())]
+    shutdown_deadline_secs: f64,
     /// Bearer token with every scope (emit, watch, control).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -89,6 +92,7 @@ impl Cli {
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
+            shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,
             auth: self.auth()?,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(c), Some(k)) => Some(tls::server_config(c, k).map_err(|e| e.to_string())?),
@@ -156,6 +160,10 @@ fn main() -> ExitCode {
         c.max_body_bytes,
         c.max_batch_events
     );
+    if let Err(e) = relay.handle_signals() {
+        eprintln!("aep-relay: cannot install signal handlers: {e}");
+        return ExitCode::FAILURE;
+    }
     match relay.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

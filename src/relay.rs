@@ -9,6 +9,7 @@ use crate::conn::{BodyReader, Conn, Flush, Phase};
 use crate::envelope::{self, Event};
 use crate::fanout::{self, Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
 use crate::store::{Admission, Store};
 use crate::tls::TlsStream;
@@ -26,7 +27,8 @@ use std::time::{Duration, Instant};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-const FIRST_CONN: usize = 2;
+const SIGNALS: Token = Token(2);
+const FIRST_CONN: usize = 3;
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
@@ -121,13 +123,22 @@ impl Refusal {
 #[derive(Clone, Debug)]
 pub struct StopHandle {
     flag: Arc<AtomicBool>,
+    graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
 }
 
 impl StopHandle {
-    /// Asks the relay to stop; `run` returns after its current iteration.
+    /// Asks the relay to stop at once; `run` returns after its current iteration
+    /// without notifying consumers.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
+    /// Asks the relay to shut down gracefully, as on SIGTERM: stop accepting, end every
+    /// stream with a notice, flush, then `run` returns (see [`Relay::run`]).
+    pub fn shutdown(&self) {
+        self.graceful.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
     }
 }
@@ -144,7 +155,13 @@ pub struct Relay {
     store: Store<Event>,
     hub: Hub,
     stop: Arc<AtomicBool>,
+    graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    signals: Option<signal_hook_mio::v1_0::Signals>,
+    /// Set once a graceful shutdown began: the deadline for flushing.
+    shutdown_deadline: Option<Instant>,
+    /// Counters for `/metrics`.
+    metrics: Metrics,
     started: Instant,
     next_tick: Instant,
     dirty: Vec<usize>,
@@ -193,7 +210,11 @@ impl Relay {
             store,
             hub: Hub::default(),
             stop: Arc::new(AtomicBool::new(false)),
+            graceful: Arc::new(AtomicBool::new(false)),
             waker,
+            signals: None,
+            shutdown_deadline: None,
+            metrics: Metrics::default(),
             started: now,
             next_tick: now,
             dirty: Vec::new(),
@@ -219,22 +240,89 @@ impl Relay {
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
             flag: self.stop.clone(),
+            graceful: self.graceful.clone(),
             waker: self.waker.clone(),
         }
     }
 
-    /// Runs until stopped through a [`StopHandle`].
+    /// Handles SIGTERM and SIGINT inside the reactor (through signal-hook's mio source,
+    /// never by interrupting a write): the first one starts a graceful shutdown.
+    ///
+    /// # Errors
+    /// When the signal handlers cannot be installed.
+    pub fn handle_signals(&mut self) -> io::Result<()> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = signal_hook_mio::v1_0::Signals::new([SIGTERM, SIGINT])?;
+        self.poll
+            .registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        self.signals = Some(signals);
+        Ok(())
+    }
+
+    /// Runs until stopped through a [`StopHandle`] or, after a graceful shutdown (a
+    /// signal or [`StopHandle::shutdown`]), until every connection is flushed and closed.
     ///
     /// # Errors
     /// An I/O error of the poller itself (per-connection errors only close that
-    /// connection).
+    /// connection); `ErrorKind::TimedOut` when a graceful shutdown could not flush every
+    /// connection within `shutdown_deadline`.
     pub fn run(&mut self) -> io::Result<()> {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            let timeout = self.next_tick.saturating_duration_since(now);
-            self.poll_once(Some(timeout))?;
+            let mut wake = self.next_tick;
+            if let Some(deadline) = self.shutdown_deadline {
+                if self.conns.is_empty() {
+                    log::info!("shutdown complete: every connection flushed and closed");
+                    return Ok(());
+                }
+                if now >= deadline {
+                    let n = self.conns.len();
+                    log::warn!("shutdown deadline passed with {n} connections not flushed");
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("shutdown deadline passed with {n} connections not flushed"),
+                    ));
+                }
+                wake = wake.min(deadline);
+            }
+            self.poll_once(Some(wake.saturating_duration_since(now)))?;
         }
         Ok(())
+    }
+
+    /// Starts a graceful shutdown: stop accepting; end every SSE stream with
+    /// `: shutting-down`; close idle connections; let requests in flight finish with
+    /// `Connection: close`; `run` returns once all is flushed or the deadline passes.
+    pub fn begin_shutdown(&mut self) {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        log::info!(
+            "shutting down: {} connections to drain within {:?}",
+            self.conns.len(),
+            self.config.shutdown_deadline
+        );
+        self.shutdown_deadline = Some(Instant::now() + self.config.shutdown_deadline);
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let conn = &mut self.conns[key];
+            match conn.phase {
+                Phase::Sse { sub } => {
+                    self.hub.remove(sub);
+                    conn.send(&b": shutting-down\n\n"[..]);
+                    conn.phase = Phase::Closing;
+                    conn.close_after_flush = true;
+                    self.mark_dirty(key);
+                }
+                Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+                Phase::Closing => {}
+                _ => {
+                    // Answered with Connection: close when it completes (see `reply`).
+                }
+            }
+        }
     }
 
     fn tick_interval(&self) -> Duration {
@@ -257,21 +345,28 @@ impl Relay {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
-                    e.is_writable() || e.is_write_closed(),
-                )
-            })
-            .collect();
-        for (token, readable, writable) in ready {
-            match token {
+        let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        for e in events.iter() {
+            let readable = e.is_readable() || e.is_read_closed() || e.is_error();
+            let writable = e.is_writable() || e.is_write_closed();
+            match e.token() {
                 LISTENER => self.accept(),
-                WAKER => {}
+                WAKER => {
+                    if self.graceful.load(Ordering::SeqCst) {
+                        self.begin_shutdown();
+                    }
+                }
+                SIGNALS => {
+                    let got: Vec<i32> = self
+                        .signals
+                        .as_mut()
+                        .map(|s| s.pending().collect())
+                        .unwrap_or_default();
+                    if !got.is_empty() {
+                        log::info!("received signal {got:?}");
+                        self.begin_shutdown();
+                    }
+                }
                 Token(t) => {
                     let key = t - FIRST_CONN;
                     if readable {
@@ -283,6 +378,7 @@ impl Relay {
                 }
             }
         }
+        self.events = events;
         let now = Instant::now();
         if now >= self.next_tick {
             self.tick(now);
@@ -309,6 +405,7 @@ impl Relay {
     fn admit_conn(&mut self, mut sock: TcpStream, peer: SocketAddr) {
         let _ = sock.set_nodelay(true);
         if self.conns.len() >= self.config.max_connections {
+            self.metrics.refused_connections += 1;
             log::warn!(
                 "refused connection from {peer}: {} connections open (max_connections)",
                 self.conns.len()
@@ -411,6 +508,7 @@ impl Relay {
 
     /// Answers on `key`; with `close`, this is the connection's last answer.
     fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
             conn.send(bytes);
             if close {
@@ -423,7 +521,15 @@ impl Relay {
         }
     }
 
-    fn reply_error(&mut self, key: usize, status: u16, code: &str, detail: &str, close: bool) {
+    fn reply_error(
+        &mut self,
+        key: usize,
+        status: u16,
+        code: &'static str,
+        detail: &str,
+        close: bool,
+    ) {
+        self.metrics.reject(code);
         let body = http::error_response(status, code, detail, &[], &[], close);
         self.reply(key, body, close);
     }
@@ -563,11 +669,12 @@ impl Relay {
         key: usize,
         head: &RequestHead,
         resp_status: u16,
-        code: &str,
+        code: &'static str,
         detail: &str,
         more: &[(&str, serde_json::Value)],
         extra: &[(&str, &str)],
     ) {
+        self.metrics.reject(code);
         let framing = http::framing(head, self.config.max_body_bytes);
         let expect = head.header("expect").is_some();
         let close = head.wants_close()
@@ -603,7 +710,7 @@ impl Relay {
         }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" | "/healthz" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
                 return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
@@ -652,7 +759,7 @@ impl Relay {
         };
         let needed = match (head.method.as_str(), head.path.as_str()) {
             ("POST", "/events") => Scopes::EMIT,
-            ("GET", "/stream") => Scopes::WATCH,
+            ("GET", "/stream") | ("GET", "/metrics") => Scopes::WATCH,
             _ => Scopes::NONE,
         };
         if !grant.scopes.contains(needed) {
@@ -673,8 +780,134 @@ impl Relay {
                 self.reply(key, body, close);
             }
             ("GET", "/stream") => self.begin_sse(key, head),
+            ("GET", "/metrics") => {
+                let close = head.wants_close();
+                let text = self.metrics_text();
+                let body = http::response(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    &[],
+                    text.as_bytes(),
+                    close,
+                );
+                self.reply(key, body, close);
+            }
             _ => {}
         }
+    }
+
+    /// The Prometheus exposition of `GET /metrics`.
+    fn metrics_text(&self) -> String {
+        let mut x = Exposition::default();
+        x.family(metrics::INGESTED, "counter", "Events ingested, by binding.")
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "http")],
+                self.metrics.ingested_http as f64,
+            );
+        x.family(
+            metrics::REJECTED,
+            "counter",
+            "Requests or Events refused, by reason.",
+        );
+        for (code, n) in &self.metrics.rejected {
+            x.sample(metrics::REJECTED, &[("reason", code)], *n as f64);
+        }
+        let st = &self.hub.stats;
+        x.family(
+            metrics::DELIVERIES,
+            "counter",
+            "Frames delivered to subscribers, by binding.",
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "sse")],
+            st.deliveries as f64,
+        );
+        x.family(
+            metrics::DROPPED,
+            "counter",
+            "debug/info Events not delivered to slow consumers (AEP-0003 §8.4).",
+        )
+        .sample(metrics::DROPPED, &[], st.dropped as f64);
+        x.family(
+            metrics::DISCONNECTS,
+            "counter",
+            "Consumers disconnected because a notice-or-above Event could not be queued.",
+        )
+        .sample(
+            metrics::DISCONNECTS,
+            &[],
+            st.backpressure_disconnects as f64,
+        );
+        x.family(
+            metrics::REFUSED_CONNECTIONS,
+            "counter",
+            "Connections refused at the connection limit.",
+        )
+        .sample(
+            metrics::REFUSED_CONNECTIONS,
+            &[],
+            self.metrics.refused_connections as f64,
+        );
+        let (mut http_n, mut sse_n, mut queued) = (0u64, 0u64, 0usize);
+        x.family(
+            metrics::CONN_DROPPED,
+            "gauge",
+            "Events dropped toward each live connection that had drops.",
+        );
+        for (key, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                _ => http_n += 1,
+            }
+            queued += c.out.len();
+            if c.dropped > 0 {
+                let k = key.to_string();
+                let peer = c.peer.to_string();
+                x.sample(
+                    metrics::CONN_DROPPED,
+                    &[("conn", &k), ("peer", &peer)],
+                    c.dropped as f64,
+                );
+            }
+        }
+        x.family(
+            metrics::CONNECTIONS,
+            "gauge",
+            "Open connections, by binding.",
+        )
+        .sample(metrics::CONNECTIONS, &[("binding", "http")], http_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64);
+        x.family(metrics::SUBSCRIPTIONS, "gauge", "Live subscriptions.")
+            .sample(metrics::SUBSCRIPTIONS, &[], self.hub.len() as f64);
+        x.family(
+            metrics::SESSIONS,
+            "gauge",
+            "Sessions held in the replay store.",
+        )
+        .sample(metrics::SESSIONS, &[], self.store.session_count() as f64);
+        x.family(
+            metrics::BUFFERED_EVENTS,
+            "gauge",
+            "Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_EVENTS, &[], self.store.len() as f64);
+        x.family(
+            metrics::BUFFERED_BYTES,
+            "gauge",
+            "Bytes of Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
+        x.family(
+            metrics::QUEUED_BYTES,
+            "gauge",
+            "Bytes queued for output across all connections.",
+        )
+        .sample(metrics::QUEUED_BYTES, &[], queued as f64);
+        x.family(metrics::UPTIME, "gauge", "Seconds since start.")
+            .sample(metrics::UPTIME, &[], self.started.elapsed().as_secs_f64());
+        x.finish()
     }
 
     /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
@@ -805,6 +1038,7 @@ impl Relay {
                 close,
             ),
             Err(r) => {
+                self.metrics.reject(r.code());
                 log::debug!("refused POST /events: {r}");
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
@@ -861,6 +1095,7 @@ impl Relay {
             }
         }
         let n = ok.len();
+        self.metrics.ingested_http += n as u64;
         for ev in ok {
             self.publish(ev);
         }
