@@ -7,6 +7,7 @@
 
 use crate::auth::Auth;
 use std::net::SocketAddr;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +79,7 @@ pub struct Config {
     /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
     pub auth: Auth,
     /// TLS server configuration (`--tls-cert`, `--tls-key`); `None` serves plain HTTP.
+    #[cfg(feature = "tls")]
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Permit a non-loopback listen address without both TLS and a token, for a
     /// TLS-terminating proxy in front (`--allow-insecure-off-host`). Off by default:
@@ -104,6 +106,7 @@ impl Default for Config {
             max_output_bytes: DEFAULT_MAX_OUTPUT,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
             auth: Auth::default(),
+            #[cfg(feature = "tls")]
             tls: None,
             allow_insecure_off_host: false,
         }
@@ -121,6 +124,14 @@ pub struct ConfigError {
 }
 
 impl Config {
+    /// Whether TLS is configured.
+    pub fn tls_enabled(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// Checks that the values can work together.
     ///
     /// # Errors
@@ -157,7 +168,7 @@ impl Config {
             });
         }
         let off_host = !self.listen.ip().is_loopback();
-        if off_host && !(self.tls.is_some() && self.auth.enabled()) && !self.allow_insecure_off_host
+        if off_host && !(self.tls_enabled() && self.auth.enabled()) && !self.allow_insecure_off_host
         {
             return Err(ConfigError {
                 field: "listen (AEP_LISTEN)",

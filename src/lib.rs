@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod relay;
 pub mod sse;
 pub mod store;
+#[cfg(feature = "tls")]
 pub mod tls;
 pub(crate) mod transport;
 

@@ -3,6 +3,7 @@
 
 use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
+#[cfg(feature = "tls")]
 use aep_relay::tls;
 use aep_relay::Relay;
 use clap::Parser;
@@ -61,9 +62,11 @@ struct Cli {
     #[arg(long, env = "AEP_TOKENS_FILE")]
     tokens_file: Option<std::path::PathBuf>,
     /// PEM certificate chain: serve HTTPS, SSE and WSS (needs --tls-key).
+    #[cfg(feature = "tls")]
     #[arg(long, env = "AEP_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
     /// PEM private key for --tls-cert.
+    #[cfg(feature = "tls")]
     #[arg(long, env = "AEP_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
     /// Allow a non-loopback --listen without TLS and a token (a TLS-terminating proxy
@@ -94,6 +97,7 @@ impl Cli {
             max_output_bytes: self.max_output,
             shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,
             auth: self.auth()?,
+            #[cfg(feature = "tls")]
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(c), Some(k)) => Some(tls::server_config(c, k).map_err(|e| e.to_string())?),
                 _ => None,
@@ -154,7 +158,7 @@ fn main() -> ExitCode {
     eprintln!(
         "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
         relay.local_addr(),
-        if c.tls.is_some() { "on" } else { "off" },
+        if c.tls_enabled() { "on" } else { "off" },
         c.buffer_per_session,
         c.max_sessions,
         c.max_body_bytes,

@@ -12,6 +12,7 @@ use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHea
 use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
 use crate::store::{Admission, Store};
+#[cfg(feature = "tls")]
 use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
 use bytes::Bytes;
@@ -24,6 +25,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The status page served at `GET /` (one self-contained file, no external assets).
+#[cfg(feature = "status-page")]
+const STATUS_PAGE: &str = include_str!("status.html");
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -418,13 +423,16 @@ impl Relay {
                 &[("Retry-After", "1")],
                 true,
             );
-            if self.config.tls.is_none() {
+            if !self.config.tls_enabled() {
                 let _ = sock.write(&resp);
             }
             return;
         }
         let entry = self.conns.vacant_entry();
         let key = entry.key();
+        #[cfg(not(feature = "tls"))]
+        let mut sock = Transport::Tcp(sock);
+        #[cfg(feature = "tls")]
         let mut sock = match &self.config.tls {
             None => Transport::Tcp(sock),
             Some(tls) => match TlsStream::new(sock, tls.clone()) {
@@ -473,7 +481,7 @@ impl Relay {
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // A TLS handshake may have output waiting for a writable socket.
-                    if matches!(conn.sock, Transport::Tls(_)) {
+                    if !matches!(conn.sock, Transport::Tcp(_)) {
                         self.mark_dirty(key);
                     }
                     return;
@@ -710,7 +718,9 @@ impl Relay {
         }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" => "GET",
+            #[cfg(feature = "status-page")]
+            "/" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
                 return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
@@ -759,7 +769,9 @@ impl Relay {
         };
         let needed = match (head.method.as_str(), head.path.as_str()) {
             ("POST", "/events") => Scopes::EMIT,
-            ("GET", "/stream") | ("GET", "/metrics") => Scopes::WATCH,
+            ("GET", "/stream") | ("GET", "/metrics") | ("GET", "/status") | ("GET", "/") => {
+                Scopes::WATCH
+            }
             _ => Scopes::NONE,
         };
         if !grant.scopes.contains(needed) {
@@ -780,6 +792,27 @@ impl Relay {
                 self.reply(key, body, close);
             }
             ("GET", "/stream") => self.begin_sse(key, head),
+            ("GET", "/status") => {
+                let close = head.wants_close();
+                let body = self.status_json();
+                let resp = http::response(200, "application/json", &[], &body, close);
+                self.reply(key, resp, close);
+            }
+            #[cfg(feature = "status-page")]
+            ("GET", "/") => {
+                let close = head.wants_close();
+                let resp = http::response(
+                    200,
+                    "text/html; charset=utf-8",
+                    &[(
+                        "Content-Security-Policy",
+                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+                    )],
+                    STATUS_PAGE.as_bytes(),
+                    close,
+                );
+                self.reply(key, resp, close);
+            }
             ("GET", "/metrics") => {
                 let close = head.wants_close();
                 let text = self.metrics_text();
@@ -794,6 +827,54 @@ impl Relay {
             }
             _ => {}
         }
+    }
+
+    /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
+    /// the client's deltas), and the 100 most recently written sessions with their
+    /// positions.
+    fn status_json(&self) -> Vec<u8> {
+        let (mut http_n, mut sse_n) = (0u64, 0u64);
+        for (_, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                _ => http_n += 1,
+            }
+        }
+        let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
+        let count = self.store.session_count();
+        let recent: Vec<serde_json::Value> = self
+            .store
+            .sessions()
+            .skip(count.saturating_sub(100))
+            .map(|s| {
+                json!({
+                    "session": s.name,
+                    "events": s.events,
+                    "earliest": pos(s.earliest),
+                    "latest": pos(s.latest),
+                })
+            })
+            .collect();
+        let rejected: serde_json::Map<String, serde_json::Value> = self
+            .metrics
+            .rejected
+            .iter()
+            .map(|(c, n)| (c.to_string(), json!(n)))
+            .collect();
+        let st = &self.hub.stats;
+        let doc = json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n},
+            "subscriptions": self.hub.len(),
+            "sessions": {"count": count, "recent": recent},
+            "buffered_events": self.store.len(),
+            "ingested": self.ingested,
+            "deliveries": st.deliveries,
+            "dropped": st.dropped,
+            "backpressure_disconnects": st.backpressure_disconnects,
+            "rejected": rejected,
+        });
+        serde_json::to_vec(&doc).unwrap_or_default()
     }
 
     /// The Prometheus exposition of `GET /metrics`.
