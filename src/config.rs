@@ -75,6 +75,10 @@ pub struct Config {
     pub max_output_bytes: usize,
     /// How long a graceful shutdown may take to flush every connection.
     pub shutdown_deadline: Duration,
+    /// Browser origins allowed to read responses cross-origin (`--cors-origin`,
+    /// `AEP_CORS_ORIGIN`, comma-separated; `*` for any). Empty: no CORS headers, so
+    /// only same-origin pages (the status page) can read the relay from a browser.
+    pub cors_origins: Vec<String>,
     /// Bearer tokens and their scopes (`AEP_TOKEN`, `AEP_TOKENS_FILE`); empty means
     /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
     pub auth: Auth,
@@ -105,6 +109,7 @@ impl Default for Config {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
+            cors_origins: Vec::new(),
             auth: Auth::default(),
             #[cfg(feature = "tls")]
             tls: None,

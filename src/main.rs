@@ -55,6 +55,9 @@ struct Cli {
     /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection.
     #[arg(long, env = "AEP_SHUTDOWN_DEADLINE_SECS", default_value_t = config::DEFAULT_SHUTDOWN_DEADLINE.as_secs_f64())]
     shutdown_deadline_secs: f64,
+    /// Browser origins allowed cross-origin (comma-separated, `*` for any).
+    #[arg(long, env = "AEP_CORS_ORIGIN", value_delimiter = ',')]
+    cors_origin: Vec<String>,
     /// Bearer token with every scope (emit, watch, control).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -96,6 +99,7 @@ impl Cli {
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
             shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,
+            cors_origins: self.cors_origin.clone(),
             auth: self.auth()?,
             #[cfg(feature = "tls")]
             tls: match (&self.tls_cert, &self.tls_key) {

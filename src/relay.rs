@@ -38,6 +38,10 @@ const FIRST_CONN: usize = 3;
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
 
+fn cors_lines(origin: &str) -> String {
+    format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
+}
+
 fn conn_token(key: usize) -> Token {
     Token(key + FIRST_CONN)
 }
@@ -518,7 +522,10 @@ impl Relay {
     fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
         let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
-            conn.send(bytes);
+            match &conn.cors {
+                Some(origin) => conn.send(http::insert_headers(&bytes, &cors_lines(origin))),
+                None => conn.send(bytes),
+            }
             if close {
                 conn.close_after_flush = true;
                 conn.phase = Phase::Closing;
@@ -705,6 +712,29 @@ impl Relay {
     }
 
     fn on_head(&mut self, key: usize, head: RequestHead) {
+        let cors = self.cors_origin(&head);
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.cors = cors;
+        }
+        if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
+            // A CORS preflight (Fetch standard §3.2.2).
+            let close = head.wants_close();
+            let resp = http::response(
+                204,
+                "text/plain",
+                &[
+                    ("Access-Control-Allow-Methods", "GET, POST"),
+                    (
+                        "Access-Control-Allow-Headers",
+                        "Authorization, AEP-Version, Content-Type, Last-Event-ID",
+                    ),
+                    ("Access-Control-Max-Age", "600"),
+                ],
+                b"",
+                close,
+            );
+            return self.reply(key, resp, close);
+        }
         if head.path == "/healthz" && head.method == "GET" {
             let body = self.health(
                 self.config
@@ -991,6 +1021,20 @@ impl Relay {
         x.finish()
     }
 
+    /// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is
+    /// allowed by `cors_origins`.
+    fn cors_origin(&self, head: &RequestHead) -> Option<String> {
+        let origin = head.header("origin")?;
+        let allowed = &self.config.cors_origins;
+        if allowed.iter().any(|o| o == "*") {
+            Some("*".to_string())
+        } else if allowed.iter().any(|o| o == origin) {
+            Some(origin.to_string())
+        } else {
+            None
+        }
+    }
+
     /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
     fn health(&self, detailed: bool) -> Vec<u8> {
         let doc = if detailed {
@@ -1226,7 +1270,10 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        conn.send(sse::STREAM_HEAD);
+        match &conn.cors {
+            Some(origin) => conn.send(http::insert_headers(sse::STREAM_HEAD, &cors_lines(origin))),
+            None => conn.send(sse::STREAM_HEAD),
+        }
         conn.last_write = Instant::now();
         // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded,
         // so no Event can arrive between the replay and the subscription going live: no
