@@ -77,7 +77,8 @@
 //! The parts are usable on their own: [`envelope`] (the scanner and envelope validation),
 //! [`filter`] (attr-match), [`capture`] (capture ceilings and down-leveling),
 //! [`store`] (replay rings), [`fanout`] (subscriptions and their index), [`sse`],
-//! [`http`], [`auth`], [`metrics`].
+//! [`http`], [`auth`], [`metrics`]. [`check`] is the live conformance checker behind
+//! `aep-relay check`.
 //!
 //! # Features
 //!
@@ -90,6 +91,7 @@
 
 pub mod auth;
 pub mod capture;
+pub mod check;
 pub mod config;
 pub(crate) mod conn;
 pub mod envelope;

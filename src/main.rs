@@ -1,12 +1,15 @@
 //! The `aep-relay` binary: flags and `AEP_*` environment variables → [`Config`] →
 //! [`Relay::run`]. Precedence: flag, then environment, then the documented default.
+//!
+//! Subcommands do something else instead of running the relay: `aep-relay check URL`
+//! checks a running relay's conformance over the wire ([`aep_relay::check`]).
 
 use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
 use aep_relay::Relay;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -76,6 +79,18 @@ struct Cli {
     /// stands in front). AEP-0003 §8.1 requires both for any off-host binding.
     #[arg(long, env = "AEP_ALLOW_INSECURE_OFF_HOST")]
     allow_insecure_off_host: bool,
+    /// A command instead of running the relay; none runs the relay.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Commands besides running the relay.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check a running relay's conformance over the wire (AEP-0003 §10): discovery,
+    /// ingest, SSE and WebSocket delivery, resume, capture ceilings, roster, control;
+    /// PASS/FAIL/SKIP per check, exit status 0 only when nothing failed.
+    Check(aep_relay::check::CheckArgs),
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -137,8 +152,11 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging();
+    if let Some(Command::Check(args)) = cli.command.take() {
+        return aep_relay::check::main(args);
+    }
     let config = match cli.config() {
         Ok(c) => c,
         Err(e) => {
