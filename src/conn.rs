@@ -113,6 +113,8 @@ pub(crate) enum Phase {
     Discard(BodyReader),
     /// Streaming SSE for the subscription with this key.
     Sse { sub: usize },
+    /// Upgraded to the WebSocket binding (`GET /socket`).
+    Ws(Box<crate::ws::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
     Closing,
 }
@@ -137,6 +139,9 @@ pub(crate) struct Conn {
     pub(crate) last_write: Instant,
     /// Fan-out serial of the last Event queued here (single delivery per connection).
     pub(crate) mark: u64,
+    /// While `mark` is the current fan-out's serial: this connection's slot in the
+    /// hub's per-fan-out target list.
+    pub(crate) fan_slot: usize,
     /// Events not delivered because of backpressure (AEP-0003 §8.4).
     pub(crate) dropped: u64,
     /// Whether the write side has been shut down.
@@ -159,6 +164,7 @@ impl Conn {
             since: now,
             last_write: now,
             mark: 0,
+            fan_slot: 0,
             dropped: 0,
             write_shut: false,
             peer_eof: false,

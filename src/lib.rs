@@ -19,6 +19,7 @@ pub mod auth;
 pub mod capture;
 pub mod config;
 pub(crate) mod conn;
+pub mod control;
 pub mod envelope;
 pub mod fanout;
 pub mod filter;
@@ -28,6 +29,7 @@ pub mod sse;
 pub mod store;
 pub mod tls;
 pub(crate) mod transport;
+pub mod ws;
 
 pub use config::Config;
 pub use relay::{Refusal, Relay, StartError, StopHandle};

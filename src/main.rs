@@ -51,6 +51,15 @@ struct Cli {
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
+    /// Largest WebSocket message in bytes, fragments reassembled (close 1009 above).
+    #[arg(long, env = "AEP_MAX_WS_MESSAGE", default_value_t = config::DEFAULT_MAX_WS_MESSAGE)]
+    max_ws_message: usize,
+    /// Most concurrent subscriptions on one WebSocket (`limit-exceeded` above).
+    #[arg(long, env = "AEP_MAX_SUBSCRIPTIONS", default_value_t = config::DEFAULT_MAX_SUBSCRIPTIONS)]
+    max_subscriptions: usize,
+    /// Seconds a WebSocket peer may stay silent (not even a `pong`) before it is closed.
+    #[arg(long, env = "AEP_WS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_WS_IDLE_TIMEOUT.as_secs_f64())]
+    ws_idle_timeout_secs: f64,
     /// Bearer token with every scope (emit, watch, control).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -89,6 +98,9 @@ impl Cli {
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
+            max_ws_message_bytes: self.max_ws_message,
+            max_subscriptions_per_conn: self.max_subscriptions,
+            ws_idle_timeout: secs(self.ws_idle_timeout_secs, "--ws-idle-timeout-secs")?,
             auth: self.auth()?,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(c), Some(k)) => Some(tls::server_config(c, k).map_err(|e| e.to_string())?),

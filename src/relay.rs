@@ -6,6 +6,7 @@
 use crate::auth::{self, Scopes};
 use crate::config::{Config, ConfigError};
 use crate::conn::{BodyReader, Conn, Flush, Phase};
+use crate::control::Claims;
 use crate::envelope::{self, Event};
 use crate::fanout::{self, Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -23,6 +24,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod socket;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -143,6 +146,8 @@ pub struct Relay {
     conns: Slab<Conn>,
     store: Store<Event>,
     hub: Hub,
+    /// Which WebSocket connections claim which sessions (command routing, roster).
+    claims: Claims,
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
     started: Instant,
@@ -192,6 +197,7 @@ impl Relay {
             conns: Slab::with_capacity(1024),
             store,
             hub: Hub::default(),
+            claims: Claims::default(),
             stop: Arc::new(AtomicBool::new(false)),
             waker,
             started: now,
@@ -242,7 +248,8 @@ impl Relay {
             .config
             .heartbeat
             .min(self.config.request_timeout)
-            .min(self.config.idle_timeout);
+            .min(self.config.idle_timeout)
+            .min(self.config.ws_idle_timeout);
         (shortest / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
     }
 
@@ -397,7 +404,7 @@ impl Relay {
         };
         conn.peer_eof = true;
         match conn.phase {
-            Phase::Sse { .. } => self.close(key),
+            Phase::Sse { .. } | Phase::Ws(_) => self.close(key),
             _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
                 self.close(key)
             }
@@ -537,6 +544,7 @@ impl Relay {
                     conn.rbuf.clear();
                     return;
                 }
+                Phase::Ws(_) => return self.ws_process(key),
             }
         }
     }
@@ -603,7 +611,7 @@ impl Relay {
         }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" | "/healthz" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/socket" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
                 return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
@@ -673,6 +681,7 @@ impl Relay {
                 self.reply(key, body, close);
             }
             ("GET", "/stream") => self.begin_sse(key, head),
+            ("GET", "/socket") => self.begin_ws(key, head, grant),
             _ => {}
         }
     }
@@ -698,7 +707,7 @@ impl Relay {
         let doc = json!({
             "aep": envelope::SUPPORTED_VERSIONS,
             "role": "relay",
-            "endpoints": { "events": "/events", "stream": "/stream" },
+            "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
             "capabilities": {
                 "filters": ["attr-match"],
                 "replay": {
@@ -708,6 +717,8 @@ impl Relay {
                     "all": true
                 },
                 "capture": ["none", "metadata", "redacted", "full"],
+                "roster": {},
+                "control": { "accepts": [], "routes": self.config.auth.enabled() },
                 "experimental": {}
             }
         });
@@ -967,6 +978,7 @@ impl Relay {
     fn tick(&mut self, now: Instant) {
         let mut expired = Vec::new();
         let mut slow = Vec::new();
+        let mut ws_idle = Vec::new();
         for (key, conn) in self.conns.iter_mut() {
             match conn.phase {
                 Phase::Sse { .. } => {
@@ -979,6 +991,16 @@ impl Relay {
                         }
                     }
                 }
+                Phase::Ws(_) => match socket::tick_ws(conn, now, &self.config) {
+                    socket::WsTick::Quiet => {}
+                    socket::WsTick::Pinged => {
+                        if !conn.dirty {
+                            conn.dirty = true;
+                            self.dirty.push(key);
+                        }
+                    }
+                    socket::WsTick::Idle => ws_idle.push(key),
+                },
                 Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => {
                     if now.duration_since(conn.since) >= self.config.idle_timeout {
                         expired.push(key);
@@ -1004,6 +1026,13 @@ impl Relay {
         for key in expired {
             self.close(key);
         }
+        for key in ws_idle {
+            let reason = format!(
+                "idle: nothing received for {} s",
+                self.config.ws_idle_timeout.as_secs_f64()
+            );
+            self.ws_close(key, &reason, crate::ws::frame::close_code::GOING_AWAY);
+        }
         for key in slow {
             log::info!(
                 "closing {}: request not received in time (408)",
@@ -1020,6 +1049,20 @@ impl Relay {
     /// Flushes every connection with new output, closes the doomed, updates interest.
     fn settle(&mut self) {
         for key in std::mem::take(&mut self.doomed) {
+            match self.conns.get(key).map(|c| &c.phase) {
+                // A WebSocket gets `closing` with its positions, then the close frame.
+                Some(Phase::Ws(_)) => {
+                    log::info!(
+                        "closing WebSocket {} (backpressure, AEP-0003 §8.4)",
+                        self.conns[key].peer
+                    );
+                    let reason = "backpressure: the consumer fell behind";
+                    self.ws_close(key, reason, crate::ws::frame::close_code::TRY_AGAIN);
+                    continue;
+                }
+                Some(Phase::Closing) if self.conns[key].close_after_flush => continue,
+                _ => {}
+            }
             if let Some(c) = self.conns.get(key) {
                 log::info!(
                     "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
@@ -1093,8 +1136,10 @@ impl Relay {
             return;
         }
         let mut conn = self.conns.remove(key);
-        if let Phase::Sse { sub } = conn.phase {
-            self.hub.remove(sub);
+        match &conn.phase {
+            Phase::Sse { sub } => self.hub.remove(*sub),
+            Phase::Ws(ws) => self.ws_release(key, ws),
+            _ => {}
         }
         let _ = conn.sock.deregister(self.poll.registry());
         if let Some(pipe) = conn.sock.memory() {

@@ -119,7 +119,10 @@ fn overhead_per_event(buffer: usize, sessions: usize, admits: u64) -> f64 {
     // The test harness may allocate a little on other threads meanwhile: allow slack far
     // below one held Event per session, so a real leak still fails.
     let left = LIVE.load(Ordering::SeqCst).abs_diff(before);
-    assert!(left < 16 * 1024, "no leak: {left} bytes still live after drop");
+    assert!(
+        left < 16 * 1024,
+        "no leak: {left} bytes still live after drop"
+    );
     overhead
 }
 
