@@ -40,13 +40,16 @@ fn frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
     out
 }
 
-#[test]
-fn a_stalled_consumer_gets_closing_with_exact_positions_then_1013() {
-    let mut c = Config::default();
-    c.listen = "127.0.0.1:0".parse().unwrap();
-    c.max_output_bytes = 64 * 1024;
+/// A relay with a 64 KiB output bound and an in-memory consumer whose pipe takes
+/// `pipe` bytes before it stops reading; the upgrade and `hello` are done.
+fn stalled_consumer(pipe: usize) -> (Relay, usize) {
+    let c = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        max_output_bytes: 64 * 1024,
+        ..Config::default()
+    };
     let mut relay = Relay::bind(c).unwrap();
-    let k = relay.connect_memory(Some(2048));
+    let k = relay.connect_memory(Some(pipe));
     relay.feed(
         k,
         b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -60,6 +63,118 @@ fn a_stalled_consumer_gets_closing_with_exact_positions_then_1013() {
         &masked(br#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#),
         false,
     );
+    (relay, k)
+}
+
+/// Everything the relay still sends to `k`, until it closes the connection.
+fn drain_to_close(relay: &mut Relay, k: usize) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while relay.is_open(k) {
+        let chunk = relay.take_output(k).unwrap();
+        if chunk.is_empty() {
+            relay.feed(k, b"", true);
+        }
+        out.extend(chunk);
+    }
+    out.extend(relay.take_output(k).unwrap_or_default());
+    frames(&out)
+}
+
+fn close_code(f: &(u8, Vec<u8>)) -> u16 {
+    assert_eq!(f.0, 0x88, "a close frame");
+    u16::from_be_bytes([f.1[0], f.1[1]])
+}
+
+#[test]
+fn a_peer_that_floods_requests_without_reading_is_closed() {
+    let (mut relay, k) = stalled_consumer(2048);
+    let ping = masked(br#"{"type":"ping","t":1}"#);
+    let flood: Vec<u8> = ping
+        .iter()
+        .copied()
+        .cycle()
+        .take(ping.len() * 5000)
+        .collect();
+    relay.feed(k, &flood, false);
+    assert!(
+        relay.queued_output(k).unwrap() < 80 * 1024,
+        "bounded memory"
+    );
+    let got = drain_to_close(&mut relay, k);
+    assert_eq!(close_code(got.last().unwrap()), 1013);
+}
+
+#[test]
+fn a_large_replay_does_not_count_against_the_next_request() {
+    let (mut relay, k) = stalled_consumer(2048);
+    let pad = "x".repeat(900);
+    let lines: String = (1..=200)
+        .map(|seq| {
+            format!(
+                r#"{{"aep":"0.1","id":"e{seq}","type":"tool.started","time":"2026-07-03T10:00:00Z","source":"aep://t/agent/a/session/s","agent":"a","session":"s","seq":{seq},"xpad":"{pad}"}}"#
+            ) + "\n"
+        })
+        .collect();
+    relay.ingest(Bytes::from(lines)).unwrap();
+    relay.feed(
+        k,
+        &masked(br#"{"type":"subscribe","id":"r","from":"all"}"#),
+        false,
+    );
+    assert!(
+        relay.queued_output(k).unwrap() > 64 * 1024,
+        "the replay exceeds the bound"
+    );
+    relay.feed(
+        k,
+        &masked(br#"{"type":"subscribe","id":"more","filter":{}}"#),
+        false,
+    );
+    relay.feed(k, &masked(br#"{"type":"ping","t":7}"#), false);
+    let mut out = Vec::new();
+    while out.len() < 240 * 1024 {
+        let chunk = relay.take_output(k).unwrap();
+        assert!(!chunk.is_empty(), "the connection stays open and drains");
+        out.extend(chunk);
+        if frames_complete(&out) && out.ends_with(br#"{"type":"pong","t":7}"#) {
+            break;
+        }
+    }
+    let got = frames(&out);
+    let texts: Vec<Value> = got
+        .iter()
+        .map(|(_, p)| serde_json::from_slice(p).unwrap())
+        .collect();
+    assert_eq!(texts[0]["type"], "hello");
+    assert_eq!(texts[1], json!({"type": "subscribed", "id": "r"}));
+    assert_eq!(texts.len(), 2 + 200 + 2);
+    assert_eq!(texts[202], json!({"type": "subscribed", "id": "more"}));
+    assert_eq!(texts[203], json!({"type": "pong", "t": 7}));
+}
+
+/// Whether `b` ends at a frame boundary.
+fn frames_complete(mut b: &[u8]) -> bool {
+    while b.len() >= 2 {
+        let (len, head) = match b[1] & 0x7f {
+            126 if b.len() >= 4 => (u16::from_be_bytes([b[2], b[3]]) as usize, 4),
+            127 if b.len() >= 10 => (
+                u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            126 | 127 => return false,
+            n => (n as usize, 2),
+        };
+        if b.len() < head + len {
+            return false;
+        }
+        b = &b[head + len..];
+    }
+    b.is_empty()
+}
+
+#[test]
+fn a_stalled_consumer_gets_closing_with_exact_positions_then_1013() {
+    let (mut relay, k) = stalled_consumer(2048);
     relay.feed(
         k,
         &masked(br#"{"type":"subscribe","id":"n","filter":{}}"#),
@@ -83,19 +198,8 @@ fn a_stalled_consumer_gets_closing_with_exact_positions_then_1013() {
         "the stalled consumer costs bounded memory"
     );
     // Drain everything that was queued for it, then end the connection.
-    let mut out = Vec::new();
-    while relay.is_open(k) {
-        let chunk = relay.take_output(k).unwrap();
-        if chunk.is_empty() {
-            relay.feed(k, b"", true);
-        }
-        out.extend(chunk);
-    }
-    out.extend(relay.take_output(k).unwrap_or_default());
-    let got = frames(&out);
-    let (close_op, close) = got.last().unwrap();
-    assert_eq!(*close_op, 0x88);
-    assert_eq!(u16::from_be_bytes([close[0], close[1]]), 1013);
+    let got = drain_to_close(&mut relay, k);
+    assert_eq!(close_code(got.last().unwrap()), 1013);
     let (_, closing) = &got[got.len() - 2];
     let closing: Value = serde_json::from_slice(closing).unwrap();
     assert_eq!(closing["type"], "closing");

@@ -152,14 +152,18 @@ impl Relay {
         }
     }
 
-    /// Queues a reply to the peer. A peer whose queue is already over `max_output_bytes`
-    /// is not reading what it asks for: it is closed (backpressure) rather than let the
-    /// queue grow without bound.
+    /// Queues a reply to the peer. A peer whose queue is already `max_output_bytes` past
+    /// what its latest replay left there is not reading what it asks for: it is closed
+    /// (backpressure) rather than let the queue grow without bound.
     fn ws_send(&mut self, key: usize, f: Bytes) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if conn.out.len() > self.config.max_output_bytes {
+        let floor = match &conn.phase {
+            Phase::Ws(ws) => ws.reply_floor,
+            _ => 0,
+        };
+        if conn.out.len() > floor.saturating_add(self.config.max_output_bytes) {
             return self.ws_close(
                 key,
                 "backpressure: the peer does not read its replies",
@@ -545,11 +549,12 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(key) else {
             return self.hub.remove(sub);
         };
-        if let Phase::Ws(ws) = &mut conn.phase {
-            ws.subs.push((id.into(), sub));
-        }
         for f in out {
             conn.send(f);
+        }
+        if let Phase::Ws(ws) = &mut conn.phase {
+            ws.subs.push((id.into(), sub));
+            ws.reply_floor = conn.out.len();
         }
         self.mark_dirty(key);
     }

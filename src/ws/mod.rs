@@ -91,6 +91,10 @@ pub(crate) struct WsState {
     pub(crate) last_read: Instant,
     /// When the relay last sent a `ping` frame.
     pub(crate) last_ping: Instant,
+    /// Output queued when the latest replay was queued: replies to the peer may take the
+    /// queue `max_output_bytes` past it before the peer counts as not reading (a replay
+    /// may legitimately exceed the bound; the peer's next request must not be punished).
+    pub(crate) reply_floor: usize,
 }
 
 impl WsState {
@@ -103,6 +107,7 @@ impl WsState {
             claims: Vec::new(),
             last_read: now,
             last_ping: now,
+            reply_floor: 0,
         }
     }
 
