@@ -7,6 +7,7 @@
 
 use crate::auth::Auth;
 use std::net::SocketAddr;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +37,9 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default most simultaneous connections (`AEP_MAX_CONNECTIONS`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
+/// Default time a graceful shutdown may take to flush every connection
+/// (`AEP_SHUTDOWN_DEADLINE_SECS`): 10 seconds; past it the process exits non-zero.
+pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// Default bound of one connection's output queue in bytes (`AEP_MAX_OUTPUT`): 8 MiB.
 pub const DEFAULT_MAX_OUTPUT: usize = 8 * 1024 * 1024;
 /// Default largest WebSocket message a peer may send, in bytes, after reassembling its
@@ -92,10 +96,17 @@ pub struct Config {
     /// AEP-0003 §3.5 #5). Must exceed `heartbeat`, or a peer that only answers pings
     /// would be closed.
     pub ws_idle_timeout: Duration,
+    /// How long a graceful shutdown may take to flush every connection.
+    pub shutdown_deadline: Duration,
+    /// Browser origins allowed to read responses cross-origin (`--cors-origin`,
+    /// `AEP_CORS_ORIGIN`, comma-separated; `*` for any). Empty: no CORS headers, so
+    /// only same-origin pages (the status page) can read the relay from a browser.
+    pub cors_origins: Vec<String>,
     /// Bearer tokens and their scopes (`AEP_TOKEN`, `AEP_TOKENS_FILE`); empty means
     /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
     pub auth: Auth,
     /// TLS server configuration (`--tls-cert`, `--tls-key`); `None` serves plain HTTP.
+    #[cfg(feature = "tls")]
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Permit a non-loopback listen address without both TLS and a token, for a
     /// TLS-terminating proxy in front (`--allow-insecure-off-host`). Off by default:
@@ -123,7 +134,10 @@ impl Default for Config {
             max_ws_message_bytes: DEFAULT_MAX_WS_MESSAGE,
             max_subscriptions_per_conn: DEFAULT_MAX_SUBSCRIPTIONS,
             ws_idle_timeout: DEFAULT_WS_IDLE_TIMEOUT,
+            shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
+            cors_origins: Vec::new(),
             auth: Auth::default(),
+            #[cfg(feature = "tls")]
             tls: None,
             allow_insecure_off_host: false,
         }
@@ -141,6 +155,14 @@ pub struct ConfigError {
 }
 
 impl Config {
+    /// Whether TLS is configured.
+    pub fn tls_enabled(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// Checks that the values can work together.
     ///
     /// # Errors
@@ -181,7 +203,7 @@ impl Config {
             });
         }
         let off_host = !self.listen.ip().is_loopback();
-        if off_host && !(self.tls.is_some() && self.auth.enabled()) && !self.allow_insecure_off_host
+        if off_host && !(self.tls_enabled() && self.auth.enabled()) && !self.allow_insecure_off_host
         {
             return Err(ConfigError {
                 field: "listen (AEP_LISTEN)",

@@ -148,6 +148,8 @@ pub(crate) struct Conn {
     pub(crate) write_shut: bool,
     /// Whether the peer closed its writing side.
     pub(crate) peer_eof: bool,
+    /// `Access-Control-Allow-Origin` value for the current request's answers.
+    pub(crate) cors: Option<String>,
 }
 
 impl Conn {
@@ -168,6 +170,7 @@ impl Conn {
             dropped: 0,
             write_shut: false,
             peer_eof: false,
+            cors: None,
         }
     }
 

@@ -405,6 +405,20 @@ pub fn response(
     out
 }
 
+/// Inserts header lines right after the status line of a response head in `resp`.
+pub fn insert_headers(resp: &[u8], lines: &str) -> Vec<u8> {
+    match memchr::memmem::find(resp, b"\r\n") {
+        Some(i) => {
+            let mut out = Vec::with_capacity(resp.len() + lines.len());
+            out.extend_from_slice(&resp[..i + 2]);
+            out.extend_from_slice(lines.as_bytes());
+            out.extend_from_slice(&resp[i + 2..]);
+            out
+        }
+        None => resp.to_vec(),
+    }
+}
+
 /// A JSON response body `{"error": code, "detail": detail, ...more}` as bytes.
 pub fn error_body(code: &str, detail: &str, more: &[(&str, serde_json::Value)]) -> Vec<u8> {
     let mut m = serde_json::Map::new();

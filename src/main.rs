@@ -3,6 +3,7 @@
 
 use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
+#[cfg(feature = "tls")]
 use aep_relay::tls;
 use aep_relay::Relay;
 use clap::Parser;
@@ -60,6 +61,12 @@ struct Cli {
     /// Seconds a WebSocket peer may stay silent (not even a `pong`) before it is closed.
     #[arg(long, env = "AEP_WS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_WS_IDLE_TIMEOUT.as_secs_f64())]
     ws_idle_timeout_secs: f64,
+    /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection.
+    #[arg(long, env = "AEP_SHUTDOWN_DEADLINE_SECS", default_value_t = config::DEFAULT_SHUTDOWN_DEADLINE.as_secs_f64())]
+    shutdown_deadline_secs: f64,
+    /// Browser origins allowed cross-origin (comma-separated, `*` for any).
+    #[arg(long, env = "AEP_CORS_ORIGIN", value_delimiter = ',')]
+    cors_origin: Vec<String>,
     /// Bearer token with every scope (emit, watch, control).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -67,9 +74,11 @@ struct Cli {
     #[arg(long, env = "AEP_TOKENS_FILE")]
     tokens_file: Option<std::path::PathBuf>,
     /// PEM certificate chain: serve HTTPS, SSE and WSS (needs --tls-key).
+    #[cfg(feature = "tls")]
     #[arg(long, env = "AEP_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
     /// PEM private key for --tls-cert.
+    #[cfg(feature = "tls")]
     #[arg(long, env = "AEP_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
     /// Allow a non-loopback --listen without TLS and a token (a TLS-terminating proxy
@@ -101,7 +110,10 @@ impl Cli {
             max_ws_message_bytes: self.max_ws_message,
             max_subscriptions_per_conn: self.max_subscriptions,
             ws_idle_timeout: secs(self.ws_idle_timeout_secs, "--ws-idle-timeout-secs")?,
+            shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,
+            cors_origins: self.cors_origin.clone(),
             auth: self.auth()?,
+            #[cfg(feature = "tls")]
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(c), Some(k)) => Some(tls::server_config(c, k).map_err(|e| e.to_string())?),
                 _ => None,
@@ -162,12 +174,16 @@ fn main() -> ExitCode {
     eprintln!(
         "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
         relay.local_addr(),
-        if c.tls.is_some() { "on" } else { "off" },
+        if c.tls_enabled() { "on" } else { "off" },
         c.buffer_per_session,
         c.max_sessions,
         c.max_body_bytes,
         c.max_batch_events
     );
+    if let Err(e) = relay.handle_signals() {
+        eprintln!("aep-relay: cannot install signal handlers: {e}");
+        return ExitCode::FAILURE;
+    }
     match relay.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

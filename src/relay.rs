@@ -10,8 +10,10 @@ use crate::control::Claims;
 use crate::envelope::{self, Event};
 use crate::fanout::{self, Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
 use crate::store::{Admission, Store};
+#[cfg(feature = "tls")]
 use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
 use bytes::Bytes;
@@ -26,13 +28,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod socket;
+/// The status page served at `GET /` (one self-contained file, no external assets).
+#[cfg(feature = "status-page")]
+const STATUS_PAGE: &str = include_str!("status.html");
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-const FIRST_CONN: usize = 2;
+const SIGNALS: Token = Token(2);
+const FIRST_CONN: usize = 3;
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
+
+fn cors_lines(origin: &str) -> String {
+    format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
+}
 
 fn conn_token(key: usize) -> Token {
     Token(key + FIRST_CONN)
@@ -124,13 +134,22 @@ impl Refusal {
 #[derive(Clone, Debug)]
 pub struct StopHandle {
     flag: Arc<AtomicBool>,
+    graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
 }
 
 impl StopHandle {
-    /// Asks the relay to stop; `run` returns after its current iteration.
+    /// Asks the relay to stop at once; `run` returns after its current iteration
+    /// without notifying consumers.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
+    /// Asks the relay to shut down gracefully, as on SIGTERM: stop accepting, end every
+    /// stream with a notice, flush, then `run` returns (see [`Relay::run`]).
+    pub fn shutdown(&self) {
+        self.graceful.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
     }
 }
@@ -149,7 +168,13 @@ pub struct Relay {
     /// Which WebSocket connections claim which sessions (command routing, roster).
     claims: Claims,
     stop: Arc<AtomicBool>,
+    graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    signals: Option<signal_hook_mio::v1_0::Signals>,
+    /// Set once a graceful shutdown began: the deadline for flushing.
+    shutdown_deadline: Option<Instant>,
+    /// Counters for `/metrics`.
+    metrics: Metrics,
     started: Instant,
     next_tick: Instant,
     dirty: Vec<usize>,
@@ -199,7 +224,11 @@ impl Relay {
             hub: Hub::default(),
             claims: Claims::default(),
             stop: Arc::new(AtomicBool::new(false)),
+            graceful: Arc::new(AtomicBool::new(false)),
             waker,
+            signals: None,
+            shutdown_deadline: None,
+            metrics: Metrics::default(),
             started: now,
             next_tick: now,
             dirty: Vec::new(),
@@ -225,22 +254,93 @@ impl Relay {
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
             flag: self.stop.clone(),
+            graceful: self.graceful.clone(),
             waker: self.waker.clone(),
         }
     }
 
-    /// Runs until stopped through a [`StopHandle`].
+    /// Handles SIGTERM and SIGINT inside the reactor (through signal-hook's mio source,
+    /// never by interrupting a write): the first one starts a graceful shutdown.
+    ///
+    /// # Errors
+    /// When the signal handlers cannot be installed.
+    pub fn handle_signals(&mut self) -> io::Result<()> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = signal_hook_mio::v1_0::Signals::new([SIGTERM, SIGINT])?;
+        self.poll
+            .registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        self.signals = Some(signals);
+        Ok(())
+    }
+
+    /// Runs until stopped through a [`StopHandle`] or, after a graceful shutdown (a
+    /// signal or [`StopHandle::shutdown`]), until every connection is flushed and closed.
     ///
     /// # Errors
     /// An I/O error of the poller itself (per-connection errors only close that
-    /// connection).
+    /// connection); `ErrorKind::TimedOut` when a graceful shutdown could not flush every
+    /// connection within `shutdown_deadline`.
     pub fn run(&mut self) -> io::Result<()> {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            let timeout = self.next_tick.saturating_duration_since(now);
-            self.poll_once(Some(timeout))?;
+            let mut wake = self.next_tick;
+            if let Some(deadline) = self.shutdown_deadline {
+                if self.conns.is_empty() {
+                    log::info!("shutdown complete: every connection flushed and closed");
+                    return Ok(());
+                }
+                if now >= deadline {
+                    let n = self.conns.len();
+                    log::warn!("shutdown deadline passed with {n} connections not flushed");
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("shutdown deadline passed with {n} connections not flushed"),
+                    ));
+                }
+                wake = wake.min(deadline);
+            }
+            self.poll_once(Some(wake.saturating_duration_since(now)))?;
         }
         Ok(())
+    }
+
+    /// Starts a graceful shutdown: stop accepting; end every SSE stream with
+    /// `: shutting-down`; close idle connections; let requests in flight finish with
+    /// `Connection: close`; `run` returns once all is flushed or the deadline passes.
+    pub fn begin_shutdown(&mut self) {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        log::info!(
+            "shutting down: {} connections to drain within {:?}",
+            self.conns.len(),
+            self.config.shutdown_deadline
+        );
+        self.shutdown_deadline = Some(Instant::now() + self.config.shutdown_deadline);
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let conn = &mut self.conns[key];
+            match conn.phase {
+                Phase::Sse { sub } => {
+                    self.hub.remove(sub);
+                    conn.send(&b": shutting-down\n\n"[..]);
+                    conn.phase = Phase::Closing;
+                    conn.close_after_flush = true;
+                    self.mark_dirty(key);
+                }
+                Phase::Ws(_) => {
+                    let going_away = crate::ws::frame::close_code::GOING_AWAY;
+                    self.ws_close(key, "shutting down", going_away);
+                }
+                Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+                Phase::Closing => {}
+                _ => {
+                    // Answered with Connection: close when it completes (see `reply`).
+                }
+            }
+        }
     }
 
     fn tick_interval(&self) -> Duration {
@@ -264,21 +364,28 @@ impl Relay {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
-                    e.is_writable() || e.is_write_closed(),
-                )
-            })
-            .collect();
-        for (token, readable, writable) in ready {
-            match token {
+        let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        for e in events.iter() {
+            let readable = e.is_readable() || e.is_read_closed() || e.is_error();
+            let writable = e.is_writable() || e.is_write_closed();
+            match e.token() {
                 LISTENER => self.accept(),
-                WAKER => {}
+                WAKER => {
+                    if self.graceful.load(Ordering::SeqCst) {
+                        self.begin_shutdown();
+                    }
+                }
+                SIGNALS => {
+                    let got: Vec<i32> = self
+                        .signals
+                        .as_mut()
+                        .map(|s| s.pending().collect())
+                        .unwrap_or_default();
+                    if !got.is_empty() {
+                        log::info!("received signal {got:?}");
+                        self.begin_shutdown();
+                    }
+                }
                 Token(t) => {
                     let key = t - FIRST_CONN;
                     if readable {
@@ -290,6 +397,7 @@ impl Relay {
                 }
             }
         }
+        self.events = events;
         let now = Instant::now();
         if now >= self.next_tick {
             self.tick(now);
@@ -316,6 +424,7 @@ impl Relay {
     fn admit_conn(&mut self, mut sock: TcpStream, peer: SocketAddr) {
         let _ = sock.set_nodelay(true);
         if self.conns.len() >= self.config.max_connections {
+            self.metrics.refused_connections += 1;
             log::warn!(
                 "refused connection from {peer}: {} connections open (max_connections)",
                 self.conns.len()
@@ -328,13 +437,16 @@ impl Relay {
                 &[("Retry-After", "1")],
                 true,
             );
-            if self.config.tls.is_none() {
+            if !self.config.tls_enabled() {
                 let _ = sock.write(&resp);
             }
             return;
         }
         let entry = self.conns.vacant_entry();
         let key = entry.key();
+        #[cfg(not(feature = "tls"))]
+        let mut sock = Transport::Tcp(sock);
+        #[cfg(feature = "tls")]
         let mut sock = match &self.config.tls {
             None => Transport::Tcp(sock),
             Some(tls) => match TlsStream::new(sock, tls.clone()) {
@@ -383,7 +495,7 @@ impl Relay {
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // A TLS handshake may have output waiting for a writable socket.
-                    if matches!(conn.sock, Transport::Tls(_)) {
+                    if !matches!(conn.sock, Transport::Tcp(_)) {
                         self.mark_dirty(key);
                     }
                     return;
@@ -418,8 +530,12 @@ impl Relay {
 
     /// Answers on `key`; with `close`, this is the connection's last answer.
     fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
-            conn.send(bytes);
+            match &conn.cors {
+                Some(origin) => conn.send(http::insert_headers(&bytes, &cors_lines(origin))),
+                None => conn.send(bytes),
+            }
             if close {
                 conn.close_after_flush = true;
                 conn.phase = Phase::Closing;
@@ -430,7 +546,15 @@ impl Relay {
         }
     }
 
-    fn reply_error(&mut self, key: usize, status: u16, code: &str, detail: &str, close: bool) {
+    fn reply_error(
+        &mut self,
+        key: usize,
+        status: u16,
+        code: &'static str,
+        detail: &str,
+        close: bool,
+    ) {
+        self.metrics.reject(code);
         let body = http::error_response(status, code, detail, &[], &[], close);
         self.reply(key, body, close);
     }
@@ -571,11 +695,12 @@ impl Relay {
         key: usize,
         head: &RequestHead,
         resp_status: u16,
-        code: &str,
+        code: &'static str,
         detail: &str,
         more: &[(&str, serde_json::Value)],
         extra: &[(&str, &str)],
     ) {
+        self.metrics.reject(code);
         let framing = http::framing(head, self.config.max_body_bytes);
         let expect = head.header("expect").is_some();
         let close = head.wants_close()
@@ -598,6 +723,29 @@ impl Relay {
     }
 
     fn on_head(&mut self, key: usize, head: RequestHead) {
+        let cors = self.cors_origin(&head);
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.cors = cors;
+        }
+        if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
+            // A CORS preflight (Fetch standard §3.2.2).
+            let close = head.wants_close();
+            let resp = http::response(
+                204,
+                "text/plain",
+                &[
+                    ("Access-Control-Allow-Methods", "GET, POST"),
+                    (
+                        "Access-Control-Allow-Headers",
+                        "Authorization, AEP-Version, Content-Type, Last-Event-ID",
+                    ),
+                    ("Access-Control-Max-Age", "600"),
+                ],
+                b"",
+                close,
+            );
+            return self.reply(key, resp, close);
+        }
         if head.path == "/healthz" && head.method == "GET" {
             let body = self.health(
                 self.config
@@ -611,7 +759,11 @@ impl Relay {
         }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" | "/healthz" | "/socket" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" | "/socket" => {
+                "GET"
+            }
+            #[cfg(feature = "status-page")]
+            "/" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
                 return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
@@ -660,7 +812,9 @@ impl Relay {
         };
         let needed = match (head.method.as_str(), head.path.as_str()) {
             ("POST", "/events") => Scopes::EMIT,
-            ("GET", "/stream") => Scopes::WATCH,
+            ("GET", "/stream") | ("GET", "/metrics") | ("GET", "/status") | ("GET", "/") => {
+                Scopes::WATCH
+            }
             _ => Scopes::NONE,
         };
         if !grant.scopes.contains(needed) {
@@ -682,7 +836,229 @@ impl Relay {
             }
             ("GET", "/stream") => self.begin_sse(key, head),
             ("GET", "/socket") => self.begin_ws(key, head, grant),
+            ("GET", "/status") => {
+                let close = head.wants_close();
+                let body = self.status_json();
+                let resp = http::response(200, "application/json", &[], &body, close);
+                self.reply(key, resp, close);
+            }
+            #[cfg(feature = "status-page")]
+            ("GET", "/") => {
+                let close = head.wants_close();
+                let resp = http::response(
+                    200,
+                    "text/html; charset=utf-8",
+                    &[(
+                        "Content-Security-Policy",
+                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+                    )],
+                    STATUS_PAGE.as_bytes(),
+                    close,
+                );
+                self.reply(key, resp, close);
+            }
+            ("GET", "/metrics") => {
+                let close = head.wants_close();
+                let text = self.metrics_text();
+                let body = http::response(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    &[],
+                    text.as_bytes(),
+                    close,
+                );
+                self.reply(key, body, close);
+            }
             _ => {}
+        }
+    }
+
+    /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
+    /// the client's deltas), and the 100 most recently written sessions with their
+    /// positions.
+    fn status_json(&self) -> Vec<u8> {
+        let (mut http_n, mut sse_n, mut ws_n) = (0u64, 0u64, 0u64);
+        for (_, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
+                _ => http_n += 1,
+            }
+        }
+        let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
+        let count = self.store.session_count();
+        let recent: Vec<serde_json::Value> = self
+            .store
+            .sessions()
+            .skip(count.saturating_sub(100))
+            .map(|s| {
+                json!({
+                    "session": s.name,
+                    "events": s.events,
+                    "earliest": pos(s.earliest),
+                    "latest": pos(s.latest),
+                })
+            })
+            .collect();
+        let rejected: serde_json::Map<String, serde_json::Value> = self
+            .metrics
+            .rejected
+            .iter()
+            .map(|(c, n)| (c.to_string(), json!(n)))
+            .collect();
+        let st = &self.hub.stats;
+        let doc = json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n, "ws": ws_n},
+            "subscriptions": self.hub.len(),
+            "sessions": {"count": count, "recent": recent},
+            "buffered_events": self.store.len(),
+            "ingested": self.ingested,
+            "deliveries": st.deliveries,
+            "dropped": st.dropped,
+            "backpressure_disconnects": st.backpressure_disconnects,
+            "rejected": rejected,
+        });
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The Prometheus exposition of `GET /metrics`.
+    fn metrics_text(&self) -> String {
+        let mut x = Exposition::default();
+        x.family(metrics::INGESTED, "counter", "Events ingested, by binding.")
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "http")],
+                self.metrics.ingested_http as f64,
+            )
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "ws")],
+                self.metrics.ingested_ws as f64,
+            );
+        x.family(
+            metrics::REJECTED,
+            "counter",
+            "Requests or Events refused, by reason.",
+        );
+        for (code, n) in &self.metrics.rejected {
+            x.sample(metrics::REJECTED, &[("reason", code)], *n as f64);
+        }
+        let st = &self.hub.stats;
+        x.family(
+            metrics::DELIVERIES,
+            "counter",
+            "Frames delivered to subscribers, by binding.",
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "sse")],
+            (st.deliveries - st.deliveries_ws) as f64,
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "ws")],
+            st.deliveries_ws as f64,
+        );
+        x.family(
+            metrics::DROPPED,
+            "counter",
+            "debug/info Events not delivered to slow consumers (AEP-0003 §8.4).",
+        )
+        .sample(metrics::DROPPED, &[], st.dropped as f64);
+        x.family(
+            metrics::DISCONNECTS,
+            "counter",
+            "Consumers disconnected because a notice-or-above Event could not be queued.",
+        )
+        .sample(
+            metrics::DISCONNECTS,
+            &[],
+            st.backpressure_disconnects as f64,
+        );
+        x.family(
+            metrics::REFUSED_CONNECTIONS,
+            "counter",
+            "Connections refused at the connection limit.",
+        )
+        .sample(
+            metrics::REFUSED_CONNECTIONS,
+            &[],
+            self.metrics.refused_connections as f64,
+        );
+        let (mut http_n, mut sse_n, mut ws_n, mut queued) = (0u64, 0u64, 0u64, 0usize);
+        x.family(
+            metrics::CONN_DROPPED,
+            "gauge",
+            "Events dropped toward each live connection that had drops.",
+        );
+        for (key, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
+                _ => http_n += 1,
+            }
+            queued += c.out.len();
+            if c.dropped > 0 {
+                let k = key.to_string();
+                let peer = c.peer.to_string();
+                x.sample(
+                    metrics::CONN_DROPPED,
+                    &[("conn", &k), ("peer", &peer)],
+                    c.dropped as f64,
+                );
+            }
+        }
+        x.family(
+            metrics::CONNECTIONS,
+            "gauge",
+            "Open connections, by binding.",
+        )
+        .sample(metrics::CONNECTIONS, &[("binding", "http")], http_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "ws")], ws_n as f64);
+        x.family(metrics::SUBSCRIPTIONS, "gauge", "Live subscriptions.")
+            .sample(metrics::SUBSCRIPTIONS, &[], self.hub.len() as f64);
+        x.family(
+            metrics::SESSIONS,
+            "gauge",
+            "Sessions held in the replay store.",
+        )
+        .sample(metrics::SESSIONS, &[], self.store.session_count() as f64);
+        x.family(
+            metrics::BUFFERED_EVENTS,
+            "gauge",
+            "Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_EVENTS, &[], self.store.len() as f64);
+        x.family(
+            metrics::BUFFERED_BYTES,
+            "gauge",
+            "Bytes of Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
+        x.family(
+            metrics::QUEUED_BYTES,
+            "gauge",
+            "Bytes queued for output across all connections.",
+        )
+        .sample(metrics::QUEUED_BYTES, &[], queued as f64);
+        x.family(metrics::UPTIME, "gauge", "Seconds since start.")
+            .sample(metrics::UPTIME, &[], self.started.elapsed().as_secs_f64());
+        x.finish()
+    }
+
+    /// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is
+    /// allowed by `cors_origins`.
+    fn cors_origin(&self, head: &RequestHead) -> Option<String> {
+        let origin = head.header("origin")?;
+        let allowed = &self.config.cors_origins;
+        if allowed.iter().any(|o| o == "*") {
+            Some("*".to_string())
+        } else if allowed.iter().any(|o| o == origin) {
+            Some(origin.to_string())
+        } else {
+            None
         }
     }
 
@@ -816,6 +1192,7 @@ impl Relay {
                 close,
             ),
             Err(r) => {
+                self.metrics.reject(r.code());
                 log::debug!("refused POST /events: {r}");
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
@@ -872,6 +1249,7 @@ impl Relay {
             }
         }
         let n = ok.len();
+        self.metrics.ingested_http += n as u64;
         for ev in ok {
             self.publish(ev);
         }
@@ -921,7 +1299,10 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        conn.send(sse::STREAM_HEAD);
+        match &conn.cors {
+            Some(origin) => conn.send(http::insert_headers(sse::STREAM_HEAD, &cors_lines(origin))),
+            None => conn.send(sse::STREAM_HEAD),
+        }
         conn.last_write = Instant::now();
         // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded,
         // so no Event can arrive between the replay and the subscription going live: no

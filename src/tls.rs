@@ -1,7 +1,7 @@
 //! Native TLS with rustls (ring provider): HTTPS, SSE over TLS and WSS on the same
 //! listener (AEP-0003 §8.1: off-host bindings need TLS and a bearer token).
 //!
-//! [`TlsStream`] adapts a non-blocking `rustls::ServerConnection` over a mio socket to
+//! `TlsStream` adapts a non-blocking `rustls::ServerConnection` over a mio socket to
 //! `Read`/`Write` with the same would-block semantics as a plain socket, so protocol code
 //! never branches on TLS. Plaintext is accepted only while no encrypted output is
 //! pending, so a slow TLS peer pushes back into the connection's bounded output queue

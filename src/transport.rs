@@ -2,6 +2,7 @@
 //! tests, fuzz targets, benchmarks and embedding hosts drive a connection's whole state
 //! machine without sockets. Protocol code never knows which one it talks to.
 
+#[cfg(feature = "tls")]
 use crate::tls::TlsStream;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
@@ -30,6 +31,7 @@ pub(crate) enum Transport {
     /// A non-blocking TCP socket registered with the poller.
     Tcp(TcpStream),
     /// TLS over a non-blocking TCP socket.
+    #[cfg(feature = "tls")]
     Tls(Box<TlsStream>),
     /// An in-memory pipe (no poller registration).
     Memory(MemoryPipe),
@@ -39,6 +41,7 @@ impl Transport {
     pub(crate) fn register(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
         match self {
             Transport::Tcp(s) => r.register(s, t, i),
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => r.register(&mut s.tcp, t, i),
             Transport::Memory(_) => Ok(()),
         }
@@ -47,6 +50,7 @@ impl Transport {
     pub(crate) fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
         match self {
             Transport::Tcp(s) => r.reregister(s, t, i),
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => r.reregister(&mut s.tcp, t, i),
             Transport::Memory(_) => Ok(()),
         }
@@ -55,6 +59,7 @@ impl Transport {
     pub(crate) fn deregister(&mut self, r: &Registry) -> io::Result<()> {
         match self {
             Transport::Tcp(s) => r.deregister(s),
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => r.deregister(&mut s.tcp),
             Transport::Memory(_) => Ok(()),
         }
@@ -66,6 +71,7 @@ impl Transport {
             Transport::Tcp(s) => {
                 let _ = s.shutdown(std::net::Shutdown::Write);
             }
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => s.shutdown_write(),
             Transport::Memory(_) => {}
         }
@@ -75,6 +81,7 @@ impl Transport {
     /// some remains.
     pub(crate) fn write_pending(&mut self) -> io::Result<bool> {
         match self {
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => s.write_pending(),
             _ => Ok(false),
         }
@@ -92,6 +99,7 @@ impl Read for Transport {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Transport::Tcp(s) => s.read(buf),
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => s.read(buf),
             Transport::Memory(m) => {
                 let left = &m.input[m.pos..];
@@ -121,6 +129,7 @@ impl Write for Transport {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Transport::Tcp(s) => s.write_vectored(bufs),
+            #[cfg(feature = "tls")]
             Transport::Tls(s) => s.write_vectored(bufs),
             Transport::Memory(m) => {
                 let room = m

@@ -1,3 +1,4 @@
+#![cfg(feature = "tls")]
 //! Native TLS: HTTPS POST and SSE over TLS with a certificate generated in the test, and
 //! the start-up refusal of an insecure off-host binding (AEP-0003 §8.1).
 

@@ -128,6 +128,8 @@ struct Target {
 pub struct FanoutStats {
     /// Frames queued to subscribers.
     pub deliveries: u64,
+    /// Of `deliveries`, those to WebSocket connections.
+    pub deliveries_ws: u64,
     /// `debug`/`info` Events not delivered to a slow consumer (AEP-0003 §8.4).
     pub dropped: u64,
     /// Consumers disconnected because a `notice`+ Event could not be queued.
@@ -284,6 +286,7 @@ impl Hub {
                 Queued::Yes => {
                     t.queued = true;
                     self.stats.deliveries += 1;
+                    self.stats.deliveries_ws += u64::from(t.ws);
                     if !conn.dirty {
                         conn.dirty = true;
                         dirty.push(t.conn);

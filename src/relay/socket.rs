@@ -254,8 +254,10 @@ impl Relay {
         self.ws_shut(key, &last);
     }
 
-    /// Refuses something with an `error` frame; the connection stays open.
-    fn ws_refuse(&mut self, key: usize, code: &str, r: Ref<'_>, detail: &str) {
+    /// Refuses something with an `error` frame (counted by code for `/metrics`); the
+    /// connection stays open.
+    fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
+        self.metrics.reject(code);
         self.ws_send(key, frames::error(code, r, detail, &[]));
     }
 
@@ -376,6 +378,7 @@ impl Relay {
         if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
             self.ws_claim(key, session);
         }
+        self.metrics.ingested_ws += 1;
         self.publish(Arc::new(ev));
     }
 
@@ -447,6 +450,7 @@ impl Relay {
         self.mark_dirty(target);
         // History and observers; the target already has it.
         self.hub.except = Some(target);
+        self.metrics.ingested_ws += 1;
         self.publish(Arc::new(ev));
         self.hub.except = None;
     }

@@ -21,9 +21,14 @@ pub struct Ws {
 impl Ws {
     /// Opens `ws://…/socket?{query}`.
     pub fn connect(relay: &TestRelay, query: &str) -> Ws {
-        let tcp = relay.tcp();
+        Ws::connect_addr(relay.addr, query)
+    }
+
+    /// Opens `ws://{addr}/socket?{query}`.
+    pub fn connect_addr(addr: std::net::SocketAddr, query: &str) -> Ws {
+        let tcp = TcpStream::connect(addr).unwrap();
         tcp.set_read_timeout(Some(WAIT)).unwrap();
-        let url = format!("ws://{}/socket?{query}", relay.addr);
+        let url = format!("ws://{addr}/socket?{query}");
         let (sock, resp) = tungstenite::client::client(url, tcp).expect("WebSocket handshake");
         assert_eq!(resp.status(), 101);
         Ws { sock, pings: 0 }
