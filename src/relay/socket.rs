@@ -393,7 +393,7 @@ impl Relay {
             return;
         }
         if ws.claims.len() >= max {
-            log::warn!("connection claims {max} sessions already (max_sessions); session {session:?} not claimed");
+            log::debug!("connection claims {max} sessions already (max_sessions); session {session:?} not claimed");
             return;
         }
         ws.claims.push(session.into());
