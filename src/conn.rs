@@ -1,11 +1,16 @@
 //! One connection: its socket, read buffer, bounded output queue and protocol phase.
 
+use crate::envelope::Capture;
+use crate::filter::Filter;
 use crate::http::{ChunkedDecoder, RequestHead};
+use crate::store::ReplayFrom;
 use crate::transport::Transport;
 use bytes::Bytes;
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A connection's queued output: reference-counted buffers written in order with
@@ -39,6 +44,16 @@ impl OutQueue {
         }
         self.bytes += b.len();
         self.bufs.push_back(b);
+    }
+
+    /// Moves everything queued in `self` to the end of `other`.
+    pub(crate) fn move_to(&mut self, other: &mut OutQueue) {
+        debug_assert_eq!(self.front_off, 0);
+        for b in self.bufs.drain(..) {
+            other.push(b);
+        }
+        self.bytes = 0;
+        self.front_off = 0;
     }
 
     /// Bytes queued and not yet written.
@@ -87,6 +102,24 @@ impl OutQueue {
         }
         Flush::Done
     }
+}
+
+/// A replay in progress for one subscription (AEP-0003 §5, §7), advanced a page at a
+/// time as the consumer reads, so its memory stays bounded however much the store holds.
+#[derive(Debug)]
+pub(crate) struct ReplayJob {
+    /// Hub key of the live subscription this replay precedes (`None`: SSE `live=0`).
+    pub(crate) sub: Option<usize>,
+    /// The WS subscription id, for WS-framed output; `None` frames for SSE.
+    pub(crate) ws_id: Option<Box<str>>,
+    pub(crate) filter: Arc<Filter>,
+    pub(crate) ceiling: Option<Capture>,
+    /// Sessions still to replay, in order, each with where it continues.
+    pub(crate) sessions: VecDeque<(Box<str>, ReplayFrom)>,
+    /// The same session names, for the per-Event check in fan-out.
+    pub(crate) pending: HashSet<Box<str>>,
+    /// End the stream when this replay is done (SSE `live=0`).
+    pub(crate) end_after: bool,
 }
 
 /// How a request body is being read.
@@ -150,6 +183,11 @@ pub(crate) struct Conn {
     pub(crate) peer_eof: bool,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
+    /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
+    pub(crate) replay: VecDeque<ReplayJob>,
+    /// Live frames held back while a replay is in progress, so they follow it in order.
+    /// Bounded like `out` (the backpressure rule applies to it).
+    pub(crate) backlog: OutQueue,
 }
 
 impl Conn {
@@ -171,6 +209,20 @@ impl Conn {
             write_shut: false,
             peer_eof: false,
             cors: None,
+            replay: VecDeque::new(),
+            backlog: OutQueue::default(),
+        }
+    }
+
+    /// Whether a live Event of `session` for subscription `sub` is to be left to that
+    /// subscription's replay in progress (it will reach it there, in order).
+    pub(crate) fn replay_covers(&self, sub: usize, session: Option<&str>) -> bool {
+        match session {
+            Some(s) if !self.replay.is_empty() => self
+                .replay
+                .iter()
+                .any(|j| j.sub == Some(sub) && j.pending.contains(s)),
+            _ => false,
         }
     }
 

@@ -5,14 +5,14 @@
 
 use crate::auth::{self, Scopes};
 use crate::config::{Config, ConfigError};
-use crate::conn::{BodyReader, Conn, Flush, Phase};
+use crate::conn::{BodyReader, Conn, Flush, Phase, ReplayJob};
 use crate::control::Claims;
 use crate::envelope::{self, Event};
-use crate::fanout::{self, Binding, Hub, Subscription};
+use crate::fanout::{Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
-use crate::store::{Admission, Store};
+use crate::store::{Admission, ReplayFrom, Store};
 #[cfg(feature = "tls")]
 use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
@@ -21,12 +21,14 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::json;
 use slab::Slab;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod replay;
 mod socket;
 /// The status page served at `GET /` (one self-contained file, no external assets).
 #[cfg(feature = "status-page")]
@@ -39,6 +41,27 @@ const FIRST_CONN: usize = 3;
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
+
+/// The sessions a subscription's `from` replays, each with where it starts.
+fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(Box<str>, ReplayFrom)> {
+    match from {
+        sse::From::Live => VecDeque::new(),
+        sse::From::All => store
+            .session_names()
+            .into_iter()
+            .map(|s| (s, ReplayFrom::Start))
+            .collect(),
+        sse::From::Positions(ps) => ps
+            .iter()
+            .map(|p| {
+                (
+                    p.session.as_str().into(),
+                    ReplayFrom::After((p.epoch, p.seq)),
+                )
+            })
+            .collect(),
+    }
+}
 
 fn cors_lines(origin: &str) -> String {
     format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
@@ -300,7 +323,12 @@ impl Relay {
                 }
                 wake = wake.min(deadline);
             }
-            self.poll_once(Some(wake.saturating_duration_since(now)))?;
+            let timeout = if self.dirty.is_empty() {
+                wake.saturating_duration_since(now)
+            } else {
+                Duration::ZERO
+            };
+            self.poll_once(Some(timeout))?;
         }
         Ok(())
     }
@@ -359,6 +387,12 @@ impl Relay {
     /// # Errors
     /// An I/O error of the poller itself.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // Output work left from the last turn (a replay in progress) must not wait.
+        let timeout = if self.dirty.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1304,55 +1338,34 @@ impl Relay {
             None => conn.send(sse::STREAM_HEAD),
         }
         conn.last_write = Instant::now();
-        // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded,
-        // so no Event can arrive between the replay and the subscription going live: no
-        // gap and no duplicate across the boundary.
-        let mut frames: Vec<Bytes> = Vec::new();
-        let (filter, ceiling) = (&req.filter, req.ceiling);
-        let emit = |frames: &mut Vec<Bytes>, ev: &Arc<Event>| {
-            if filter.matches(&**ev) {
-                frames.push(fanout::Frames::default().sse(ev, ceiling));
-            }
-        };
-        match &req.from {
-            sse::From::Live => {}
-            sse::From::All => {
-                self.store.replay_all(&mut |ev| emit(&mut frames, ev));
-            }
-            sse::From::Positions(ps) => {
-                for p in ps {
-                    let mut held = Vec::new();
-                    let marker = self
-                        .store
-                        .replay_after(&p.session, (p.epoch, p.seq), &mut |ev| {
-                            held.push(ev.clone())
-                        });
-                    if let Some(earliest) = marker {
-                        frames.push(sse::replay_exhausted(&p.session, earliest));
-                    }
-                    for ev in &held {
-                        emit(&mut frames, ev);
-                    }
-                }
-            }
-        }
-        let conn = &mut self.conns[key];
-        for f in frames {
-            conn.out.push(f);
-        }
-        if req.live {
-            let sub = self.hub.insert(Subscription {
+        // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
+        // (see `relay::replay`): no gap and no duplicate across the boundary.
+        let sub = req.live.then(|| {
+            self.hub.insert(Subscription {
                 conn: key,
-                filter: req.filter,
+                filter: req.filter.clone(),
                 ceiling: req.ceiling,
                 binding: Binding::Sse,
-            });
-            conn.phase = Phase::Sse { sub };
-        } else {
-            conn.phase = Phase::Closing;
-            conn.close_after_flush = true;
-        }
-        self.mark_dirty(key);
+            })
+        });
+        let conn = &mut self.conns[key];
+        conn.phase = match sub {
+            Some(sub) => Phase::Sse { sub },
+            None => Phase::Closing,
+        };
+        let sessions = replay_sessions(&self.store, &req.from);
+        self.start_replay(
+            key,
+            ReplayJob {
+                sub,
+                ws_id: None,
+                pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                sessions,
+                filter: req.filter,
+                ceiling: req.ceiling,
+                end_after: !req.live,
+            },
+        );
     }
 
     /// Timers: heartbeats, request and idle timeouts, lingering closes.
@@ -1452,12 +1465,14 @@ impl Relay {
             }
             self.close(key);
         }
-        let dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
             self.flush(key);
         }
+        // Keep what flushing marked again (replay continuing on the next turn).
+        dirty.clear();
+        dirty.append(&mut self.dirty);
         self.dirty = dirty;
-        self.dirty.clear();
     }
 
     fn flush(&mut self, key: usize) {
@@ -1466,15 +1481,35 @@ impl Relay {
         };
         conn.dirty = false;
         let now = Instant::now();
-        let had_output = !conn.out.is_empty();
-        let mut state = conn.out.flush(&mut conn.sock);
-        if state == Flush::Done {
-            state = match conn.sock.write_pending() {
-                Ok(false) => Flush::Done,
-                Ok(true) => Flush::Blocked,
-                Err(_) => Flush::Closed,
-            };
-        }
+        let mut had_output = false;
+        let mut rounds = 0;
+        let state = loop {
+            let conn = &mut self.conns[key];
+            if !conn.replay.is_empty() || !conn.backlog.is_empty() {
+                self.pump_replay(key);
+            }
+            let conn = &mut self.conns[key];
+            had_output |= !conn.out.is_empty();
+            let mut state = conn.out.flush(&mut conn.sock);
+            if state == Flush::Done {
+                state = match conn.sock.write_pending() {
+                    Ok(false) => Flush::Done,
+                    Ok(true) => Flush::Blocked,
+                    Err(_) => Flush::Closed,
+                };
+            }
+            let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            rounds += 1;
+            if state != Flush::Done || !more {
+                break state;
+            }
+            if rounds == 4 {
+                // The socket keeps up: continue on the next turn, after the others.
+                self.mark_dirty(key);
+                break state;
+            }
+        };
+        let conn = &mut self.conns[key];
         match state {
             Flush::Closed => return self.close(key),
             Flush::Done => {

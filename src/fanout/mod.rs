@@ -172,14 +172,20 @@ pub(crate) fn queue(
     severity: Severity,
     max_output: usize,
 ) -> Queued {
-    if conn.out.len() + frame.len() > max_output && !conn.out.is_empty() {
+    // While a replay is in progress, live frames wait behind it (same bound).
+    let q = if conn.replay.is_empty() {
+        &mut conn.out
+    } else {
+        &mut conn.backlog
+    };
+    if q.len() + frame.len() > max_output && !q.is_empty() {
         if severity <= Severity::Info {
             conn.dropped += 1;
             return Queued::Dropped;
         }
         return Queued::Disconnect;
     }
-    conn.out.push(frame);
+    q.push(frame);
     Queued::Yes
 }
 
@@ -255,6 +261,9 @@ impl Hub {
             let Some(conn) = conns.get_mut(sub.conn) else {
                 continue;
             };
+            if conn.replay_covers(key, ev.session()) {
+                continue;
+            }
             if conn.mark == serial {
                 let t = &mut self.targets[conn.fan_slot];
                 t.ceiling = wider(t.ceiling, sub.ceiling);

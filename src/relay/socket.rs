@@ -13,9 +13,10 @@
 
 use super::Relay;
 use crate::auth::{Grant, Scopes};
+use crate::conn::ReplayJob;
 use crate::conn::{Conn, Phase};
 use crate::envelope::{Event, Scope};
-use crate::fanout::{Binding, Frames, Subscription};
+use crate::fanout::{Binding, Subscription};
 use crate::filter::{self, Filter};
 use crate::http::RequestHead;
 use crate::sse;
@@ -507,58 +508,42 @@ impl Relay {
             from,
             ..
         } = req;
-        // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded:
-        // no Event can be published between this replay and the subscription going live,
-        // so there is neither a gap nor a duplicate at the boundary. Other subscriptions
-        // of this connection keep their own order: frames already queued stay ahead of
-        // this replay, Events published later follow it.
-        let mut out = vec![frames::ack("subscribed", id)];
-        let mut delivered = Delivered::new(self.config.max_sessions);
-        let mut emit = |out: &mut Vec<Bytes>, ev: &Arc<Event>| {
-            if filter.matches(&**ev) {
-                out.push(Frames::default().ws(ev, ceiling));
-                if let (Scope::Sequenced, Some(s), Some(q)) = (ev.scope(), ev.session(), ev.seq()) {
-                    delivered.note(s, (ev.epoch(), q));
-                }
-            }
-        };
-        match &from {
-            sse::From::Live => {}
-            sse::From::All => {
-                self.store.replay_all(&mut |ev| emit(&mut out, ev));
-            }
-            sse::From::Positions(ps) => {
-                for p in ps {
-                    let mut held = Vec::new();
-                    let marker = self
-                        .store
-                        .replay_after(&p.session, (p.epoch, p.seq), &mut |ev| {
-                            held.push(ev.clone())
-                        });
-                    if let Some(earliest) = marker {
-                        out.push(frames::replay_exhausted(id, &p.session, earliest));
-                    }
-                    for ev in &held {
-                        emit(&mut out, ev);
-                    }
-                }
-            }
-        }
+        // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
+        // (see `relay::replay`). Other subscriptions of this connection keep their own
+        // order: frames already queued stay ahead of this replay, Events published later
+        // follow it.
         let sub = self.hub.insert(Subscription {
             conn: key,
-            filter,
+            filter: filter.clone(),
             ceiling,
-            binding: Binding::Ws(delivered),
+            binding: Binding::Ws(Delivered::new(self.config.max_sessions)),
         });
         let Some(conn) = self.conns.get_mut(key) else {
             return self.hub.remove(sub);
         };
-        for f in out {
-            conn.send(f);
-        }
+        conn.send(frames::ack("subscribed", id));
         if let Phase::Ws(ws) = &mut conn.phase {
             ws.subs.push((id.into(), sub));
-            ws.reply_floor = conn.out.len();
+        }
+        let sessions = super::replay_sessions(&self.store, &from);
+        if !sessions.is_empty() {
+            self.start_replay(
+                key,
+                ReplayJob {
+                    sub: Some(sub),
+                    ws_id: Some(id.into()),
+                    pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                    sessions,
+                    filter,
+                    ceiling,
+                    end_after: false,
+                },
+            );
+        }
+        if let Some(conn) = self.conns.get_mut(key) {
+            if let Phase::Ws(ws) = &mut conn.phase {
+                ws.reply_floor = conn.out.len();
+            }
         }
         self.mark_dirty(key);
     }
@@ -634,6 +619,9 @@ impl Relay {
             if let Some(i) = ws.subs.iter().position(|(s, _)| &**s == id) {
                 let (_, sub) = ws.subs.remove(i);
                 self.hub.remove(sub);
+                if let Some(conn) = self.conns.get_mut(key) {
+                    conn.replay.retain(|j| j.sub != Some(sub));
+                }
             }
         }
         self.ws_send(key, frames::ack("unsubscribed", id));
