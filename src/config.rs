@@ -42,6 +42,16 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
 pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// Default bound of one connection's output queue in bytes (`AEP_MAX_OUTPUT`): 8 MiB.
 pub const DEFAULT_MAX_OUTPUT: usize = 8 * 1024 * 1024;
+/// Default largest WebSocket message a peer may send, in bytes, after reassembling its
+/// fragments (`AEP_MAX_WS_MESSAGE`): 1 MiB. Larger closes the socket with 1009.
+pub const DEFAULT_MAX_WS_MESSAGE: usize = 1024 * 1024;
+/// Default most concurrent subscriptions on one WebSocket (`AEP_MAX_SUBSCRIPTIONS`);
+/// one more is refused in-band with `limit-exceeded` (AEP-0003 §6.5).
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 256;
+/// Default time a WebSocket peer may stay silent (no frame of any kind, `pong`
+/// included) before the relay closes it (`AEP_WS_IDLE_TIMEOUT_SECS`): 90 seconds, the
+/// AEP-0003 §3.5 #5 recommendation.
+pub const DEFAULT_WS_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Everything the relay needs to run. `Config::default()` is a working loopback relay.
 #[derive(Clone, Debug)]
@@ -63,7 +73,8 @@ pub struct Config {
     pub max_from_positions: usize,
     /// Largest HTTP request head in bytes; larger answers 431.
     pub max_head_bytes: usize,
-    /// Interval between `: ping` comments on SSE streams (and WS `ping` frames).
+    /// Interval between `: ping` comments on idle SSE streams, and between the
+    /// `{"type":"ping","t":…}` frames sent on every WebSocket (AEP-0003 §3.3 #4, §3.5 #5).
     pub heartbeat: Duration,
     /// Time a request head or body may take to arrive before 408.
     pub request_timeout: Duration,
@@ -73,6 +84,18 @@ pub struct Config {
     pub max_connections: usize,
     /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
     pub max_output_bytes: usize,
+    /// Largest WebSocket message in bytes, fragments reassembled (`AEP_MAX_WS_MESSAGE`);
+    /// a larger one closes the socket with 1009 as soon as its header announces it, so
+    /// a peer cannot make the relay buffer more than this per connection.
+    pub max_ws_message_bytes: usize,
+    /// Most concurrent subscriptions on one WebSocket (`AEP_MAX_SUBSCRIPTIONS`); one more
+    /// is answered `limit-exceeded` and the others keep running (AEP-0003 §6.5).
+    pub max_subscriptions_per_conn: usize,
+    /// A WebSocket peer silent for this long (no frame at all, not even the `pong` to
+    /// the relay's `ping`) is sent `closing` and closed (`AEP_WS_IDLE_TIMEOUT_SECS`,
+    /// AEP-0003 §3.5 #5). Must exceed `heartbeat`, or a peer that only answers pings
+    /// would be closed.
+    pub ws_idle_timeout: Duration,
     /// How long a graceful shutdown may take to flush every connection.
     pub shutdown_deadline: Duration,
     /// Browser origins allowed to read responses cross-origin (`--cors-origin`,
@@ -108,6 +131,9 @@ impl Default for Config {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
+            max_ws_message_bytes: DEFAULT_MAX_WS_MESSAGE,
+            max_subscriptions_per_conn: DEFAULT_MAX_SUBSCRIPTIONS,
+            ws_idle_timeout: DEFAULT_WS_IDLE_TIMEOUT,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
             cors_origins: Vec::new(),
             auth: Auth::default(),
@@ -151,6 +177,10 @@ impl Config {
                 "max_connections (AEP_MAX_CONNECTIONS)",
                 self.max_connections,
             ),
+            (
+                "max_subscriptions_per_conn (AEP_MAX_SUBSCRIPTIONS)",
+                self.max_subscriptions_per_conn,
+            ),
         ];
         for (field, v) in positive {
             if v == 0 {
@@ -187,6 +217,21 @@ impl Config {
             return Err(ConfigError {
                 field: "heartbeat (AEP_HEARTBEAT_SECS)",
                 reason: "must be positive".into(),
+            });
+        }
+        if self.max_ws_message_bytes < 1024 {
+            return Err(ConfigError {
+                field: "max_ws_message_bytes (AEP_MAX_WS_MESSAGE)",
+                reason: "must be at least 1024 bytes".into(),
+            });
+        }
+        if self.ws_idle_timeout <= self.heartbeat {
+            return Err(ConfigError {
+                field: "ws_idle_timeout (AEP_WS_IDLE_TIMEOUT_SECS)",
+                reason: format!(
+                    "must exceed the heartbeat ({} s), or a peer that answers every ping is still closed as idle",
+                    self.heartbeat.as_secs_f64()
+                ),
             });
         }
         Ok(())

@@ -1,11 +1,16 @@
 //! One connection: its socket, read buffer, bounded output queue and protocol phase.
 
+use crate::envelope::Capture;
+use crate::filter::Filter;
 use crate::http::{ChunkedDecoder, RequestHead};
+use crate::store::ReplayFrom;
 use crate::transport::Transport;
 use bytes::Bytes;
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A connection's queued output: reference-counted buffers written in order with
@@ -39,6 +44,16 @@ impl OutQueue {
         }
         self.bytes += b.len();
         self.bufs.push_back(b);
+    }
+
+    /// Moves everything queued in `self` to the end of `other`.
+    pub(crate) fn move_to(&mut self, other: &mut OutQueue) {
+        debug_assert_eq!(self.front_off, 0);
+        for b in self.bufs.drain(..) {
+            other.push(b);
+        }
+        self.bytes = 0;
+        self.front_off = 0;
     }
 
     /// Bytes queued and not yet written.
@@ -89,6 +104,24 @@ impl OutQueue {
     }
 }
 
+/// A replay in progress for one subscription (AEP-0003 §5, §7), advanced a page at a
+/// time as the consumer reads, so its memory stays bounded however much the store holds.
+#[derive(Debug)]
+pub(crate) struct ReplayJob {
+    /// Hub key of the live subscription this replay precedes (`None`: SSE `live=0`).
+    pub(crate) sub: Option<usize>,
+    /// The WS subscription id, for WS-framed output; `None` frames for SSE.
+    pub(crate) ws_id: Option<Box<str>>,
+    pub(crate) filter: Arc<Filter>,
+    pub(crate) ceiling: Option<Capture>,
+    /// Sessions still to replay, in order, each with where it continues.
+    pub(crate) sessions: VecDeque<(Box<str>, ReplayFrom)>,
+    /// The same session names, for the per-Event check in fan-out.
+    pub(crate) pending: HashSet<Box<str>>,
+    /// End the stream when this replay is done (SSE `live=0`).
+    pub(crate) end_after: bool,
+}
+
 /// How a request body is being read.
 #[derive(Debug)]
 pub(crate) enum BodyReader {
@@ -113,6 +146,8 @@ pub(crate) enum Phase {
     Discard(BodyReader),
     /// Streaming SSE for the subscription with this key.
     Sse { sub: usize },
+    /// Upgraded to the WebSocket binding (`GET /socket`).
+    Ws(Box<crate::ws::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
     Closing,
 }
@@ -137,6 +172,9 @@ pub(crate) struct Conn {
     pub(crate) last_write: Instant,
     /// Fan-out serial of the last Event queued here (single delivery per connection).
     pub(crate) mark: u64,
+    /// While `mark` is the current fan-out's serial: this connection's slot in the
+    /// hub's per-fan-out target list.
+    pub(crate) fan_slot: usize,
     /// Events not delivered because of backpressure (AEP-0003 §8.4).
     pub(crate) dropped: u64,
     /// Whether the write side has been shut down.
@@ -145,6 +183,11 @@ pub(crate) struct Conn {
     pub(crate) peer_eof: bool,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
+    /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
+    pub(crate) replay: VecDeque<ReplayJob>,
+    /// Live frames held back while a replay is in progress, so they follow it in order.
+    /// Bounded like `out` (the backpressure rule applies to it).
+    pub(crate) backlog: OutQueue,
 }
 
 impl Conn {
@@ -161,10 +204,25 @@ impl Conn {
             since: now,
             last_write: now,
             mark: 0,
+            fan_slot: 0,
             dropped: 0,
             write_shut: false,
             peer_eof: false,
             cors: None,
+            replay: VecDeque::new(),
+            backlog: OutQueue::default(),
+        }
+    }
+
+    /// Whether a live Event of `session` for subscription `sub` is to be left to that
+    /// subscription's replay in progress (it will reach it there, in order).
+    pub(crate) fn replay_covers(&self, sub: usize, session: Option<&str>) -> bool {
+        match session {
+            Some(s) if !self.replay.is_empty() => self
+                .replay
+                .iter()
+                .any(|j| j.sub == Some(sub) && j.pending.contains(s)),
+            _ => false,
         }
     }
 

@@ -10,9 +10,10 @@
 //!
 //! ```text
 //! socket bytes ─► Conn (read buffer; TLS unwrapped by the transport)
-//!    └─ HTTP POST /events ─► body ─► lines (memchr) ─► Event::parse (the scanner reads
-//!                                     the routing attributes only; `data` is validated,
-//!                                     never built)
+//!    ├─ HTTP POST /events ─► body ─► lines (memchr) ─┐
+//!    └─ WS /socket ─► ws::frame::Decoder ─► text ─────┴► Event::parse (the scanner reads
+//!                     (commands: control::Claims::route    the routing attributes only;
+//!                      ─► the one claimant's Conn)         `data` is validated, never built)
 //!                                                            ▼
 //!                     Relay::publish ─► Store::admit (dedupe (source, id), order by
 //!                                    │                (epoch, seq), per-session ring)
@@ -77,8 +78,9 @@
 //! The parts are usable on their own: [`envelope`] (the scanner and envelope validation),
 //! [`filter`] (attr-match), [`capture`] (capture ceilings and down-leveling),
 //! [`store`] (replay rings), [`fanout`] (subscriptions and their index), [`sse`],
-//! [`http`], [`auth`], [`metrics`]. [`check`] is the live conformance checker behind
-//! `aep-relay check`.
+//! [`ws`] (the WebSocket codec, handshake and AEP frames), [`control`] (session claims
+//! and command routing), [`http`], [`auth`], [`metrics`]. [`check`] is the live conformance
+//! checker behind `aep-relay check`.
 //!
 //! # Features
 //!
@@ -94,6 +96,7 @@ pub mod capture;
 pub mod check;
 pub mod config;
 pub(crate) mod conn;
+pub mod control;
 pub mod envelope;
 pub mod fanout;
 pub mod filter;
@@ -105,6 +108,7 @@ pub mod store;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub(crate) mod transport;
+pub mod ws;
 
 pub use config::Config;
 pub use relay::{Refusal, Relay, StartError, StopHandle};

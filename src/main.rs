@@ -55,6 +55,15 @@ struct Cli {
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
+    /// Largest WebSocket message in bytes, fragments reassembled (close 1009 above).
+    #[arg(long, env = "AEP_MAX_WS_MESSAGE", default_value_t = config::DEFAULT_MAX_WS_MESSAGE)]
+    max_ws_message: usize,
+    /// Most concurrent subscriptions on one WebSocket (`limit-exceeded` above).
+    #[arg(long, env = "AEP_MAX_SUBSCRIPTIONS", default_value_t = config::DEFAULT_MAX_SUBSCRIPTIONS)]
+    max_subscriptions: usize,
+    /// Seconds a WebSocket peer may stay silent (not even a `pong`) before it is closed.
+    #[arg(long, env = "AEP_WS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_WS_IDLE_TIMEOUT.as_secs_f64())]
+    ws_idle_timeout_secs: f64,
     /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection.
     #[arg(long, env = "AEP_SHUTDOWN_DEADLINE_SECS", default_value_t = config::DEFAULT_SHUTDOWN_DEADLINE.as_secs_f64())]
     shutdown_deadline_secs: f64,
@@ -113,6 +122,9 @@ impl Cli {
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
+            max_ws_message_bytes: self.max_ws_message,
+            max_subscriptions_per_conn: self.max_subscriptions,
+            ws_idle_timeout: secs(self.ws_idle_timeout_secs, "--ws-idle-timeout-secs")?,
             shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,
             cors_origins: self.cors_origin.clone(),
             auth: self.auth()?,

@@ -37,6 +37,8 @@ pub const UPTIME: &str = "aep_uptime_seconds";
 pub struct Metrics {
     /// Events ingested over HTTP POST.
     pub ingested_http: u64,
+    /// Events ingested from WebSocket emitters (commands included).
+    pub ingested_ws: u64,
     /// Refusals by error code (`invalid-event`, `too-many-events`, …).
     pub rejected: Vec<(&'static str, u64)>,
     /// Connections refused at the limit.

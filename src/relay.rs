@@ -5,13 +5,14 @@
 
 use crate::auth::{self, Scopes};
 use crate::config::{Config, ConfigError};
-use crate::conn::{BodyReader, Conn, Flush, Phase};
+use crate::conn::{BodyReader, Conn, Flush, Phase, ReplayJob};
+use crate::control::Claims;
 use crate::envelope::{self, Event};
-use crate::fanout::{self, Binding, Hub, Subscription};
+use crate::fanout::{Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
-use crate::store::{Admission, Store};
+use crate::store::{Admission, ReplayFrom, Store};
 #[cfg(feature = "tls")]
 use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
@@ -20,12 +21,15 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::json;
 use slab::Slab;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod replay;
+mod socket;
 /// The status page served at `GET /` (one self-contained file, no external assets).
 #[cfg(feature = "status-page")]
 const STATUS_PAGE: &str = include_str!("status.html");
@@ -37,6 +41,27 @@ const FIRST_CONN: usize = 3;
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
+
+/// The sessions a subscription's `from` replays, each with where it starts.
+fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(Box<str>, ReplayFrom)> {
+    match from {
+        sse::From::Live => VecDeque::new(),
+        sse::From::All => store
+            .session_names()
+            .into_iter()
+            .map(|s| (s, ReplayFrom::Start))
+            .collect(),
+        sse::From::Positions(ps) => ps
+            .iter()
+            .map(|p| {
+                (
+                    p.session.as_str().into(),
+                    ReplayFrom::After((p.epoch, p.seq)),
+                )
+            })
+            .collect(),
+    }
+}
 
 fn cors_lines(origin: &str) -> String {
     format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
@@ -163,6 +188,8 @@ pub struct Relay {
     conns: Slab<Conn>,
     store: Store<Event>,
     hub: Hub,
+    /// Which WebSocket connections claim which sessions (command routing, roster).
+    claims: Claims,
     stop: Arc<AtomicBool>,
     graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
@@ -218,6 +245,7 @@ impl Relay {
             conns: Slab::with_capacity(1024),
             store,
             hub: Hub::default(),
+            claims: Claims::default(),
             stop: Arc::new(AtomicBool::new(false)),
             graceful: Arc::new(AtomicBool::new(false)),
             waker,
@@ -295,7 +323,12 @@ impl Relay {
                 }
                 wake = wake.min(deadline);
             }
-            self.poll_once(Some(wake.saturating_duration_since(now)))?;
+            let timeout = if self.dirty.is_empty() {
+                wake.saturating_duration_since(now)
+            } else {
+                Duration::ZERO
+            };
+            self.poll_once(Some(timeout))?;
         }
         Ok(())
     }
@@ -325,6 +358,10 @@ impl Relay {
                     conn.close_after_flush = true;
                     self.mark_dirty(key);
                 }
+                Phase::Ws(_) => {
+                    let going_away = crate::ws::frame::close_code::GOING_AWAY;
+                    self.ws_close(key, "shutting down", going_away);
+                }
                 Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
                 Phase::Closing => {}
                 _ => {
@@ -339,7 +376,8 @@ impl Relay {
             .config
             .heartbeat
             .min(self.config.request_timeout)
-            .min(self.config.idle_timeout);
+            .min(self.config.idle_timeout)
+            .min(self.config.ws_idle_timeout);
         (shortest / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
     }
 
@@ -349,6 +387,12 @@ impl Relay {
     /// # Errors
     /// An I/O error of the poller itself.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // Output work left from the last turn (a replay in progress) must not wait.
+        let timeout = if self.dirty.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -506,7 +550,7 @@ impl Relay {
         };
         conn.peer_eof = true;
         match conn.phase {
-            Phase::Sse { .. } => self.close(key),
+            Phase::Sse { .. } | Phase::Ws(_) => self.close(key),
             _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
                 self.close(key)
             }
@@ -658,6 +702,7 @@ impl Relay {
                     conn.rbuf.clear();
                     return;
                 }
+                Phase::Ws(_) => return self.ws_process(key),
             }
         }
     }
@@ -748,7 +793,9 @@ impl Relay {
         }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" | "/socket" => {
+                "GET"
+            }
             #[cfg(feature = "status-page")]
             "/" => "GET",
             _ => {
@@ -822,6 +869,7 @@ impl Relay {
                 self.reply(key, body, close);
             }
             ("GET", "/stream") => self.begin_sse(key, head),
+            ("GET", "/socket") => self.begin_ws(key, head, grant),
             ("GET", "/status") => {
                 let close = head.wants_close();
                 let body = self.status_json();
@@ -863,10 +911,11 @@ impl Relay {
     /// the client's deltas), and the 100 most recently written sessions with their
     /// positions.
     fn status_json(&self) -> Vec<u8> {
-        let (mut http_n, mut sse_n) = (0u64, 0u64);
+        let (mut http_n, mut sse_n, mut ws_n) = (0u64, 0u64, 0u64);
         for (_, c) in self.conns.iter() {
             match c.phase {
                 Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
                 _ => http_n += 1,
             }
         }
@@ -894,7 +943,7 @@ impl Relay {
         let st = &self.hub.stats;
         let doc = json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
-            "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n},
+            "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n, "ws": ws_n},
             "subscriptions": self.hub.len(),
             "sessions": {"count": count, "recent": recent},
             "buffered_events": self.store.len(),
@@ -915,6 +964,11 @@ impl Relay {
                 metrics::INGESTED,
                 &[("binding", "http")],
                 self.metrics.ingested_http as f64,
+            )
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "ws")],
+                self.metrics.ingested_ws as f64,
             );
         x.family(
             metrics::REJECTED,
@@ -933,7 +987,12 @@ impl Relay {
         .sample(
             metrics::DELIVERIES,
             &[("binding", "sse")],
-            st.deliveries as f64,
+            (st.deliveries - st.deliveries_ws) as f64,
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "ws")],
+            st.deliveries_ws as f64,
         );
         x.family(
             metrics::DROPPED,
@@ -961,7 +1020,7 @@ impl Relay {
             &[],
             self.metrics.refused_connections as f64,
         );
-        let (mut http_n, mut sse_n, mut queued) = (0u64, 0u64, 0usize);
+        let (mut http_n, mut sse_n, mut ws_n, mut queued) = (0u64, 0u64, 0u64, 0usize);
         x.family(
             metrics::CONN_DROPPED,
             "gauge",
@@ -970,6 +1029,7 @@ impl Relay {
         for (key, c) in self.conns.iter() {
             match c.phase {
                 Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
                 _ => http_n += 1,
             }
             queued += c.out.len();
@@ -989,7 +1049,8 @@ impl Relay {
             "Open connections, by binding.",
         )
         .sample(metrics::CONNECTIONS, &[("binding", "http")], http_n as f64)
-        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64);
+        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "ws")], ws_n as f64);
         x.family(metrics::SUBSCRIPTIONS, "gauge", "Live subscriptions.")
             .sample(metrics::SUBSCRIPTIONS, &[], self.hub.len() as f64);
         x.family(
@@ -1056,7 +1117,7 @@ impl Relay {
         let doc = json!({
             "aep": envelope::SUPPORTED_VERSIONS,
             "role": "relay",
-            "endpoints": { "events": "/events", "stream": "/stream" },
+            "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
             "capabilities": {
                 "filters": ["attr-match"],
                 "replay": {
@@ -1066,6 +1127,8 @@ impl Relay {
                     "all": true
                 },
                 "capture": ["none", "metadata", "redacted", "full"],
+                "roster": {},
+                "control": { "accepts": [], "routes": self.config.auth.enabled() },
                 "experimental": {}
             }
         });
@@ -1275,61 +1338,41 @@ impl Relay {
             None => conn.send(sse::STREAM_HEAD),
         }
         conn.last_write = Instant::now();
-        // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded,
-        // so no Event can arrive between the replay and the subscription going live: no
-        // gap and no duplicate across the boundary.
-        let mut frames: Vec<Bytes> = Vec::new();
-        let (filter, ceiling) = (&req.filter, req.ceiling);
-        let emit = |frames: &mut Vec<Bytes>, ev: &Arc<Event>| {
-            if filter.matches(&**ev) {
-                frames.push(fanout::Frames::default().sse(ev, ceiling));
-            }
-        };
-        match &req.from {
-            sse::From::Live => {}
-            sse::From::All => {
-                self.store.replay_all(&mut |ev| emit(&mut frames, ev));
-            }
-            sse::From::Positions(ps) => {
-                for p in ps {
-                    let mut held = Vec::new();
-                    let marker = self
-                        .store
-                        .replay_after(&p.session, (p.epoch, p.seq), &mut |ev| {
-                            held.push(ev.clone())
-                        });
-                    if let Some(earliest) = marker {
-                        frames.push(sse::replay_exhausted(&p.session, earliest));
-                    }
-                    for ev in &held {
-                        emit(&mut frames, ev);
-                    }
-                }
-            }
-        }
-        let conn = &mut self.conns[key];
-        for f in frames {
-            conn.out.push(f);
-        }
-        if req.live {
-            let sub = self.hub.insert(Subscription {
+        // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
+        // (see `relay::replay`): no gap and no duplicate across the boundary.
+        let sub = req.live.then(|| {
+            self.hub.insert(Subscription {
                 conn: key,
-                filter: req.filter,
+                filter: req.filter.clone(),
                 ceiling: req.ceiling,
                 binding: Binding::Sse,
-            });
-            conn.phase = Phase::Sse { sub };
-        } else {
-            conn.phase = Phase::Closing;
-            conn.close_after_flush = true;
-        }
-        self.mark_dirty(key);
+            })
+        });
+        let conn = &mut self.conns[key];
+        conn.phase = match sub {
+            Some(sub) => Phase::Sse { sub },
+            None => Phase::Closing,
+        };
+        let sessions = replay_sessions(&self.store, &req.from);
+        self.start_replay(
+            key,
+            ReplayJob {
+                sub,
+                ws_id: None,
+                pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                sessions,
+                filter: req.filter,
+                ceiling: req.ceiling,
+                end_after: !req.live,
+            },
+        );
     }
 
     /// Timers: heartbeats, request and idle timeouts, lingering closes.
     fn tick(&mut self, now: Instant) {
         let mut expired = Vec::new();
         let mut slow = Vec::new();
+        let mut ws_idle = Vec::new();
         for (key, conn) in self.conns.iter_mut() {
             match conn.phase {
                 Phase::Sse { .. } => {
@@ -1342,6 +1385,16 @@ impl Relay {
                         }
                     }
                 }
+                Phase::Ws(_) => match socket::tick_ws(conn, now, &self.config) {
+                    socket::WsTick::Quiet => {}
+                    socket::WsTick::Pinged => {
+                        if !conn.dirty {
+                            conn.dirty = true;
+                            self.dirty.push(key);
+                        }
+                    }
+                    socket::WsTick::Idle => ws_idle.push(key),
+                },
                 Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => {
                     if now.duration_since(conn.since) >= self.config.idle_timeout {
                         expired.push(key);
@@ -1367,6 +1420,13 @@ impl Relay {
         for key in expired {
             self.close(key);
         }
+        for key in ws_idle {
+            let reason = format!(
+                "idle: nothing received for {} s",
+                self.config.ws_idle_timeout.as_secs_f64()
+            );
+            self.ws_close(key, &reason, crate::ws::frame::close_code::GOING_AWAY);
+        }
         for key in slow {
             log::info!(
                 "closing {}: request not received in time (408)",
@@ -1383,6 +1443,20 @@ impl Relay {
     /// Flushes every connection with new output, closes the doomed, updates interest.
     fn settle(&mut self) {
         for key in std::mem::take(&mut self.doomed) {
+            match self.conns.get(key).map(|c| &c.phase) {
+                // A WebSocket gets `closing` with its positions, then the close frame.
+                Some(Phase::Ws(_)) => {
+                    log::info!(
+                        "closing WebSocket {} (backpressure, AEP-0003 §8.4)",
+                        self.conns[key].peer
+                    );
+                    let reason = "backpressure: the consumer fell behind";
+                    self.ws_close(key, reason, crate::ws::frame::close_code::TRY_AGAIN);
+                    continue;
+                }
+                Some(Phase::Closing) if self.conns[key].close_after_flush => continue,
+                _ => {}
+            }
             if let Some(c) = self.conns.get(key) {
                 log::info!(
                     "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
@@ -1391,12 +1465,14 @@ impl Relay {
             }
             self.close(key);
         }
-        let dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
             self.flush(key);
         }
+        // Keep what flushing marked again (replay continuing on the next turn).
+        dirty.clear();
+        dirty.append(&mut self.dirty);
         self.dirty = dirty;
-        self.dirty.clear();
     }
 
     fn flush(&mut self, key: usize) {
@@ -1405,15 +1481,35 @@ impl Relay {
         };
         conn.dirty = false;
         let now = Instant::now();
-        let had_output = !conn.out.is_empty();
-        let mut state = conn.out.flush(&mut conn.sock);
-        if state == Flush::Done {
-            state = match conn.sock.write_pending() {
-                Ok(false) => Flush::Done,
-                Ok(true) => Flush::Blocked,
-                Err(_) => Flush::Closed,
-            };
-        }
+        let mut had_output = false;
+        let mut rounds = 0;
+        let state = loop {
+            let conn = &mut self.conns[key];
+            if !conn.replay.is_empty() || !conn.backlog.is_empty() {
+                self.pump_replay(key);
+            }
+            let conn = &mut self.conns[key];
+            had_output |= !conn.out.is_empty();
+            let mut state = conn.out.flush(&mut conn.sock);
+            if state == Flush::Done {
+                state = match conn.sock.write_pending() {
+                    Ok(false) => Flush::Done,
+                    Ok(true) => Flush::Blocked,
+                    Err(_) => Flush::Closed,
+                };
+            }
+            let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            rounds += 1;
+            if state != Flush::Done || !more {
+                break state;
+            }
+            if rounds == 4 {
+                // The socket keeps up: continue on the next turn, after the others.
+                self.mark_dirty(key);
+                break state;
+            }
+        };
+        let conn = &mut self.conns[key];
         match state {
             Flush::Closed => return self.close(key),
             Flush::Done => {
@@ -1456,8 +1552,10 @@ impl Relay {
             return;
         }
         let mut conn = self.conns.remove(key);
-        if let Phase::Sse { sub } = conn.phase {
-            self.hub.remove(sub);
+        match &conn.phase {
+            Phase::Sse { sub } => self.hub.remove(*sub),
+            Phase::Ws(ws) => self.ws_release(key, ws),
+            _ => {}
         }
         let _ = conn.sock.deregister(self.poll.registry());
         if let Some(pipe) = conn.sock.memory() {
