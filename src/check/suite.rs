@@ -439,6 +439,22 @@ impl Ctx {
         self.advertises(&["replay", "all"]) == Some(&Value::Bool(true))
     }
 
+    /// The advertised replay buffer depth; `None` when the relay advertises none (it
+    /// keeps no buffer: AEP-0003 §5 makes one OPTIONAL and its advertisement a MUST).
+    fn buffer(&self) -> Option<u64> {
+        self.advertises(&["replay", "buffer"])
+            .and_then(Value::as_u64)
+            .filter(|b| *b > 0)
+    }
+
+    /// `Err(Skip)` when the relay keeps no replay buffer.
+    fn needs_buffer(&self) -> Result<u64, Verdict> {
+        match self.buffer() {
+            Some(b) => Ok(b),
+            None => skip("the relay advertises no replay buffer (AEP-0003 §5: OPTIONAL), so there is nothing to replay"),
+        }
+    }
+
     /// Posts `lines` as NDJSON batches (halving a batch answered 413); every batch must
     /// be answered 202.
     fn post(&mut self, lines: &[String]) -> Result<(), Verdict> {
@@ -725,20 +741,37 @@ impl Ctx {
                 a.show()
             );
         }
-        // A batch with one invalid line: rejected whole, or a per-line report.
+        // A batch with one invalid line: rejected whole, or a per-line report. A live
+        // watcher of the session tells which: after a 400 the batch's valid line must
+        // never arrive; a sentinel posted next marks the end of the wait.
         let good = synth(&s, 0, 3, "tool.completed", "");
+        let sentinel = synth(&s, 0, 4, "tool.completed", "");
+        let q = query(&[
+            ("filter", &json!({ "session": s }).to_string()),
+            ("from", &from(&s, 0, 0).to_string()),
+        ]);
+        let mut watch = self
+            .http
+            .sse_open(&format!("{}?{q}", self.stream_url()?), &[])?;
         let batch = format!("{good}\n{no_seq}\n");
         let a = self
             .http
             .post(&url, "application/x-ndjson", Some("0.1"), &batch)?;
         let batch_note = match a.status {
             400 => {
-                let items = self.replay_after(&s, 0, 0)?;
+                self.post(std::slice::from_ref(&sentinel))?;
+                let sid = format!("\"id\":\"{s}-0-4\"");
+                watch.read(|items| messages(items).iter().any(|(_, _, d)| d.contains(&sid)));
+                let got = messages(&watch.items);
                 ensure!(
-                    messages(&items).is_empty(),
-                    "a batch answered 400 was partly ingested: its valid line is in the session's replay"
+                    got.iter().any(|(_, _, d)| *d == sentinel),
+                    "the Event posted after the refused batch never reached a watcher of its session"
                 );
-                "a batch with an invalid line is rejected whole"
+                ensure!(
+                    !got.iter().any(|(_, _, d)| *d == good),
+                    "a batch answered 400 was partly ingested: its valid line was delivered"
+                );
+                "a batch with an invalid line is rejected whole (its valid line never delivered)"
             }
             207 => "a batch with an invalid line gets a per-line report (207)",
             _ => {
@@ -748,6 +781,7 @@ impl Ctx {
                 )))
             }
         };
+        drop(watch);
         Ok(format!(
             "400 invalid-event with a detail for 3 invalid Events; {batch_note}"
         ))
@@ -832,6 +866,8 @@ impl Ctx {
     }
 
     fn resume_sse(&mut self) -> Outcome {
+        self.stream_url()?;
+        self.needs_buffer()?;
         let s = self.session("resume");
         let seqs = [1u64, 2, 3, 5, 8, 9];
         let lines: Vec<String> = seqs
@@ -873,38 +909,46 @@ impl Ctx {
     fn capture_ceiling_sse(&mut self) -> Outcome {
         let s = self.session("capture");
         let lines = capture_lines(&s);
+        // Live subscriptions (with `from`, so a relay that answers the stream head early
+        // loses nothing): the ceilings apply at fan-out, buffer or not.
+        let mut streams = Vec::new();
+        for ceiling in ["metadata", "redacted", "none"] {
+            let q = query(&[
+                ("filter", &json!({ "session": s }).to_string()),
+                ("from", &from(&s, 0, 0).to_string()),
+                ("capture", ceiling),
+            ]);
+            let url = format!("{}?{q}", self.stream_url()?);
+            streams.push((ceiling, self.http.sse_open(&url, &[])?));
+        }
         self.post(&lines)?;
-        let get = |this: &Self, ceiling: &str| -> Result<Vec<String>, Verdict> {
-            let items = this.replay(
-                &[
-                    ("from", from(&s, 0, 0).to_string()),
-                    ("capture", ceiling.to_string()),
-                ],
-                &[],
-            )?;
-            Ok(messages(&items)
+        let mut got: Vec<Vec<String>> = Vec::new();
+        for (ceiling, stream) in &mut streams {
+            stream.read(|items| messages(items).len() >= 3);
+            let g: Vec<String> = messages(&stream.items)
                 .into_iter()
                 .map(|(_, _, d)| d.to_string())
-                .collect())
-        };
-        let got = get(self, "metadata")?;
-        let refs: Vec<&str> = got.iter().map(String::as_str).collect();
+                .collect();
+            ensure!(
+                g.len() == 3,
+                "ceiling {ceiling}: {} of 3 Events arrived",
+                g.len()
+            );
+            got.push(g);
+        }
+        drop(streams);
+        let refs: Vec<&str> = got[0].iter().map(String::as_str).collect();
         expect_metadata_ceiling(&lines, &refs).map_err(|e| format!("ceiling metadata: {e}"))?;
 
-        let got = get(self, "redacted")?;
+        let red = &got[1];
         ensure!(
-            got.len() == 3,
-            "ceiling redacted: {} of 3 Events",
-            got.len()
-        );
-        ensure!(
-            got[0] == lines[0],
+            red[0] == lines[0],
             "ceiling redacted: a redacted-source Event must pass unchanged (AEP-0001 §8.2(e)), got {}",
-            short(&got[0])
+            short(&red[0])
         );
         expect_downleveled(
             &lines[1],
-            &got[1],
+            &red[1],
             "metadata",
             &["FULL-GATED", "REDACTED-GATED"],
             &["result_digest"],
@@ -913,9 +957,7 @@ impl Ctx {
             format!("ceiling redacted, full source (AEP-0001 §8.2(e): never mint redacted): {e}")
         })?;
 
-        let got = get(self, "none")?;
-        ensure!(got.len() == 3, "ceiling none: {} of 3 Events", got.len());
-        for (line, d) in lines.iter().zip(&got) {
+        for (line, d) in lines.iter().zip(&got[2]) {
             expect_downleveled(line, d, "none", &["GATED"], &[])
                 .map_err(|e| format!("ceiling none: {e}"))?;
         }
@@ -926,6 +968,7 @@ impl Ctx {
         if !self.replay_all_advertised() {
             return skip("replay.all is not advertised (AEP-0003 §5)");
         }
+        self.needs_buffer()?;
         let (a, b) = (self.session("all-a"), self.session("all-b"));
         let lines = self.post_replay_all(&a, &b)?;
         let filter = json!({ "session": [a, b] });
@@ -951,11 +994,7 @@ impl Ctx {
     /// Posts the replay-all sessions: `a` with up to 3 Events, `b` with up to 2 (never
     /// more than the advertised buffer, so everything is held).
     fn post_replay_all(&mut self, a: &str, b: &str) -> Result<Vec<String>, Verdict> {
-        let buffer = self
-            .advertises(&["replay", "buffer"])
-            .and_then(Value::as_u64)
-            .unwrap_or(3);
-        ensure!(buffer > 0, "replay.all is advertised with a buffer of 0");
+        let buffer = self.needs_buffer()?;
         let na = buffer.min(3);
         let nb = buffer.min(2);
         let mut lines: Vec<String> = (1..=na)
@@ -1163,6 +1202,8 @@ impl Ctx {
     }
 
     fn ws_resume(&mut self) -> Outcome {
+        self.socket_url()?;
+        self.needs_buffer()?;
         let s = self.session("ws-resume");
         let lines: Vec<String> = (1..=5)
             .map(|q| synth(&s, 0, q, "tool.completed", ""))
@@ -1202,13 +1243,14 @@ impl Ctx {
     fn ws_capture_ceiling(&mut self) -> Outcome {
         let s = self.session("ws-capture");
         let lines = capture_lines(&s);
-        self.post(&lines)?;
+        // Subscribed first: the ceiling applies at fan-out, buffer or not.
         let mut ws = self.ws_hello("consumer", json!({}))?;
         let pending = self.subscribe(
             &mut ws,
             "c-1",
             json!({ "filter": { "session": s }, "from": from(&s, 0, 0), "capture": "metadata" }),
         )?;
+        self.post(&lines)?;
         let got = self.ws_events(&mut ws, pending, 3, None)?;
         let refs: Vec<&str> = got.iter().map(String::as_str).collect();
         expect_metadata_ceiling(&lines, &refs)?;
@@ -1221,6 +1263,7 @@ impl Ctx {
         if !self.replay_all_advertised() {
             return skip("replay.all is not advertised (AEP-0003 §5)");
         }
+        self.needs_buffer()?;
         let (a, b) = (self.session("ws-all-a"), self.session("ws-all-b"));
         let lines = self.post_replay_all(&a, &b)?;
         let mut ws = self.ws_hello("consumer", json!({}))?;
@@ -1352,9 +1395,26 @@ impl Ctx {
         Ok("id echoed; one entry for the live claim with agent, instance, control and emits verbatim; an emitter's request refused unauthorized in-band; the entry gone once the claimant closed".into())
     }
 
+    /// A live SSE watcher of `session` (opened with `from`, so nothing is lost to a race).
+    fn watch(&self, session: &str) -> Result<super::client::SseStream, Verdict> {
+        let q = query(&[
+            ("filter", &json!({ "session": session }).to_string()),
+            ("from", &from(session, 0, 0).to_string()),
+        ]);
+        Ok(self
+            .http
+            .sse_open(&format!("{}?{q}", self.stream_url()?), &[])?)
+    }
+
     /// An emitter connection (with the token, when given) that claims `session` by
-    /// sending one Event, declaring `accepts`.
-    fn claimant(&mut self, session: &str, accepts: &[&str]) -> Result<(Ws, String), Verdict> {
+    /// sending one Event and declaring `accepts`; returns once `watch` saw that Event,
+    /// so the claim is in place.
+    fn claimant(
+        &mut self,
+        session: &str,
+        accepts: &[&str],
+        watch: &mut super::client::SseStream,
+    ) -> Result<Ws, Verdict> {
         let mut e = self.ws_hello(
             "emitter",
             json!({
@@ -1364,24 +1424,12 @@ impl Ctx {
         )?;
         let line = synth(session, 0, 1, "tool.completed", "");
         e.send_text(&line)?;
-        Ok((e, line))
-    }
-
-    /// Waits until `line` (sent by a claimant) shows up in its session's replay, so the
-    /// claim is in place.
-    fn await_claim(&self, session: &str, line: &str) -> Result<(), Verdict> {
-        let deadline = Instant::now() + self.opts.timeout;
-        loop {
-            let items = self.replay_after(session, 0, 0)?;
-            if messages(&items).iter().any(|(_, _, d)| *d == line) {
-                return Ok(());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the claimant's Event never reached the session's replay"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        watch.read(|items| messages(items).iter().any(|(_, _, d)| *d == line));
+        ensure!(
+            messages(&watch.items).iter().any(|(_, _, d)| *d == line),
+            "the claimant's Event never reached a watcher of its session"
+        );
+        Ok(e)
     }
 
     fn control_unauthenticated(&mut self) -> Outcome {
@@ -1396,8 +1444,8 @@ impl Ctx {
             Err(e) => return Err(Verdict::Fail(format!("cannot open {url} without a token: {e}"))),
             Ok(ws) => ws,
         };
-        let (mut e, line) = self.claimant(&k, &["control.cancel"])?;
-        self.await_claim(&k, &line)?;
+        let mut watch = self.watch(&k)?;
+        let mut e = self.claimant(&k, &["control.cancel"], &mut watch)?;
         sender.hello(
             "both",
             json!({ "identity": { "agent": "aep-relay-check-sender" } }),
@@ -1418,16 +1466,31 @@ impl Ctx {
                 );
             }
         }
-        let items = self.replay_after(&k, 0, 0)?;
+        // Nor did it reach observers: a sentinel posted after it arrives first.
+        let sentinel = synth(&k, 0, 2, "tool.completed", "");
+        self.post(std::slice::from_ref(&sentinel))?;
+        watch.read(|items| messages(items).iter().any(|(_, _, d)| *d == sentinel));
+        let seen = messages(&watch.items);
         ensure!(
-            !messages(&items).iter().any(|(_, _, d)| d.contains(&cmd_id)),
-            "the refused command entered the session's history"
+            seen.iter().any(|(_, _, d)| *d == sentinel),
+            "an Event posted after the command never reached the session's watcher"
         );
+        ensure!(
+            !seen.iter().any(|(_, _, d)| d.contains(&cmd_id)),
+            "the command sent over an unauthenticated connection was fanned out to observers"
+        );
+        let mut notes = "the live claimant never received it, nor did observers".to_string();
+        if self.buffer().is_some() {
+            let items = self.replay_after(&k, 0, 0)?;
+            ensure!(
+                !messages(&items).iter().any(|(_, _, d)| d.contains(&cmd_id)),
+                "the refused command entered the session's history"
+            );
+            notes.push_str("; not in the session's replay");
+        }
         e.close();
         sender.close();
-        Ok(format!(
-            "refused with error {code} (cause echoed); the live claimant never received it; not in the session's replay"
-        ))
+        Ok(format!("refused with error {code} (cause echoed); {notes}"))
     }
 
     fn control_no_route(&mut self) -> Outcome {
@@ -1461,13 +1524,16 @@ impl Ctx {
             "the refusal's code is {}, expected no-route: {refusal}",
             refusal["code"]
         );
+        sender.close();
+        if self.buffer().is_none() {
+            return Ok("error no-route with the command's id as cause (the relay keeps no replay buffer to compare)".into());
+        }
         let items = self.replay_after(&n, 0, 0)?;
         let refs: Vec<&String> = lines.iter().collect();
         expect_sse_lines(&items, &refs).map_err(|v| match v {
             Verdict::Fail(d) => Verdict::Fail(format!("the session's replay changed: {d}")),
             other => other,
         })?;
-        sender.close();
         Ok("error no-route with the command's id as cause; the session's replay is exactly its 2 Events".into())
     }
 
@@ -1479,8 +1545,9 @@ impl Ctx {
             );
         }
         let r = self.session("ctl-route");
-        let (mut e, line) = self.claimant(&r, &["control.cancel"])?;
-        self.await_claim(&r, &line)?;
+        let mut watch = self.watch(&r)?;
+        let mut e = self.claimant(&r, &["control.cancel"], &mut watch)?;
+        drop(watch);
         let mut sender = self.ws_hello(
             "both",
             json!({ "identity": { "agent": "aep-relay-check-sender" } }),
@@ -1530,15 +1597,7 @@ impl Ctx {
                 "needs --evict: floods a session past the advertised replay buffer (AEP-0003 §10)",
             );
         }
-        let Some(buffer) = self
-            .advertises(&["replay", "buffer"])
-            .and_then(Value::as_u64)
-        else {
-            return skip("no replay.buffer is advertised: there is no replay buffer to exhaust (AEP-0003 §5)");
-        };
-        if buffer == 0 {
-            return skip("the advertised replay buffer is 0");
-        }
+        let buffer = self.needs_buffer()?;
         if buffer > MAX_FLOOD {
             return skip(format!(
                 "the advertised buffer ({buffer}) is too large to flood; run the relay with a small buffer for --evict"
