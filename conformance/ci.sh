@@ -2,7 +2,7 @@
 # Self-certification over the wire (AEP-0003 §10): build aep-relay, start it with a small
 # replay buffer on 127.0.0.1:0, and run `aep-relay check --evict` against it twice, with
 # and without a bearer token. Fails unless both runs are all pass: no FAIL, and no SKIP
-# except, without a token, the two control checks that need one (AEP-0004 §4.1).
+# except, without a token, the three control checks that need one (AEP-0004 §4.1).
 #
 # Usage: conformance/ci.sh            (from anywhere; it cd's to the project root)
 # Env:   CARGO_TARGET_DIR             (honoured, as cargo does)
@@ -81,7 +81,7 @@ run_check() {
 token="ci-$RANDOM-$RANDOM-$$"
 
 start_relay "$reports/relay-open.log"
-run_check open 'control-no-route|control-route'
+run_check open 'control-no-route|control-route|control-ambiguous'
 stop_relay
 
 start_relay "$reports/relay-token.log" --token "$token"

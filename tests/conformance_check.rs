@@ -4,7 +4,7 @@
 //! JSON report, exit status).
 //!
 //! Nothing may fail, and nothing may be skipped but what a mode implies: without a token
-//! the two control checks that need one (AEP-0004 §4.1). With a token the run is all
+//! the three control checks that need one (AEP-0004 §4.1). With a token the run is all
 //! PASS.
 
 mod common;
@@ -18,7 +18,7 @@ use common::{RelayProcess, TestRelay};
 use serde_json::Value;
 
 /// Checks that need `--token` (AEP-0004 §4.1: control needs authentication).
-const NEED_TOKEN: [&str; 2] = ["control-no-route", "control-route"];
+const NEED_TOKEN: [&str; 3] = ["control-no-route", "control-route", "control-ambiguous"];
 
 fn assert_conformant(report: &Report) {
     let lines: Vec<String> = report.checks.iter().map(|c| c.line()).collect();

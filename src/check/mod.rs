@@ -75,6 +75,7 @@ pub const CHECKS: &[(&str, &str, &str)] = &[
     ("control-unauthenticated", "AEP-0004 §4.1, AEP-0003 §8.1", "a command never flows over an unauthenticated duplex connection"),
     ("control-no-route", "AEP-0004 §4.2, §8", "a command to a session with history but no live claimant gets no-route; the session's replay is untouched"),
     ("control-route", "AEP-0004 §4.4, §4.5", "a command reaches the session's one live claimant byte-identically"),
+    ("control-ambiguous", "AEP-0004 §4.5", "a command to a session with two live claimants is refused ambiguous and reaches neither"),
     ("evict-sse", "AEP-0003 §3.3 #3, §5, §10", "past the buffer, SSE resume announces replay-exhausted before delivery; every replayed payload is the posted line"),
     ("evict-ws", "AEP-0003 §5, §10", "past the buffer, WebSocket resume sends replay-exhausted before delivery; every replayed frame is the posted line"),
     ("evict-agree", "AEP-0003 §5", "both bindings name the same earliest held position"),

@@ -393,6 +393,7 @@ impl Ctx {
             "control-unauthenticated" => self.control_unauthenticated(),
             "control-no-route" => self.control_no_route(),
             "control-route" => self.control_route(),
+            "control-ambiguous" => self.control_ambiguous(),
             "evict-sse" => self.evict_sse(),
             "evict-ws" => self.evict_ws(),
             "evict-agree" => self.evict_agree(),
@@ -1412,17 +1413,18 @@ impl Ctx {
     fn claimant(
         &mut self,
         session: &str,
+        seq: u64,
         accepts: &[&str],
         watch: &mut super::client::SseStream,
     ) -> Result<Ws, Verdict> {
         let mut e = self.ws_hello(
             "emitter",
             json!({
-                "identity": { "agent": "aep-relay-check", "instance": format!("aep-relay-check/claimant-{}", std::process::id()) },
+                "identity": { "agent": "aep-relay-check", "instance": format!("aep-relay-check/claimant-{}-{seq}", std::process::id()) },
                 "capabilities": { "control": { "accepts": accepts }, "emits": ["tool"] }
             }),
         )?;
-        let line = synth(session, 0, 1, "tool.completed", "");
+        let line = synth(session, 0, seq, "tool.completed", "");
         e.send_text(&line)?;
         watch.read(|items| messages(items).iter().any(|(_, _, d)| *d == line));
         ensure!(
@@ -1445,7 +1447,7 @@ impl Ctx {
             Ok(ws) => ws,
         };
         let mut watch = self.watch(&k)?;
-        let mut e = self.claimant(&k, &["control.cancel"], &mut watch)?;
+        let mut e = self.claimant(&k, 1, &["control.cancel"], &mut watch)?;
         sender.hello(
             "both",
             json!({ "identity": { "agent": "aep-relay-check-sender" } }),
@@ -1546,7 +1548,7 @@ impl Ctx {
         }
         let r = self.session("ctl-route");
         let mut watch = self.watch(&r)?;
-        let mut e = self.claimant(&r, &["control.cancel"], &mut watch)?;
+        let mut e = self.claimant(&r, 1, &["control.cancel"], &mut watch)?;
         drop(watch);
         let mut sender = self.ws_hello(
             "both",
@@ -1586,6 +1588,53 @@ impl Ctx {
         e.close();
         sender.close();
         Ok("the one live claimant received the command byte-identically; the sender got no refusal".into())
+    }
+
+    fn control_ambiguous(&mut self) -> Outcome {
+        self.socket_url()?;
+        if self.opts.token.is_none() {
+            return skip(
+                "needs --token: control needs an authenticated connection (AEP-0004 §4.1)",
+            );
+        }
+        let a = self.session("ctl-ambiguous");
+        let mut watch = self.watch(&a)?;
+        let mut e1 = self.claimant(&a, 1, &["control.cancel"], &mut watch)?;
+        let mut e2 = self.claimant(&a, 2, &["control.cancel"], &mut watch)?;
+        drop(watch);
+        let mut sender = self.ws_hello(
+            "both",
+            json!({ "identity": { "agent": "aep-relay-check-sender" } }),
+        )?;
+        let cmd_id = format!("{a}-cmd");
+        sender.send_text(&command(
+            &a,
+            &cmd_id,
+            "control.cancel",
+            r#"{"scope":"session"}"#,
+        ))?;
+        let refusal = sender
+            .expect_reply("error", "cause", &cmd_id, &mut Vec::new())
+            .map_err(|e| format!("a command to a session with two live claimants: {e}"))?;
+        ensure!(
+            refusal["code"] == "ambiguous",
+            "the refusal's code is {}, expected ambiguous: {refusal}",
+            refusal["code"]
+        );
+        for (n, e) in [(1, &mut e1), (2, &mut e2)] {
+            for m in e.drain(Duration::from_millis(300))? {
+                if let Incoming::Event(v, _) = &m {
+                    ensure!(
+                        v["id"] != cmd_id.as_str(),
+                        "claimant {n} received a command the relay could not route to one target"
+                    );
+                }
+            }
+        }
+        e1.close();
+        e2.close();
+        sender.close();
+        Ok("two live claimants of one session: error ambiguous with the command's id as cause; neither claimant received it".into())
     }
 
     // -----------------------------------------------------------------------------------
