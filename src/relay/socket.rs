@@ -249,7 +249,8 @@ impl Relay {
                     }
                 }
             }
-            last.push(frames::closing(reason, delivered));
+            let dropped = self.conns.get(key).map_or(0, |c| c.dropped);
+            last.push(frames::closing(reason, delivered, dropped));
         }
         last.push(frame::close(code, reason));
         self.ws_shut(key, &last);
