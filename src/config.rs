@@ -67,6 +67,10 @@ pub struct Config {
     pub max_connections: usize,
     /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
     pub max_output_bytes: usize,
+    /// JSONL ingest sources (`--stdin`, `--ingest-file`; AEP-0003 §3.1). None by default.
+    pub jsonl: crate::jsonl::JsonlConfig,
+    /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
+    pub history: Option<crate::history::HistoryConfig>,
 }
 
 impl Default for Config {
@@ -86,6 +90,8 @@ impl Default for Config {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
+            jsonl: Default::default(),
+            history: None,
         }
     }
 }

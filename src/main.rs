@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cli;
+
 /// A relay for the Agent Event Protocol: HTTP POST ingest, SSE fan-out with attr-match
 /// filters, per-session replay and capture ceilings.
 #[derive(Parser, Debug)]
@@ -49,6 +51,12 @@ struct Cli {
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
+    /// JSONL ingest and durable history (issue 5).
+    #[command(flatten)]
+    ingest: cli::IngestArgs,
+    /// `tail`, `validate`; none runs the relay.
+    #[command(subcommand)]
+    command: Option<cli::Command>,
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -71,6 +79,8 @@ impl Cli {
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
+            jsonl: self.ingest.jsonl(),
+            history: self.ingest.history(),
         })
     }
 }
@@ -86,8 +96,11 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging();
+    if let Some(cmd) = cli.command.take() {
+        return cli::run(cmd);
+    }
     let config = match cli.config() {
         Ok(c) => c,
         Err(e) => {

@@ -48,6 +48,12 @@ pub enum StartError {
         /// The OS error.
         source: io::Error,
     },
+    /// The history directory (`--history`) cannot be opened (JSONL and history, issue 5).
+    #[error(transparent)]
+    History(#[from] crate::history::HistoryError),
+    /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
+    #[error("cannot start JSONL ingest: {0}")]
+    Jsonl(io::Error),
 }
 
 /// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
@@ -80,6 +86,15 @@ pub enum Refusal {
         /// The command type.
         event_type: String,
     },
+    /// The durable history (`--history`) could not keep the Events, so none of them was
+    /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
+    #[error(
+        "the relay's history cannot keep these Events, so none was accepted; retry later: {detail}"
+    )]
+    HistoryUnavailable {
+        /// The failed operation and the OS error.
+        detail: String,
+    },
 }
 
 impl Refusal {
@@ -89,6 +104,7 @@ impl Refusal {
             Refusal::InvalidEvent { .. } => 400,
             Refusal::TooManyEvents { .. } => 413,
             Refusal::Command { .. } => 403,
+            Refusal::HistoryUnavailable { .. } => 503,
         }
     }
 
@@ -98,6 +114,7 @@ impl Refusal {
             Refusal::InvalidEvent { .. } => "invalid-event",
             Refusal::TooManyEvents { .. } => "too-many-events",
             Refusal::Command { .. } => "forbidden",
+            Refusal::HistoryUnavailable { .. } => "history-unavailable",
         }
     }
 
@@ -152,6 +169,10 @@ pub struct Relay {
     memory_closed: Vec<(usize, Vec<u8>)>,
     /// Events accepted since start.
     ingested: u64,
+    /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
+    jsonl: Option<crate::jsonl::Ingest>,
+    /// The durable history (`--history`), when configured.
+    history: Option<crate::history::History>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -181,7 +202,22 @@ impl Relay {
             .map_err(io_err)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err)?);
         let now = Instant::now();
-        let store = Store::new(config.buffer_per_session, config.max_sessions);
+        let mut store = Store::new(config.buffer_per_session, config.max_sessions);
+        // JSONL and history (issue 5): rebuild the replay buffers, then start the sources.
+        let history = match &config.history {
+            Some(h) => {
+                let (h, st) = crate::history::History::open(h.clone(), &mut store)?;
+                log::info!(
+                    "history {}: {} of {} session files read, {} Events offered to the replay buffers, {} invalid and {} torn lines skipped (fsync {})",
+                    h.config().dir.display(), st.files_read, st.files, st.events, st.invalid, st.torn, h.config().fsync
+                );
+                Some(h)
+            }
+            None => None,
+        };
+        let jsonl =
+            crate::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
+                .map_err(StartError::Jsonl)?;
         Ok(Relay {
             poll,
             events: Events::with_capacity(1024),
@@ -199,6 +235,8 @@ impl Relay {
             scratch: vec![0; 64 * 1024],
             memory_closed: Vec::new(),
             ingested: 0,
+            jsonl,
+            history,
             config,
         })
     }
@@ -269,7 +307,7 @@ impl Relay {
         for (token, readable, writable) in ready {
             match token {
                 LISTENER => self.accept(),
-                WAKER => {}
+                WAKER => self.on_wake(),
                 Token(t) => {
                     let key = t - FIRST_CONN;
                     if readable {
@@ -776,11 +814,51 @@ impl Relay {
             }
         }
         let n = ok.len();
+        // Kept in the history before it is published or answered (issue 5).
+        self.persist(&ok)?;
         for ev in ok {
             self.publish(ev);
         }
         Ok(n)
     }
+
+    // ---- JSONL ingest and durable history (issue 5; src/jsonl.rs, src/history.rs) ----
+
+    /// Appends a batch of valid Events to the history, when one is configured. Called
+    /// before the batch is published or answered.
+    fn persist(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+        let Some(h) = self.history.as_mut() else {
+            return Ok(());
+        };
+        h.append_batch(events, &self.store)
+            .map(|_| ())
+            .map_err(|e| Refusal::HistoryUnavailable {
+                detail: e.to_string(),
+            })
+    }
+
+    /// Ingests what the JSONL sources read: per chunk, history append then publish.
+    fn on_wake(&mut self) {
+        let Some(mut jsonl) = self.jsonl.take() else {
+            return;
+        };
+        let stop = jsonl.drain(Instant::now(), |events| {
+            self.persist(events)?;
+            for ev in events {
+                self.publish(ev.clone());
+            }
+            Ok::<(), Refusal>(())
+        });
+        if stop {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        if jsonl.more_ready() {
+            let _ = self.waker.wake();
+        }
+        self.jsonl = Some(jsonl);
+    }
+
+    // ---- end of JSONL ingest and durable history ----
 
     /// Ingests Events in-process, exactly as `POST /events` with
     /// `application/x-ndjson` would (all or nothing).
@@ -880,6 +958,7 @@ impl Relay {
 
     /// Timers: heartbeats, request and idle timeouts, lingering closes.
     fn tick(&mut self, now: Instant) {
+        self.on_wake(); // JSONL: retry a chunk the history refused (issue 5)
         let mut expired = Vec::new();
         let mut slow = Vec::new();
         for (key, conn) in self.conns.iter_mut() {
