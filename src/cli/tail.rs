@@ -354,6 +354,8 @@ pub fn run(args: TailArgs) -> ExitCode {
                         "aep-relay tail: reconnected; resuming from {}",
                         from.as_deref().unwrap_or("live (no position printed yet)")
                     );
+                } else {
+                    eprintln!("aep-relay tail: following {url}");
                 }
                 down_since_reported = false;
                 backoff = BACKOFF_MIN;

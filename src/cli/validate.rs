@@ -114,8 +114,9 @@ pub fn run(args: ValidateArgs) -> ExitCode {
             Ok(c) => {
                 if files.len() > 1 {
                     eprintln!(
-                        "{label}: {} lines, {} valid, {} invalid",
+                        "{label}: {} line{}, {} valid, {} invalid",
                         c.lines,
+                        if c.lines == 1 { "" } else { "s" },
                         c.lines - c.invalid,
                         c.invalid
                     );
