@@ -28,7 +28,14 @@ fn resume(relay: &Relay, session: &str, seq: u64) -> (Vec<String>, Vec<String>) 
 fn a_sigkilled_relay_restarts_with_the_exact_tail() {
     let dir = temp_dir("restart");
     let h = dir.join("h");
-    let args = ["--history", h.to_str().unwrap(), "--buffer", "5"];
+    let args = [
+        "--history",
+        h.to_str().unwrap(),
+        "--buffer",
+        "5",
+        "--fsync",
+        "batch",
+    ];
     let mut relay = Relay::spawn(&args);
     let lines: Vec<String> = (0..12).map(|i| ev("a", "s", i)).collect();
     for chunk in lines.chunks(4) {
@@ -37,7 +44,7 @@ fn a_sigkilled_relay_restarts_with_the_exact_tail() {
     let heartbeat = r#"{"aep":"0.1","id":"hb","type":"agent.heartbeat","time":"2026-07-03T10:00:00Z","source":"aep://test/agent/a","agent":"a"}"#;
     relay.post_ok(&[heartbeat.to_string()]);
     // A redelivery is not written twice.
-    relay.post_ok(&lines[10..].to_vec());
+    relay.post_ok(&lines[10..]);
     assert_eq!(
         fs::read_to_string(h.join("a/s.jsonl")).unwrap(),
         lines.join("\n") + "\n",
@@ -87,7 +94,7 @@ fn a_torn_last_line_is_ignored_and_cut_off() {
     });
     assert_eq!(relay.replay_all(), lines);
     let next = ev("a", "s", 3);
-    relay.post_ok(&[next.clone()]);
+    relay.post_ok(std::slice::from_ref(&next));
     let mut want = lines.clone();
     want.push(next);
     assert_eq!(fs::read_to_string(&file).unwrap(), want.join("\n") + "\n");
@@ -210,7 +217,7 @@ fn an_unwritable_history_answers_503_and_keeps_nothing_of_the_batch() {
     let relay = Relay::spawn(&["--history", h.to_str().unwrap()]);
     let mut live = relay.sse("");
     let ok0 = ev("a", "ok", 0);
-    relay.post_ok(&[ok0.clone()]);
+    relay.post_ok(std::slice::from_ref(&ok0));
     assert_eq!(live.expect().data, ok0);
 
     let ok1 = ev("a", "ok", 1);
@@ -229,7 +236,7 @@ fn an_unwritable_history_answers_503_and_keeps_nothing_of_the_batch() {
     );
     // Nothing of the refused batches was published or buffered.
     let ok2 = ev("a", "ok", 2);
-    relay.post_ok(&[ok2.clone()]);
+    relay.post_ok(std::slice::from_ref(&ok2));
     assert_eq!(
         live.expect().data,
         ok2,

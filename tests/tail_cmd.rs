@@ -76,7 +76,7 @@ fn from_all_resumes_across_a_relay_restart_without_duplicates_or_gaps() {
         l.contains("aep-relay tail: reconnected; resuming from all")
     });
     let sentinel = ev("a", "s", 8);
-    relay.post_ok(&[sentinel.clone()]);
+    relay.post_ok(std::slice::from_ref(&sentinel));
     let n = want.len() + more.len() + 1;
     let lines = tail.out.wait_count(n, "the resumed stream");
     assert_eq!(
@@ -128,7 +128,7 @@ fn live_tail_resumes_from_its_last_positions_after_a_restart() {
         l.contains(r#"resuming from [{"session":"s","epoch":0,"seq":2}]"#)
     });
     let sentinel = ev("a", "s", 6);
-    relay.post_ok(&[sentinel.clone()]);
+    relay.post_ok(std::slice::from_ref(&sentinel));
     let lines = tail.out.wait_count(7, "the resumed stream");
     let want: Vec<String> = (0..7).map(|i| ev("a", "s", i)).collect();
     assert_eq!(lines, want, "no duplicate, no gap, in order");

@@ -54,8 +54,9 @@ pub struct IngestArgs {
     /// rebuild the replay buffers from it at start.
     #[arg(long, env = "AEP_HISTORY", value_name = "DIR")]
     history: Option<PathBuf>,
-    /// When history appends are forced to disk: never; batch (each request or chunk of
-    /// lines, before it is answered); always (each Event).
+    /// When history appends are forced to disk: never (survives relay crashes, not power
+    /// loss); batch (each request or chunk of lines, before it is answered); always (each
+    /// Event). batch/always cost a device flush each (milliseconds) on the relay's thread.
     #[arg(long, env = "AEP_FSYNC", value_name = "POLICY", default_value_t = history::DEFAULT_FSYNC,
           value_parser = clap::builder::PossibleValuesParser::new(["never", "batch", "always"])
               .map(|s| s.parse::<Fsync>().expect("a listed value")))]

@@ -19,9 +19,12 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_aep-relay")
 }
 
+/// The lines so far, and whether the pipe has closed.
+type Shared = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;
+
 /// Lines a child wrote to one of its pipes, collected by a thread.
 #[derive(Clone, Default)]
-pub struct Lines(Arc<(Mutex<(Vec<String>, bool)>, Condvar)>);
+pub struct Lines(Shared);
 
 impl Lines {
     /// Starts collecting `pipe`, echoing each line to the test's stderr with `tag`.
