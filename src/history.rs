@@ -180,6 +180,16 @@ pub enum HistoryError {
     Config(String),
 }
 
+impl HistoryError {
+    /// The reason without the path, for an emitter (the server log has the path).
+    pub fn reason(&self) -> String {
+        match self {
+            HistoryError::Io { source, .. } => source.to_string(),
+            HistoryError::Config(s) => s.clone(),
+        }
+    }
+}
+
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> HistoryError + '_ {
     move |source| HistoryError::Io {
         path: path.to_path_buf(),
@@ -345,7 +355,13 @@ pub struct History {
     clock: u64,
     /// Events appended since start.
     appended: u64,
+    /// When a failure was last logged, and failures not logged since (rate limit).
+    last_logged: Option<std::time::Instant>,
+    unlogged: u64,
 }
+
+/// At most one history failure is logged per this interval (the rest are counted).
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl fmt::Debug for History {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -463,6 +479,8 @@ impl History {
                 open: HashMap::new(),
                 clock: 0,
                 appended: 0,
+                last_logged: None,
+                unlogged: 0,
             },
             stats,
         ))
@@ -535,6 +553,23 @@ impl History {
                 Ok(written)
             }
             Err(e) => {
+                let now = std::time::Instant::now();
+                if self
+                    .last_logged
+                    .map_or(true, |t| now.duration_since(t) >= LOG_EVERY)
+                {
+                    log::error!(
+                        "{e}: a batch of {} Events was refused (503 history-unavailable){}",
+                        events.len(),
+                        match std::mem::take(&mut self.unlogged) {
+                            0 => String::new(),
+                            n => format!("; {n} more failures since the last report"),
+                        }
+                    );
+                    self.last_logged = Some(now);
+                } else {
+                    self.unlogged += 1;
+                }
                 self.roll_back(&touched);
                 Err(e)
             }

@@ -832,9 +832,7 @@ impl Relay {
         };
         h.append_batch(events, &self.store)
             .map(|_| ())
-            .map_err(|e| Refusal::HistoryUnavailable {
-                detail: e.to_string(),
-            })
+            .map_err(|e| Refusal::HistoryUnavailable { detail: e.reason() })
     }
 
     /// Ingests what the JSONL sources read: per chunk, history append then publish.
