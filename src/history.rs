@@ -78,6 +78,15 @@
 //! unterminated last line (a crash or a full disk mid-write) is ignored with a warning and
 //! cut off, so the next append starts on a fresh line; other invalid lines are skipped
 //! with a warning naming the file and line (or byte offset).
+//!
+//! Foreign-emitter Events (commands, `attention.routed`: session-scoped, no `seq`) are
+//! written to their emitter's file, not the session owner's, so their arrival order
+//! relative to the session's own Events is not on disk. They are admitted after every
+//! sequenced Event, which anchors them at their session's high-water: a consumer resuming
+//! after the restart gets them (perhaps again: delivery is at-least-once and consumers
+//! dedupe on `(source, id)`, AEP-0001 §7.4), never loses them; within a session they now
+//! come after the sequenced Events, where live they came at their arrival point. The
+//! sequenced tail and its `replay-exhausted` answers are exactly as before the restart.
 
 use crate::envelope::{Event, Scope};
 use crate::store::Store;
@@ -779,10 +788,21 @@ fn rebuild(dir: &Path, store: &mut Store<Event>) -> Result<RebuildStats, History
         .buffer_per_session()
         .saturating_mul(2)
         .saturating_add(16);
+    let mut foreign = Vec::new();
     for (_, path) in files {
-        match load_file(&path, store, window, &mut stats) {
+        match load_file(&path, store, window, &mut stats, &mut foreign) {
             Ok(()) => stats.files_read += 1,
             Err(e) => log::warn!("history {}: cannot read: {e}; skipped", path.display()),
+        }
+    }
+    // Foreign-emitter Events live in their emitter's file, so their arrival order against
+    // the session's own Events is unknown here: placed after them (anchored at the
+    // session's high-water), a resume after the restart delivers them, perhaps again
+    // (AEP-0001 §7.4), and never loses one.
+    for ev in foreign {
+        let held = ev.session().is_some_and(|s| store.session(s).is_some());
+        if held || store.session_count() < store.max_sessions() {
+            store.admit(&ev);
         }
     }
     Ok(stats)
@@ -793,6 +813,7 @@ fn load_file(
     store: &mut Store<Event>,
     window: usize,
     stats: &mut RebuildStats,
+    foreign: &mut Vec<Arc<Event>>,
 ) -> io::Result<()> {
     let mut file = match OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => f,
@@ -812,7 +833,7 @@ fn load_file(
         }
     }
     let start = tail_start(&mut file, end, window)?;
-    let sessions = load_range(&mut file, path, start, end, store, stats)?;
+    let sessions = load_range(&mut file, path, start, end, store, stats, foreign)?;
     if start > 0 {
         // The window must make the store evict, or a resume from before it would not be
         // told `replay-exhausted`: read the whole file when it did not.
@@ -822,7 +843,7 @@ fn load_file(
                 .is_some_and(|i| i.evicted_high.is_none() && i.events < store.buffer_per_session())
         });
         if unfilled {
-            load_range(&mut file, path, 0, start, store, stats)?;
+            load_range(&mut file, path, 0, start, store, stats, foreign)?;
         }
     }
     Ok(())
@@ -836,6 +857,7 @@ fn load_range(
     end: u64,
     store: &mut Store<Event>,
     stats: &mut RebuildStats,
+    foreign: &mut Vec<Arc<Event>>,
 ) -> io::Result<HashSet<String>> {
     let mut sessions = HashSet::new();
     file.seek(SeekFrom::Start(start))?;
@@ -858,7 +880,11 @@ fn load_range(
                         }
                     }
                     stats.events += 1;
-                    store.admit(&Arc::new(ev));
+                    if ev.scope() == Scope::Foreign {
+                        foreign.push(Arc::new(ev));
+                    } else {
+                        store.admit(&Arc::new(ev));
+                    }
                 }
                 Err(e) => {
                     stats.invalid += 1;
@@ -1028,6 +1054,56 @@ mod tests {
         let mut got = Vec::new();
         let marker = fresh.replay_after("s", (0, 10), &mut |e| got.push(e.seq().unwrap()));
         assert_eq!((got, marker), (vec![98, 99], Some((0, 98))));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn foreign_events_from_another_file_are_never_lost_on_rebuild() {
+        let dir = tmp("foreign");
+        let cfg = HistoryConfig {
+            fsync: Fsync::Never,
+            ..HistoryConfig::new(&dir)
+        };
+        let mut live = Store::new(10, 10);
+        let (mut h, _) = History::open(cfg.clone(), &mut live).unwrap();
+        let routed = serde_json::json!({
+            "aep": "0.1", "id": "r1", "type": "attention.routed", "time": "2026-07-03T10:00:00Z",
+            "source": "aep://t/agent/router", "agent": "router", "session": "s", "subject": "x"
+        });
+        let routed = Arc::new(Event::parse(Bytes::from(routed.to_string())).unwrap());
+        let mut arrivals: Vec<Arc<Event>> = (0..2).map(|i| ev("a", "s", i)).collect();
+        arrivals.push(routed.clone());
+        arrivals.extend((2..5).map(|i| ev("a", "s", i)));
+        for e in &arrivals {
+            h.append_batch(std::slice::from_ref(e), &live).unwrap();
+            live.admit(e);
+        }
+        let ids = |st: &Store<Event>, after| {
+            let mut v = Vec::new();
+            st.replay_after("s", (0, after), &mut |e| v.push(e.id().to_string()));
+            v
+        };
+        assert_eq!(ids(&live, 1), ["r1", "s-2", "s-3", "s-4"]);
+        // The router's file was last written before the session's own file.
+        for (f, secs) in [("router/s.jsonl", 1_000_000), ("a/s.jsonl", 1_000_010)] {
+            File::options()
+                .write(true)
+                .open(dir.join(f))
+                .unwrap()
+                .set_modified(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+                .unwrap();
+        }
+        let mut rebuilt = Store::new(10, 10);
+        History::open(cfg, &mut rebuilt).unwrap();
+        for after in 0..5 {
+            let got = ids(&rebuilt, after);
+            for want in ids(&live, after) {
+                assert!(
+                    got.contains(&want),
+                    "resume from {after}: {want} lost: {got:?}"
+                );
+            }
+        }
         let _ = fs::remove_dir_all(&dir);
     }
 
