@@ -13,7 +13,9 @@
 //!   client-side), so every held session is caught up, including sessions that began
 //!   while `tail` was disconnected;
 //! - otherwise: `from=[{session, epoch, seq}, …]` with the last printed position of every
-//!   session printed so far, and the `--from` positions of sessions not printed yet.
+//!   session printed so far (the 1000 most recent when more: the relay's default
+//!   `AEP_MAX_FROM`, with a warning), and the `--from` positions of sessions not printed
+//!   yet.
 //!   (A session whose first Event arrives while `tail` is disconnected is not named; use
 //!   `--from all` to catch those too.)
 //!
@@ -36,6 +38,8 @@ use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// Most positions one resume names: the relay's default `AEP_MAX_FROM`.
+const MAX_FROM: usize = aep_relay::config::DEFAULT_MAX_FROM;
 /// How many position-less Events are remembered for de-duplication.
 const FOREIGN_WINDOW: usize = 65_536;
 /// First and longest pause between reconnection attempts.
@@ -84,6 +88,9 @@ pub struct TailArgs {
 struct Progress {
     /// Highest printed `(epoch, seq)` per session.
     last: HashMap<String, (u64, u64)>,
+    /// When each session last printed (a counter), to name the most recent on resume.
+    recency: HashMap<String, u64>,
+    clock: u64,
     /// `(source, id)` of recently printed Events without a position.
     foreign: HashSet<(String, String)>,
     foreign_order: VecDeque<(String, String)>,
@@ -95,6 +102,13 @@ impl Progress {
     fn admit(&mut self, id: Option<&str>, data: &[u8], resume_filter: bool) -> bool {
         if let Some(p) = id.and_then(sse::parse_last_event_id) {
             let pos = (p.epoch, p.seq);
+            self.clock += 1;
+            match self.recency.get_mut(&p.session) {
+                Some(t) => *t = self.clock,
+                None => {
+                    self.recency.insert(p.session.clone(), self.clock);
+                }
+            }
             match self.last.get_mut(&p.session) {
                 Some(last) => {
                     if resume_filter && pos <= *last {
@@ -165,7 +179,24 @@ impl Tail {
                         .collect(),
                     _ => Vec::new(),
                 };
-                map.extend(self.progress.last.iter().map(|(s, p)| (s.clone(), *p)));
+                let mut seen: Vec<(u64, &String, (u64, u64))> = self
+                    .progress
+                    .last
+                    .iter()
+                    .map(|(s, p)| (self.progress.recency.get(s).copied().unwrap_or(0), s, *p))
+                    .collect();
+                // The relay answers a longer `from` with 400 limit-exceeded: name the most
+                // recently printed sessions (the others may miss Events while away).
+                let room = MAX_FROM.saturating_sub(map.len());
+                if seen.len() > room {
+                    eprintln!(
+                        "aep-relay tail: {} sessions printed; resuming the {room} most recent (AEP_MAX_FROM), the others may miss Events (use --from all)",
+                        seen.len()
+                    );
+                    seen.sort_by_key(|e| std::cmp::Reverse(e.0));
+                    seen.truncate(room);
+                }
+                map.extend(seen.into_iter().map(|(_, s, p)| (s.clone(), p)));
                 if map.is_empty() {
                     return (None, false);
                 }
@@ -434,5 +465,32 @@ mod tests {
         t.pump(again.as_bytes(), &mut out, filter);
         assert_eq!(out, b"{\"a\":2}\n");
         assert!(t.request_url(&Some("all".into())).ends_with("?from=all"));
+    }
+
+    #[test]
+    fn a_resume_names_at_most_max_from_sessions_the_most_recent() {
+        let mut t = Tail {
+            stream_url: "http://x/stream".into(),
+            filter: None,
+            capture: None,
+            initial: From::Live,
+            token: None,
+            live: true,
+            agent: ureq::agent(),
+            progress: Progress::default(),
+        };
+        for i in 0..1500 {
+            assert!(t.progress.admit(Some(&format!("s{i}:0:1")), b"{}", false));
+        }
+        let (from, _) = t.next_from(true);
+        let v: serde_json::Value = serde_json::from_str(&from.unwrap()).unwrap();
+        let names: Vec<&str> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["session"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), MAX_FROM);
+        assert!(!names.contains(&"s499") && names.contains(&"s500") && names.contains(&"s1499"));
     }
 }
