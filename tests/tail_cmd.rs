@@ -173,6 +173,11 @@ fn a_refused_request_exits_2_with_the_relays_answer() {
         "{err:#?}"
     );
     assert_eq!(tail.child.wait().unwrap().code(), Some(2));
+    // --live=0 against nothing: no endless retry.
+    let addr = relay.addr.to_string();
+    drop(relay);
+    let mut gone = Tail::spawn(&[&format!("http://{addr}"), "--live=0"]);
+    assert_eq!(gone.child.wait().unwrap().code(), Some(1));
     let mut bad = Tail::spawn(&["https://example.invalid"]);
     assert_eq!(bad.child.wait().unwrap().code(), Some(2));
     bad.err

@@ -25,9 +25,10 @@
 //! twice and none is missed while the relay still holds it; when it no longer does, the
 //! relay says `replay-exhausted` and `tail` reports it on standard error.
 //!
-//! Exit status: 0 at the end of a `--live=0` replay (or when standard output is closed),
-//! 2 for a refused request (400 `invalid-filter`, 401, 403, 404, …: retrying would not
-//! help) or bad arguments. Everything else is retried.
+//! Exit status: 0 at the end of a `--live=0` replay (or when standard output is closed);
+//! 1 when `--live=0` cannot reach the relay at all (a live `tail` keeps trying, like
+//! `tail -F`); 2 for a refused request (400 `invalid-filter`, 401, 403, 404, …: retrying
+//! would not help) or bad arguments. Everything else is retried.
 
 use aep_relay::envelope::{Capture, Event, Scope};
 use aep_relay::sse::{self, From};
@@ -371,6 +372,7 @@ pub fn run(args: TailArgs) -> ExitCode {
     let mut resumed = false;
     let mut backoff = BACKOFF_MIN;
     let mut down_since_reported = false;
+    let mut ever_connected = false;
     loop {
         let (from, filter) = tail.next_from(resumed);
         let url = tail.request_url(&from);
@@ -389,6 +391,7 @@ pub fn run(args: TailArgs) -> ExitCode {
                     eprintln!("aep-relay tail: following {url}");
                 }
                 down_since_reported = false;
+                ever_connected = true;
                 backoff = BACKOFF_MIN;
                 match tail.pump(resp.into_reader(), &mut out, filter) {
                     End::OutputClosed => return ExitCode::SUCCESS,
@@ -408,6 +411,10 @@ pub fn run(args: TailArgs) -> ExitCode {
                     let _ = out.flush();
                     return fail(format!("{url}: HTTP {code}: {}", body.trim()));
                 }
+            }
+            Err(e) if !tail.live && !ever_connected => {
+                eprintln!("aep-relay tail: {url}: {e}");
+                return ExitCode::from(1);
             }
             Err(e) => e.to_string(),
         };
