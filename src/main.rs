@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cli;
+
 /// A relay for the Agent Event Protocol: HTTP POST ingest, SSE fan-out with attr-match
 /// filters, per-session replay and capture ceilings.
 #[derive(Parser, Debug)]
@@ -85,6 +87,12 @@ struct Cli {
     /// stands in front). AEP-0003 §8.1 requires both for any off-host binding.
     #[arg(long, env = "AEP_ALLOW_INSECURE_OFF_HOST")]
     allow_insecure_off_host: bool,
+    /// JSONL ingest and durable history (issue 5).
+    #[command(flatten)]
+    ingest: cli::IngestArgs,
+    /// `tail`, `validate`; none runs the relay.
+    #[command(subcommand)]
+    command: Option<cli::Command>,
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -119,6 +127,8 @@ impl Cli {
                 _ => None,
             },
             allow_insecure_off_host: self.allow_insecure_off_host,
+            jsonl: self.ingest.jsonl(),
+            history: self.ingest.history(),
         })
     }
 
@@ -149,8 +159,11 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging();
+    if let Some(cmd) = cli.command.take() {
+        return cli::run(cmd);
+    }
     let config = match cli.config() {
         Ok(c) => c,
         Err(e) => {
