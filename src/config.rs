@@ -112,6 +112,10 @@ pub struct Config {
     /// TLS-terminating proxy in front (`--allow-insecure-off-host`). Off by default:
     /// AEP-0003 §8.1 requires TLS and a bearer token for any off-host binding.
     pub allow_insecure_off_host: bool,
+    /// JSONL ingest sources (`--stdin`, `--ingest-file`; AEP-0003 §3.1). None by default.
+    pub jsonl: crate::jsonl::JsonlConfig,
+    /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
+    pub history: Option<crate::history::HistoryConfig>,
 }
 
 impl Default for Config {
@@ -140,6 +144,8 @@ impl Default for Config {
             #[cfg(feature = "tls")]
             tls: None,
             allow_insecure_off_host: false,
+            jsonl: Default::default(),
+            history: None,
         }
     }
 }

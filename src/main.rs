@@ -1,18 +1,21 @@
 //! The `aep-relay` binary: flags and `AEP_*` environment variables → [`Config`] →
 //! [`Relay::run`]. Precedence: flag, then environment, then the documented default.
 //!
-//! Subcommands do something else instead of running the relay: `aep-relay check URL`
-//! checks a running relay's conformance over the wire ([`aep_relay::check`]).
+//! Subcommands (`src/cli`) do something else instead of running the relay: `tail`,
+//! `validate`, and `check URL`, which checks a running relay's conformance over the wire
+//! ([`aep_relay::check`]).
 
 use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
 use aep_relay::Relay;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
+
+mod cli;
 
 /// A relay for the Agent Event Protocol: HTTP POST ingest, SSE fan-out with attr-match
 /// filters, per-session replay and capture ceilings.
@@ -88,18 +91,12 @@ struct Cli {
     /// stands in front). AEP-0003 §8.1 requires both for any off-host binding.
     #[arg(long, env = "AEP_ALLOW_INSECURE_OFF_HOST")]
     allow_insecure_off_host: bool,
-    /// A command instead of running the relay; none runs the relay.
+    /// JSONL ingest and durable history (issue 5).
+    #[command(flatten)]
+    ingest: cli::IngestArgs,
+    /// `tail`, `validate`; none runs the relay.
     #[command(subcommand)]
-    command: Option<Command>,
-}
-
-/// Commands besides running the relay.
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Check a running relay's conformance over the wire (AEP-0003 §10): discovery,
-    /// ingest, SSE and WebSocket delivery, resume, capture ceilings, roster, control;
-    /// PASS/FAIL/SKIP per check, exit status 0 only when nothing failed.
-    Check(aep_relay::check::CheckArgs),
+    command: Option<cli::Command>,
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -134,6 +131,8 @@ impl Cli {
                 _ => None,
             },
             allow_insecure_off_host: self.allow_insecure_off_host,
+            jsonl: self.ingest.jsonl(),
+            history: self.ingest.history(),
         })
     }
 
@@ -166,8 +165,8 @@ fn init_logging() {
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     init_logging();
-    if let Some(Command::Check(args)) = cli.command.take() {
-        return aep_relay::check::main(args);
+    if let Some(cmd) = cli.command.take() {
+        return cli::run(cmd);
     }
     let config = match cli.config() {
         Ok(c) => c,

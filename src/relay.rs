@@ -86,6 +86,12 @@ pub enum StartError {
         /// The OS error.
         source: io::Error,
     },
+    /// The history directory (`--history`) cannot be opened (JSONL and history, issue 5).
+    #[error(transparent)]
+    History(#[from] crate::history::HistoryError),
+    /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
+    #[error("cannot start JSONL ingest: {0}")]
+    Jsonl(io::Error),
 }
 
 /// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
@@ -118,6 +124,15 @@ pub enum Refusal {
         /// The command type.
         event_type: String,
     },
+    /// The durable history (`--history`) could not keep the Events, so none of them was
+    /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
+    #[error(
+        "the relay's history cannot keep these Events, so none was accepted; retry later: {detail}"
+    )]
+    HistoryUnavailable {
+        /// The failed operation and the OS error.
+        detail: String,
+    },
 }
 
 impl Refusal {
@@ -127,6 +142,7 @@ impl Refusal {
             Refusal::InvalidEvent { .. } => 400,
             Refusal::TooManyEvents { .. } => 413,
             Refusal::Command { .. } => 403,
+            Refusal::HistoryUnavailable { .. } => 503,
         }
     }
 
@@ -136,6 +152,7 @@ impl Refusal {
             Refusal::InvalidEvent { .. } => "invalid-event",
             Refusal::TooManyEvents { .. } => "too-many-events",
             Refusal::Command { .. } => "forbidden",
+            Refusal::HistoryUnavailable { .. } => "history-unavailable",
         }
     }
 
@@ -207,6 +224,10 @@ pub struct Relay {
     memory_closed: Vec<(usize, Vec<u8>)>,
     /// Events accepted since start.
     ingested: u64,
+    /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
+    jsonl: Option<crate::jsonl::Ingest>,
+    /// The durable history (`--history`), when configured.
+    history: Option<crate::history::History>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -236,7 +257,22 @@ impl Relay {
             .map_err(io_err)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err)?);
         let now = Instant::now();
-        let store = Store::new(config.buffer_per_session, config.max_sessions);
+        let mut store = Store::new(config.buffer_per_session, config.max_sessions);
+        // JSONL and history (issue 5): rebuild the replay buffers, then start the sources.
+        let history = match &config.history {
+            Some(h) => {
+                let (h, st) = crate::history::History::open(h.clone(), &mut store)?;
+                log::info!(
+                    "history {}: {} of {} session files read, {} Events offered to the replay buffers, {} invalid and {} torn lines skipped (fsync {})",
+                    h.config().dir.display(), st.files_read, st.files, st.events, st.invalid, st.torn, h.config().fsync
+                );
+                Some(h)
+            }
+            None => None,
+        };
+        let jsonl =
+            crate::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
+                .map_err(StartError::Jsonl)?;
         Ok(Relay {
             poll,
             events: Events::with_capacity(1024),
@@ -259,6 +295,8 @@ impl Relay {
             scratch: vec![0; 64 * 1024],
             memory_closed: Vec::new(),
             ingested: 0,
+            jsonl,
+            history,
             config,
         })
     }
@@ -408,6 +446,7 @@ impl Relay {
                     if self.graceful.load(Ordering::SeqCst) {
                         self.begin_shutdown();
                     }
+                    self.on_wake();
                 }
                 SIGNALS => {
                     let got: Vec<i32> = self
@@ -1283,12 +1322,50 @@ impl Relay {
             }
         }
         let n = ok.len();
+        // Kept in the history before it is published or answered (issue 5).
+        self.persist(&ok)?;
         self.metrics.ingested_http += n as u64;
         for ev in ok {
             self.publish(ev);
         }
         Ok(n)
     }
+
+    // ---- JSONL ingest and durable history (issue 5; src/jsonl.rs, src/history.rs) ----
+
+    /// Appends a batch of valid Events to the history, when one is configured. Called
+    /// before the batch is published or answered.
+    pub(super) fn persist(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+        let Some(h) = self.history.as_mut() else {
+            return Ok(());
+        };
+        h.append_batch(events, &self.store)
+            .map(|_| ())
+            .map_err(|e| Refusal::HistoryUnavailable { detail: e.reason() })
+    }
+
+    /// Ingests what the JSONL sources read: per chunk, history append then publish.
+    fn on_wake(&mut self) {
+        let Some(mut jsonl) = self.jsonl.take() else {
+            return;
+        };
+        let stop = jsonl.drain(Instant::now(), |events| {
+            self.persist(events)?;
+            for ev in events {
+                self.publish(ev.clone());
+            }
+            Ok::<(), Refusal>(())
+        });
+        if stop {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        if jsonl.more_ready() {
+            let _ = self.waker.wake();
+        }
+        self.jsonl = Some(jsonl);
+    }
+
+    // ---- end of JSONL ingest and durable history ----
 
     /// Ingests Events in-process, exactly as `POST /events` with
     /// `application/x-ndjson` would (all or nothing).
@@ -1370,6 +1447,7 @@ impl Relay {
 
     /// Timers: heartbeats, request and idle timeouts, lingering closes.
     fn tick(&mut self, now: Instant) {
+        self.on_wake(); // JSONL: retry a chunk the history refused (issue 5)
         let mut expired = Vec::new();
         let mut slow = Vec::new();
         let mut ws_idle = Vec::new();

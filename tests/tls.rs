@@ -113,3 +113,44 @@ fn off_host_binding_without_tls_and_token_is_refused_at_start() {
     assert!(err.contains("AEP-0003 §8.1"), "{err}");
     assert!(err.contains("--allow-insecure-off-host"), "{err}");
 }
+
+#[test]
+fn wss_hello_subscribe_and_delivery() {
+    use tungstenite::Message;
+    let tls = tls_relay();
+    let stream = tls.connect();
+    let (mut ws, resp) =
+        tungstenite::client("ws://localhost/socket", stream).expect("WSS handshake");
+    assert_eq!(resp.status().as_u16(), 101);
+    ws.send(Message::text(
+        r#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#,
+    ))
+    .unwrap();
+    let hello: serde_json::Value =
+        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
+    assert_eq!(hello["type"], "hello");
+    assert_eq!(hello["versions"], serde_json::json!(["0.1"]));
+    ws.send(Message::text(
+        r#"{"type":"subscribe","id":"s1","filter":{"session":"wss"}}"#,
+    ))
+    .unwrap();
+    let ack: serde_json::Value =
+        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
+    assert_eq!(ack, serde_json::json!({"type": "subscribed", "id": "s1"}));
+
+    let ev = event("wss", 0, 1, "tool.completed", "");
+    let mut post = tls.connect();
+    write!(
+        post,
+        "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
+        ev.len()
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut post).0, 202);
+    let got = ws.read().unwrap();
+    assert_eq!(
+        got.to_text().unwrap(),
+        ev,
+        "the Event's original bytes over WSS"
+    );
+}

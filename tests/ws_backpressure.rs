@@ -228,3 +228,41 @@ fn a_stalled_consumer_gets_closing_with_exact_positions_then_1013() {
         "closing names exactly the last Event delivered"
     );
 }
+
+#[test]
+fn info_events_are_dropped_and_the_count_reaches_the_closing_frame() {
+    let (mut relay, k) = stalled_consumer(2048);
+    relay.feed(
+        k,
+        &masked(br#"{"type":"subscribe","id":"n","filter":{}}"#),
+        false,
+    );
+    assert_eq!(frames(&relay.take_output(k).unwrap()).len(), 2);
+    let pad = "x".repeat(900);
+    let line = |seq: u64, severity: &str| {
+        format!(
+            r#"{{"aep":"0.1","id":"e{seq}","type":"tool.started","time":"2026-07-03T10:00:00Z","source":"aep://t/agent/a/session/s","agent":"a","session":"s","seq":{seq},"severity":"{severity}","xpad":"{pad}"}}"#
+        ) + "\n"
+    };
+    // `info` past what the pipe and queue hold is dropped, not queued (AEP-0003 §8.4)…
+    for seq in 1..=200 {
+        relay.ingest(Bytes::from(line(seq, "info"))).unwrap();
+    }
+    assert!(relay.queued_output(k).unwrap() < 80 * 1024);
+    // …and a `notice` that cannot be queued closes the connection, telling it how many.
+    relay.ingest(Bytes::from(line(201, "notice"))).unwrap();
+    let got = drain_to_close(&mut relay, k);
+    assert_eq!(close_code(got.last().unwrap()), 1013);
+    let closing: Value = serde_json::from_slice(&got[got.len() - 2].1).unwrap();
+    assert_eq!(closing["type"], "closing");
+    let delivered = (got.len() - 2) as u64;
+    assert_eq!(
+        closing["dropped"],
+        200 - delivered,
+        "every undelivered info Event is counted"
+    );
+    assert!(closing["detail"]
+        .as_str()
+        .unwrap()
+        .contains("AEP-0003 §8.4"));
+}

@@ -339,3 +339,33 @@ fn an_ambiguous_claim_routes_again_once_one_claimant_leaves() {
     );
     expect_quiet(&mut sender);
 }
+
+/// Events sent on a socket are kept in the durable history like POSTed ones (AEP-0003
+/// §3.1.1), and a history that cannot keep them answers the emitter instead of
+/// accepting them.
+#[test]
+fn socket_events_reach_the_history_or_are_refused() {
+    let dir = std::env::temp_dir().join(format!("aep-ws-history-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let history = dir.clone();
+    let relay =
+        TestRelay::with(move |c| c.history = Some(aep_relay::history::HistoryConfig::new(history)));
+    let mut em = Ws::emitter(&relay, "", "a", json!({}));
+    em.send(&ev("hist", 1));
+    // A sentinel round trip: the Event was handled before the ping is answered.
+    em.send(r#"{"type":"ping","t":1}"#);
+    assert_eq!(em.recv()["type"], "pong");
+    let file = dir.join("a").join("hist.jsonl");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text, ev("hist", 1) + "\n");
+    // Make the history unwritable: the session file's directory becomes a file.
+    std::fs::remove_dir_all(dir.join("a")).unwrap();
+    std::fs::write(dir.join("a"), b"not a directory").unwrap();
+    em.send(&ev("other", 1));
+    let err = em.recv();
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["code"], "history-unavailable");
+    assert_eq!(err["id"], "other-0-1");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&dir);
+}

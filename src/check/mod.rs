@@ -152,7 +152,8 @@ pub struct Options {
     pub token: Option<String>,
     /// Flood a session past the advertised buffer and check eviction on both bindings.
     pub evict: bool,
-    /// The longest any single wait may take (a response, an expected frame or message).
+    /// The longest any single wait may take: a response, a whole SSE read, an expected
+    /// WebSocket frame.
     pub timeout: Duration,
 }
 
@@ -287,7 +288,7 @@ pub struct CheckArgs {
     /// per-check lines go to standard error).
     #[arg(long, value_name = "PATH|-")]
     pub json: Option<String>,
-    /// Seconds any single wait may take.
+    /// Seconds any single wait may take (a response, a whole SSE read, an expected frame).
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub timeout: f64,
 }

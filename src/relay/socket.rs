@@ -249,7 +249,8 @@ impl Relay {
                     }
                 }
             }
-            last.push(frames::closing(reason, delivered));
+            let dropped = self.conns.get(key).map_or(0, |c| c.dropped);
+            last.push(frames::closing(reason, delivered, dropped));
         }
         last.push(frame::close(code, reason));
         self.ws_shut(key, &last);
@@ -379,8 +380,13 @@ impl Relay {
         if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
             self.ws_claim(key, session);
         }
+        let ev = Arc::new(ev);
+        // Kept in the history (when configured) before it is published (issue 5).
+        if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+            return self.ws_refuse(key, "history-unavailable", Ref::Id(ev.id()), &r.to_string());
+        }
         self.metrics.ingested_ws += 1;
-        self.publish(Arc::new(ev));
+        self.publish(ev);
     }
 
     /// Records that `key` claims `session` (AEP-0004 §4). Free for a session already
@@ -447,12 +453,21 @@ impl Relay {
             let d = "the only claimant of the session does not read its output; it was disconnected and the command not delivered (AEP-0003 §8.4)";
             return self.ws_refuse(key, "no-route", Ref::Cause(ev.id()), d);
         }
+        let ev = Arc::new(ev);
+        if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+            return self.ws_refuse(
+                key,
+                "history-unavailable",
+                Ref::Cause(ev.id()),
+                &r.to_string(),
+            );
+        }
         self.conns[target].send(frame::text(ev.bytes()));
         self.mark_dirty(target);
         // History and observers; the target already has it.
         self.hub.except = Some(target);
         self.metrics.ingested_ws += 1;
-        self.publish(Arc::new(ev));
+        self.publish(ev);
         self.hub.except = None;
     }
 

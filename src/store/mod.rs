@@ -621,6 +621,15 @@ impl<E: Stored> Store<E> {
         n
     }
 
+    /// Whether an Event with `ev`'s `(source, id)` is held in `ev`'s session, i.e. whether
+    /// [`Store::admit`] would answer [`Admission::Duplicate`] (AEP-0001 §7 #4). Read-only;
+    /// the durable history uses it so a redelivered Event is not written twice.
+    pub fn holds(&self, ev: &Arc<E>) -> bool {
+        ev.session()
+            .and_then(|name| self.get(name))
+            .is_some_and(|s| s.ids.contains(&ByKey(Arc::clone(ev))))
+    }
+
     /// Number of sessions held.
     pub fn session_count(&self) -> usize {
         self.slots.len()

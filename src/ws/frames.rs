@@ -242,10 +242,20 @@ pub fn pong(t: Option<&Value>) -> Bytes {
     }
 }
 
-/// `{"type":"closing","reason":…,"delivered":[{"sub","session","epoch","seq"}…]}`
+/// `{"type":"closing","reason":…,"delivered":[{"sub","session","epoch","seq"}…]}`, plus
+/// `dropped` (a count) and a `detail` when backpressure dropped Events toward it
 /// (AEP-0003 §3.5 #4).
-pub fn closing(reason: &str, delivered: Vec<Value>) -> Bytes {
-    encode(&json!({ "type": "closing", "reason": reason, "delivered": delivered }))
+pub fn closing(reason: &str, delivered: Vec<Value>, dropped: u64) -> Bytes {
+    let mut f = json!({ "type": "closing", "reason": reason, "delivered": delivered });
+    if dropped > 0 {
+        // AEP-0003 §8.4: drops toward a slow consumer are counted, and it is told.
+        f["dropped"] = dropped.into();
+        f["detail"] = format!(
+            "{dropped} debug/info Events were not delivered to this connection (backpressure, AEP-0003 §8.4)"
+        )
+        .into();
+    }
+    encode(&f)
 }
 
 /// One roster entry (AEP-0003 §4.1 rule 4): the claimed `session`, the claimant's
