@@ -763,6 +763,7 @@ impl Relay {
 
     /// Answers a request whose body we will not use: keep the connection when the body
     /// can be skipped, close it otherwise.
+    #[allow(clippy::too_many_arguments)]
     fn reply_skipping_body(
         &mut self,
         key: usize,
@@ -1589,7 +1590,7 @@ impl Relay {
         };
         let conn = &mut self.conns[key];
         match state {
-            Flush::Closed => return self.close(key),
+            Flush::Closed => self.close(key),
             Flush::Done => {
                 if had_output {
                     conn.last_write = now;
