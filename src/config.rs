@@ -5,7 +5,10 @@
 //! enforces is a field here, and reaching it always gets an answer (an HTTP status with a
 //! JSON error body, or an in-band error frame), never a silent drop.
 
+use crate::auth::Auth;
 use std::net::SocketAddr;
+#[cfg(feature = "tls")]
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default listen address (`AEP_LISTEN`): loopback, port 8787.
@@ -34,8 +37,21 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default most simultaneous connections (`AEP_MAX_CONNECTIONS`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
+/// Default time a graceful shutdown may take to flush every connection
+/// (`AEP_SHUTDOWN_DEADLINE_SECS`): 10 seconds; past it the process exits non-zero.
+pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// Default bound of one connection's output queue in bytes (`AEP_MAX_OUTPUT`): 8 MiB.
 pub const DEFAULT_MAX_OUTPUT: usize = 8 * 1024 * 1024;
+/// Default largest WebSocket message a peer may send, in bytes, after reassembling its
+/// fragments (`AEP_MAX_WS_MESSAGE`): 1 MiB. Larger closes the socket with 1009.
+pub const DEFAULT_MAX_WS_MESSAGE: usize = 1024 * 1024;
+/// Default most concurrent subscriptions on one WebSocket (`AEP_MAX_SUBSCRIPTIONS`);
+/// one more is refused in-band with `limit-exceeded` (AEP-0003 §6.5).
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 256;
+/// Default time a WebSocket peer may stay silent (no frame of any kind, `pong`
+/// included) before the relay closes it (`AEP_WS_IDLE_TIMEOUT_SECS`): 90 seconds, the
+/// AEP-0003 §3.5 #5 recommendation.
+pub const DEFAULT_WS_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Everything the relay needs to run. `Config::default()` is a working loopback relay.
 #[derive(Clone, Debug)]
@@ -57,7 +73,8 @@ pub struct Config {
     pub max_from_positions: usize,
     /// Largest HTTP request head in bytes; larger answers 431.
     pub max_head_bytes: usize,
-    /// Interval between `: ping` comments on SSE streams (and WS `ping` frames).
+    /// Interval between `: ping` comments on idle SSE streams, and between the
+    /// `{"type":"ping","t":…}` frames sent on every WebSocket (AEP-0003 §3.3 #4, §3.5 #5).
     pub heartbeat: Duration,
     /// Time a request head or body may take to arrive before 408.
     pub request_timeout: Duration,
@@ -67,6 +84,38 @@ pub struct Config {
     pub max_connections: usize,
     /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
     pub max_output_bytes: usize,
+    /// Largest WebSocket message in bytes, fragments reassembled (`AEP_MAX_WS_MESSAGE`);
+    /// a larger one closes the socket with 1009 as soon as its header announces it, so
+    /// a peer cannot make the relay buffer more than this per connection.
+    pub max_ws_message_bytes: usize,
+    /// Most concurrent subscriptions on one WebSocket (`AEP_MAX_SUBSCRIPTIONS`); one more
+    /// is answered `limit-exceeded` and the others keep running (AEP-0003 §6.5).
+    pub max_subscriptions_per_conn: usize,
+    /// A WebSocket peer silent for this long (no frame at all, not even the `pong` to
+    /// the relay's `ping`) is sent `closing` and closed (`AEP_WS_IDLE_TIMEOUT_SECS`,
+    /// AEP-0003 §3.5 #5). Must exceed `heartbeat`, or a peer that only answers pings
+    /// would be closed.
+    pub ws_idle_timeout: Duration,
+    /// How long a graceful shutdown may take to flush every connection.
+    pub shutdown_deadline: Duration,
+    /// Browser origins allowed to read responses cross-origin (`--cors-origin`,
+    /// `AEP_CORS_ORIGIN`, comma-separated; `*` for any). Empty: no CORS headers, so
+    /// only same-origin pages (the status page) can read the relay from a browser.
+    pub cors_origins: Vec<String>,
+    /// Bearer tokens and their scopes (`AEP_TOKEN`, `AEP_TOKENS_FILE`); empty means
+    /// emit and watch for every peer and no control (AEP-0003 §8.1, AEP-0004 §4.1).
+    pub auth: Auth,
+    /// TLS server configuration (`--tls-cert`, `--tls-key`); `None` serves plain HTTP.
+    #[cfg(feature = "tls")]
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Permit a non-loopback listen address without both TLS and a token, for a
+    /// TLS-terminating proxy in front (`--allow-insecure-off-host`). Off by default:
+    /// AEP-0003 §8.1 requires TLS and a bearer token for any off-host binding.
+    pub allow_insecure_off_host: bool,
+    /// JSONL ingest sources (`--stdin`, `--ingest-file`; AEP-0003 §3.1). None by default.
+    pub jsonl: crate::jsonl::JsonlConfig,
+    /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
+    pub history: Option<crate::history::HistoryConfig>,
 }
 
 impl Default for Config {
@@ -86,6 +135,17 @@ impl Default for Config {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
+            max_ws_message_bytes: DEFAULT_MAX_WS_MESSAGE,
+            max_subscriptions_per_conn: DEFAULT_MAX_SUBSCRIPTIONS,
+            ws_idle_timeout: DEFAULT_WS_IDLE_TIMEOUT,
+            shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
+            cors_origins: Vec::new(),
+            auth: Auth::default(),
+            #[cfg(feature = "tls")]
+            tls: None,
+            allow_insecure_off_host: false,
+            jsonl: Default::default(),
+            history: None,
         }
     }
 }
@@ -101,6 +161,14 @@ pub struct ConfigError {
 }
 
 impl Config {
+    /// Whether TLS is configured.
+    pub fn tls_enabled(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// Checks that the values can work together.
     ///
     /// # Errors
@@ -114,6 +182,10 @@ impl Config {
             (
                 "max_connections (AEP_MAX_CONNECTIONS)",
                 self.max_connections,
+            ),
+            (
+                "max_subscriptions_per_conn (AEP_MAX_SUBSCRIPTIONS)",
+                self.max_subscriptions_per_conn,
             ),
         ];
         for (field, v) in positive {
@@ -136,10 +208,36 @@ impl Config {
                 reason: "must be at least 65536 bytes".into(),
             });
         }
+        let off_host = !self.listen.ip().is_loopback();
+        if off_host && !(self.tls_enabled() && self.auth.enabled()) && !self.allow_insecure_off_host
+        {
+            return Err(ConfigError {
+                field: "listen (AEP_LISTEN)",
+                reason: format!(
+                    "{} is not a loopback address: an off-host binding needs TLS (--tls-cert, --tls-key) and a bearer token (AEP_TOKEN or AEP_TOKENS_FILE) (AEP-0003 §8.1); pass --allow-insecure-off-host only when a TLS-terminating proxy with authentication stands in front",
+                    self.listen
+                ),
+            });
+        }
         if self.heartbeat.is_zero() {
             return Err(ConfigError {
                 field: "heartbeat (AEP_HEARTBEAT_SECS)",
                 reason: "must be positive".into(),
+            });
+        }
+        if self.max_ws_message_bytes < 1024 {
+            return Err(ConfigError {
+                field: "max_ws_message_bytes (AEP_MAX_WS_MESSAGE)",
+                reason: "must be at least 1024 bytes".into(),
+            });
+        }
+        if self.ws_idle_timeout <= self.heartbeat {
+            return Err(ConfigError {
+                field: "ws_idle_timeout (AEP_WS_IDLE_TIMEOUT_SECS)",
+                reason: format!(
+                    "must exceed the heartbeat ({} s), or a peer that answers every ping is still closed as idle",
+                    self.heartbeat.as_secs_f64()
+                ),
             });
         }
         Ok(())

@@ -1,11 +1,16 @@
 //! One connection: its socket, read buffer, bounded output queue and protocol phase.
 
-use crate::http::{ChunkedDecoder, RequestHead};
+use crate::envelope::Capture;
+use crate::filter::Filter;
+use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
+use crate::store::ReplayFrom;
 use crate::transport::Transport;
 use bytes::Bytes;
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A connection's queued output: reference-counted buffers written in order with
@@ -39,6 +44,16 @@ impl OutQueue {
         }
         self.bytes += b.len();
         self.bufs.push_back(b);
+    }
+
+    /// Moves everything queued in `self` to the end of `other`.
+    pub(crate) fn move_to(&mut self, other: &mut OutQueue) {
+        debug_assert_eq!(self.front_off, 0);
+        for b in self.bufs.drain(..) {
+            other.push(b);
+        }
+        self.bytes = 0;
+        self.front_off = 0;
     }
 
     /// Bytes queued and not yet written.
@@ -89,6 +104,24 @@ impl OutQueue {
     }
 }
 
+/// A replay in progress for one subscription (AEP-0003 §5, §7), advanced a page at a
+/// time as the consumer reads, so its memory stays bounded however much the store holds.
+#[derive(Debug)]
+pub(crate) struct ReplayJob {
+    /// Hub key of the live subscription this replay precedes (`None`: SSE `live=0`).
+    pub(crate) sub: Option<usize>,
+    /// The WS subscription id, for WS-framed output; `None` frames for SSE.
+    pub(crate) ws_id: Option<Box<str>>,
+    pub(crate) filter: Arc<Filter>,
+    pub(crate) ceiling: Option<Capture>,
+    /// Sessions still to replay, in order, each with where it continues.
+    pub(crate) sessions: VecDeque<(Box<str>, ReplayFrom)>,
+    /// The same session names, for the per-Event check in fan-out.
+    pub(crate) pending: HashSet<Box<str>>,
+    /// End the stream when this replay is done (SSE `live=0`).
+    pub(crate) end_after: bool,
+}
+
 /// How a request body is being read.
 #[derive(Debug)]
 pub(crate) enum BodyReader {
@@ -96,6 +129,36 @@ pub(crate) enum BodyReader {
     Length(usize),
     /// Chunked.
     Chunked(ChunkedDecoder),
+}
+
+impl BodyReader {
+    /// Moves body bytes from the front of `rbuf` into `body` (decoding chunked framing,
+    /// never past `max_body` in total). `Ok(true)` once the body is complete; bytes
+    /// after it stay in `rbuf` (the next pipelined request).
+    ///
+    /// # Errors
+    /// [`ChunkError`] for malformed chunked framing or a body over `max_body`.
+    pub(crate) fn take(
+        &mut self,
+        rbuf: &mut Vec<u8>,
+        body: &mut Vec<u8>,
+        max_body: usize,
+    ) -> Result<bool, ChunkError> {
+        match self {
+            BodyReader::Length(rem) => {
+                let take = (*rem).min(rbuf.len());
+                body.extend_from_slice(&rbuf[..take]);
+                rbuf.drain(..take);
+                *rem -= take;
+                Ok(*rem == 0)
+            }
+            BodyReader::Chunked(d) => {
+                let (used, done) = d.decode(rbuf, body, max_body)?;
+                rbuf.drain(..used);
+                Ok(done)
+            }
+        }
+    }
 }
 
 /// What the connection is doing.
@@ -113,6 +176,8 @@ pub(crate) enum Phase {
     Discard(BodyReader),
     /// Streaming SSE for the subscription with this key.
     Sse { sub: usize },
+    /// Upgraded to the WebSocket binding (`GET /socket`).
+    Ws(Box<crate::ws::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
     Closing,
 }
@@ -137,12 +202,22 @@ pub(crate) struct Conn {
     pub(crate) last_write: Instant,
     /// Fan-out serial of the last Event queued here (single delivery per connection).
     pub(crate) mark: u64,
+    /// While `mark` is the current fan-out's serial: this connection's slot in the
+    /// hub's per-fan-out target list.
+    pub(crate) fan_slot: usize,
     /// Events not delivered because of backpressure (AEP-0003 §8.4).
     pub(crate) dropped: u64,
     /// Whether the write side has been shut down.
     pub(crate) write_shut: bool,
     /// Whether the peer closed its writing side.
     pub(crate) peer_eof: bool,
+    /// `Access-Control-Allow-Origin` value for the current request's answers.
+    pub(crate) cors: Option<String>,
+    /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
+    pub(crate) replay: VecDeque<ReplayJob>,
+    /// Live frames held back while a replay is in progress, so they follow it in order.
+    /// Bounded like `out` (the backpressure rule applies to it).
+    pub(crate) backlog: OutQueue,
 }
 
 impl Conn {
@@ -159,9 +234,25 @@ impl Conn {
             since: now,
             last_write: now,
             mark: 0,
+            fan_slot: 0,
             dropped: 0,
             write_shut: false,
             peer_eof: false,
+            cors: None,
+            replay: VecDeque::new(),
+            backlog: OutQueue::default(),
+        }
+    }
+
+    /// Whether a live Event of `session` for subscription `sub` is to be left to that
+    /// subscription's replay in progress (it will reach it there, in order).
+    pub(crate) fn replay_covers(&self, sub: usize, session: Option<&str>) -> bool {
+        match session {
+            Some(s) if !self.replay.is_empty() => self
+                .replay
+                .iter()
+                .any(|j| j.sub == Some(sub) && j.pending.contains(s)),
+            _ => false,
         }
     }
 

@@ -25,6 +25,16 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// The request target as sent: path plus `?query` when there is one. Scrub it
+    /// with [`crate::auth::scrub_query`] before logging.
+    pub fn target(&self) -> String {
+        if self.query.is_empty() {
+            self.path.clone()
+        } else {
+            format!("{}?{}", self.path, self.query)
+        }
+    }
+
     /// The first header named `name` (lowercase), trimmed.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -393,6 +403,20 @@ pub fn response(
     let mut out = out.into_bytes();
     out.extend_from_slice(body);
     out
+}
+
+/// Inserts header lines right after the status line of a response head in `resp`.
+pub fn insert_headers(resp: &[u8], lines: &str) -> Vec<u8> {
+    match memchr::memmem::find(resp, b"\r\n") {
+        Some(i) => {
+            let mut out = Vec::with_capacity(resp.len() + lines.len());
+            out.extend_from_slice(&resp[..i + 2]);
+            out.extend_from_slice(lines.as_bytes());
+            out.extend_from_slice(&resp[i + 2..]);
+            out
+        }
+        None => resp.to_vec(),
+    }
 }
 
 /// A JSON response body `{"error": code, "detail": detail, ...more}` as bytes.

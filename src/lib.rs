@@ -1,31 +1,116 @@
 //! aep-relay: a relay for the Agent Event Protocol (AEP).
 //!
+//! Agents emit JSON Events; dashboards, notifiers, history stores and other agents
+//! consume them. The relay ingests Events (HTTP POST, WebSocket, JSONL), keeps a bounded
+//! per-session replay buffer, and fans every Event out to each subscriber whose
+//! `attr-match` filter matches (SSE, WebSocket), with exact resume by
+//! `(session, epoch, seq)` (AEP-0001 §7, AEP-0003 §5–§7).
+//!
+//! # The data path
+//!
 //! ```text
-//! socket bytes ─► Conn (read buffer)
-//!    └─ HTTP POST /events ─► body ─► lines (memchr) ─► Event::parse (scanner: routing
-//!                                                      attributes only, `data` skipped)
+//! socket bytes ─► Conn (read buffer; TLS unwrapped by the transport)
+//!    ├─ HTTP POST /events ─► body ─► lines (memchr) ─┐
+//!    └─ WS /socket ─► ws::frame::Decoder ─► text ─────┴► Event::parse (the scanner reads
+//!                     (commands: control::Claims::route    the routing attributes only;
+//!                      ─► the one claimant's Conn)         `data` is validated, never built)
 //!                                                            ▼
-//!                     Relay::publish ─► Store::admit (dedupe, (epoch, seq) order, ring)
-//!                                    └► Hub::fanout ─► index ─► compiled attr-match
-//!                                          ├─ ceiling ≥ capture ─► shared frame
-//!                                          └─ lower ceiling ─► capture::downlevel (once)
+//!                     Relay::publish ─► Store::admit (dedupe (source, id), order by
+//!                                    │                (epoch, seq), per-session ring)
+//!                                    └► Hub::fanout ─► SubscriptionIndex ─► compiled
+//!                                          │            attr-match per candidate
+//!                                          ├─ ceiling ≥ capture ─► the Event's shared frame
+//!                                          └─ lower ceiling ─► capture::downlevel (once per
+//!                                                               Event and level)
 //!                                                            ▼
-//!                     Conn output queue (Bytes, bounded) ─► writev
+//!                     Conn output queue (shared `Bytes`, bounded) ─► writev
 //! ```
+//!
+//! One thread, one `mio::Poll`. An Event is kept as the byte slice the emitter sent;
+//! each wire frame is built once per Event (and capture level) and shared by every
+//! subscriber, so fan-out to N subscribers is N queue pushes of a reference-counted
+//! buffer: no copy and no JSON re-serialization per subscriber.
+//!
+//! # Embedding
+//!
+//! [`Relay`] is the whole server. [`Relay::bind`] validates a [`Config`] and binds the
+//! listener; then either
+//! - [`Relay::run`] blocks the calling thread until a [`StopHandle`] stops it
+//!   (`stop` at once, `shutdown` gracefully), or a signal does after
+//!   [`Relay::handle_signals`];
+//! - or the host calls [`Relay::poll_once`] from its own loop.
+//!
+//! [`Relay::ingest`] hands Events to the relay in-process, without a socket, with the
+//! same all-or-nothing validation as `POST /events`.
+//!
+//! ```no_run
+//! use aep_relay::{Config, Relay};
+//!
+//! let mut relay = Relay::bind(Config::default())?; // 127.0.0.1:8787
+//! let stop = relay.stop_handle();
+//! let server = std::thread::spawn(move || relay.run());
+//! // … later, from any thread:
+//! stop.shutdown();
+//! server.join().unwrap()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ```
+//! use aep_relay::{Config, Relay, Refusal};
+//! use bytes::Bytes;
+//!
+//! let mut relay = Relay::bind(Config { listen: "127.0.0.1:0".parse()?, ..Config::default() })?;
+//! let ev = r#"{"aep":"0.1","id":"1","type":"run.started","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a","session":"s","seq":0}"#;
+//! assert_eq!(relay.ingest(Bytes::from(ev))?, 1);
+//! assert!(matches!(
+//!     relay.ingest(Bytes::from_static(b"{}")),
+//!     Err(Refusal::InvalidEvent { line: 1, .. })
+//! ));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The `examples/` directory has a runnable program per use: `thread` (the relay on its
+//! own thread), `poll_once` (driven from a host loop), `in_process` (ingest without a
+//! socket).
+//!
+//! # Building blocks
+//!
+//! The parts are usable on their own: [`envelope`] (the scanner and envelope validation),
+//! [`filter`] (attr-match), [`capture`] (capture ceilings and down-leveling),
+//! [`store`] (replay rings), [`fanout`] (subscriptions and their index), [`sse`],
+//! [`ws`] (the WebSocket codec, handshake and AEP frames), [`control`] (session claims
+//! and command routing), [`http`], [`auth`], [`metrics`]. [`check`] is the live conformance
+//! checker behind `aep-relay check`.
+//!
+//! # Features
+//!
+//! - `tls` (default): native TLS with rustls and the ring provider.
+//! - `status-page` (default): the HTML status page at `GET /`.
+//!
+//! A small host builds with `default-features = false`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod capture;
+pub mod check;
 pub mod config;
 pub(crate) mod conn;
+pub mod control;
 pub mod envelope;
 pub mod fanout;
 pub mod filter;
+pub mod history;
 pub mod http;
+pub mod jsonl;
+pub mod metrics;
 pub mod relay;
 pub mod sse;
 pub mod store;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub(crate) mod transport;
+pub mod ws;
 
 pub use config::Config;
 pub use relay::{Refusal, Relay, StartError, StopHandle};

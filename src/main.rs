@@ -1,12 +1,21 @@
 //! The `aep-relay` binary: flags and `AEP_*` environment variables → [`Config`] →
 //! [`Relay::run`]. Precedence: flag, then environment, then the documented default.
+//!
+//! Subcommands (`src/cli`) do something else instead of running the relay: `tail`,
+//! `validate`, and `check URL`, which checks a running relay's conformance over the wire
+//! ([`aep_relay::check`]).
 
+use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
+#[cfg(feature = "tls")]
+use aep_relay::tls;
 use aep_relay::Relay;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
+
+mod cli;
 
 /// A relay for the Agent Event Protocol: HTTP POST ingest, SSE fan-out with attr-match
 /// filters, per-session replay and capture ceilings.
@@ -49,6 +58,45 @@ struct Cli {
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
+    /// Largest WebSocket message in bytes, fragments reassembled (close 1009 above).
+    #[arg(long, env = "AEP_MAX_WS_MESSAGE", default_value_t = config::DEFAULT_MAX_WS_MESSAGE)]
+    max_ws_message: usize,
+    /// Most concurrent subscriptions on one WebSocket (`limit-exceeded` above).
+    #[arg(long, env = "AEP_MAX_SUBSCRIPTIONS", default_value_t = config::DEFAULT_MAX_SUBSCRIPTIONS)]
+    max_subscriptions: usize,
+    /// Seconds a WebSocket peer may stay silent (not even a `pong`) before it is closed.
+    #[arg(long, env = "AEP_WS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_WS_IDLE_TIMEOUT.as_secs_f64())]
+    ws_idle_timeout_secs: f64,
+    /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection.
+    #[arg(long, env = "AEP_SHUTDOWN_DEADLINE_SECS", default_value_t = config::DEFAULT_SHUTDOWN_DEADLINE.as_secs_f64())]
+    shutdown_deadline_secs: f64,
+    /// Browser origins allowed cross-origin (comma-separated, `*` for any).
+    #[arg(long, env = "AEP_CORS_ORIGIN", value_delimiter = ',')]
+    cors_origin: Vec<String>,
+    /// Bearer token with every scope (emit, watch, control).
+    #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…]` per line (emit, watch, control).
+    #[arg(long, env = "AEP_TOKENS_FILE")]
+    tokens_file: Option<std::path::PathBuf>,
+    /// PEM certificate chain: serve HTTPS, SSE and WSS (needs --tls-key).
+    #[cfg(feature = "tls")]
+    #[arg(long, env = "AEP_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[cfg(feature = "tls")]
+    #[arg(long, env = "AEP_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Allow a non-loopback --listen without TLS and a token (a TLS-terminating proxy
+    /// stands in front). AEP-0003 §8.1 requires both for any off-host binding.
+    #[arg(long, env = "AEP_ALLOW_INSECURE_OFF_HOST")]
+    allow_insecure_off_host: bool,
+    /// JSONL ingest and durable history (issue 5).
+    #[command(flatten)]
+    ingest: cli::IngestArgs,
+    /// `tail`, `validate`; none runs the relay.
+    #[command(subcommand)]
+    command: Option<cli::Command>,
 }
 
 fn secs(v: f64, name: &str) -> Result<Duration, String> {
@@ -71,7 +119,36 @@ impl Cli {
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
+            max_ws_message_bytes: self.max_ws_message,
+            max_subscriptions_per_conn: self.max_subscriptions,
+            ws_idle_timeout: secs(self.ws_idle_timeout_secs, "--ws-idle-timeout-secs")?,
+            shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,
+            cors_origins: self.cors_origin.clone(),
+            auth: self.auth()?,
+            #[cfg(feature = "tls")]
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(c), Some(k)) => Some(tls::server_config(c, k).map_err(|e| e.to_string())?),
+                _ => None,
+            },
+            allow_insecure_off_host: self.allow_insecure_off_host,
+            jsonl: self.ingest.jsonl(),
+            history: self.ingest.history(),
         })
+    }
+
+    fn auth(&self) -> Result<Auth, String> {
+        let scoped = match &self.tokens_file {
+            None => Vec::new(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read tokens file {}: {e}", path.display()))?;
+                Auth::parse_tokens_file(path, &text).map_err(|e| e.to_string())?
+            }
+        };
+        if self.token.as_deref() == Some("") {
+            return Err("--token / AEP_TOKEN must not be empty".into());
+        }
+        Ok(Auth::new(self.token.as_deref(), &scoped))
     }
 }
 
@@ -86,8 +163,11 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging();
+    if let Some(cmd) = cli.command.take() {
+        return cli::run(cmd);
+    }
     let config = match cli.config() {
         Ok(c) => c,
         Err(e) => {
@@ -103,14 +183,24 @@ fn main() -> ExitCode {
         }
     };
     let c = relay.config();
+    let posture = if c.auth.enabled() {
+        "auth: bearer tokens required"
+    } else {
+        "auth: none, emit and watch open to every peer, control refused (set AEP_TOKEN to enable control)"
+    };
     eprintln!(
-        "aep-relay listening on {} (TLS off; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
+        "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
         relay.local_addr(),
+        if c.tls_enabled() { "on" } else { "off" },
         c.buffer_per_session,
         c.max_sessions,
         c.max_body_bytes,
         c.max_batch_events
     );
+    if let Err(e) = relay.handle_signals() {
+        eprintln!("aep-relay: cannot install signal handlers: {e}");
+        return ExitCode::FAILURE;
+    }
     match relay.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -3,31 +3,69 @@
 //! a slow or dead peer never blocks anyone else (all sockets are non-blocking and output
 //! is queued per connection).
 
+use crate::auth::{self, Scopes};
 use crate::config::{Config, ConfigError};
-use crate::conn::{BodyReader, Conn, Flush, Phase};
+use crate::conn::{BodyReader, Conn, Flush, Phase, ReplayJob};
+use crate::control::Claims;
 use crate::envelope::{self, Event};
-use crate::fanout::{self, Binding, Hub, Subscription};
+use crate::fanout::{Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
-use crate::store::{Admission, Store};
+use crate::store::{Admission, ReplayFrom, Store};
+#[cfg(feature = "tls")]
+use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
 use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::json;
 use slab::Slab;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod replay;
+mod socket;
+/// The status page served at `GET /` (one self-contained file, no external assets).
+#[cfg(feature = "status-page")]
+const STATUS_PAGE: &str = include_str!("status.html");
+
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-const FIRST_CONN: usize = 2;
+const SIGNALS: Token = Token(2);
+const FIRST_CONN: usize = 3;
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
+
+/// The sessions a subscription's `from` replays, each with where it starts.
+fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(Box<str>, ReplayFrom)> {
+    match from {
+        sse::From::Live => VecDeque::new(),
+        sse::From::All => store
+            .session_names()
+            .into_iter()
+            .map(|s| (s, ReplayFrom::Start))
+            .collect(),
+        sse::From::Positions(ps) => ps
+            .iter()
+            .map(|p| {
+                (
+                    p.session.as_str().into(),
+                    ReplayFrom::After((p.epoch, p.seq)),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn cors_lines(origin: &str) -> String {
+    format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
+}
 
 fn conn_token(key: usize) -> Token {
     Token(key + FIRST_CONN)
@@ -48,6 +86,12 @@ pub enum StartError {
         /// The OS error.
         source: io::Error,
     },
+    /// The history directory (`--history`) cannot be opened (JSONL and history, issue 5).
+    #[error(transparent)]
+    History(#[from] crate::history::HistoryError),
+    /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
+    #[error("cannot start JSONL ingest: {0}")]
+    Jsonl(io::Error),
 }
 
 /// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
@@ -80,6 +124,15 @@ pub enum Refusal {
         /// The command type.
         event_type: String,
     },
+    /// The durable history (`--history`) could not keep the Events, so none of them was
+    /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
+    #[error(
+        "the relay's history cannot keep these Events, so none was accepted; retry later: {detail}"
+    )]
+    HistoryUnavailable {
+        /// The failed operation and the OS error.
+        detail: String,
+    },
 }
 
 impl Refusal {
@@ -89,6 +142,7 @@ impl Refusal {
             Refusal::InvalidEvent { .. } => 400,
             Refusal::TooManyEvents { .. } => 413,
             Refusal::Command { .. } => 403,
+            Refusal::HistoryUnavailable { .. } => 503,
         }
     }
 
@@ -98,6 +152,7 @@ impl Refusal {
             Refusal::InvalidEvent { .. } => "invalid-event",
             Refusal::TooManyEvents { .. } => "too-many-events",
             Refusal::Command { .. } => "forbidden",
+            Refusal::HistoryUnavailable { .. } => "history-unavailable",
         }
     }
 
@@ -119,13 +174,22 @@ impl Refusal {
 #[derive(Clone, Debug)]
 pub struct StopHandle {
     flag: Arc<AtomicBool>,
+    graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
 }
 
 impl StopHandle {
-    /// Asks the relay to stop; `run` returns after its current iteration.
+    /// Asks the relay to stop at once; `run` returns after its current iteration
+    /// without notifying consumers.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
+    /// Asks the relay to shut down gracefully, as on SIGTERM: stop accepting, end every
+    /// stream with a notice, flush, then `run` returns (see [`Relay::run`]).
+    pub fn shutdown(&self) {
+        self.graceful.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
     }
 }
@@ -141,8 +205,16 @@ pub struct Relay {
     conns: Slab<Conn>,
     store: Store<Event>,
     hub: Hub,
+    /// Which WebSocket connections claim which sessions (command routing, roster).
+    claims: Claims,
     stop: Arc<AtomicBool>,
+    graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    signals: Option<signal_hook_mio::v1_0::Signals>,
+    /// Set once a graceful shutdown began: the deadline for flushing.
+    shutdown_deadline: Option<Instant>,
+    /// Counters for `/metrics`.
+    metrics: Metrics,
     started: Instant,
     next_tick: Instant,
     dirty: Vec<usize>,
@@ -152,6 +224,10 @@ pub struct Relay {
     memory_closed: Vec<(usize, Vec<u8>)>,
     /// Events accepted since start.
     ingested: u64,
+    /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
+    jsonl: Option<crate::jsonl::Ingest>,
+    /// The durable history (`--history`), when configured.
+    history: Option<crate::history::History>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -181,7 +257,22 @@ impl Relay {
             .map_err(io_err)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err)?);
         let now = Instant::now();
-        let store = Store::new(config.buffer_per_session, config.max_sessions);
+        let mut store = Store::new(config.buffer_per_session, config.max_sessions);
+        // JSONL and history (issue 5): rebuild the replay buffers, then start the sources.
+        let history = match &config.history {
+            Some(h) => {
+                let (h, st) = crate::history::History::open(h.clone(), &mut store)?;
+                log::info!(
+                    "history {}: {} of {} session files read, {} Events offered to the replay buffers, {} invalid and {} torn lines skipped (fsync {})",
+                    h.config().dir.display(), st.files_read, st.files, st.events, st.invalid, st.torn, h.config().fsync
+                );
+                Some(h)
+            }
+            None => None,
+        };
+        let jsonl =
+            crate::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
+                .map_err(StartError::Jsonl)?;
         Ok(Relay {
             poll,
             events: Events::with_capacity(1024),
@@ -190,8 +281,13 @@ impl Relay {
             conns: Slab::with_capacity(1024),
             store,
             hub: Hub::default(),
+            claims: Claims::default(),
             stop: Arc::new(AtomicBool::new(false)),
+            graceful: Arc::new(AtomicBool::new(false)),
             waker,
+            signals: None,
+            shutdown_deadline: None,
+            metrics: Metrics::default(),
             started: now,
             next_tick: now,
             dirty: Vec::new(),
@@ -199,6 +295,8 @@ impl Relay {
             scratch: vec![0; 64 * 1024],
             memory_closed: Vec::new(),
             ingested: 0,
+            jsonl,
+            history,
             config,
         })
     }
@@ -217,22 +315,98 @@ impl Relay {
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
             flag: self.stop.clone(),
+            graceful: self.graceful.clone(),
             waker: self.waker.clone(),
         }
     }
 
-    /// Runs until stopped through a [`StopHandle`].
+    /// Handles SIGTERM and SIGINT inside the reactor (through signal-hook's mio source,
+    /// never by interrupting a write): the first one starts a graceful shutdown.
+    ///
+    /// # Errors
+    /// When the signal handlers cannot be installed.
+    pub fn handle_signals(&mut self) -> io::Result<()> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = signal_hook_mio::v1_0::Signals::new([SIGTERM, SIGINT])?;
+        self.poll
+            .registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        self.signals = Some(signals);
+        Ok(())
+    }
+
+    /// Runs until stopped through a [`StopHandle`] or, after a graceful shutdown (a
+    /// signal or [`StopHandle::shutdown`]), until every connection is flushed and closed.
     ///
     /// # Errors
     /// An I/O error of the poller itself (per-connection errors only close that
-    /// connection).
+    /// connection); `ErrorKind::TimedOut` when a graceful shutdown could not flush every
+    /// connection within `shutdown_deadline`.
     pub fn run(&mut self) -> io::Result<()> {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            let timeout = self.next_tick.saturating_duration_since(now);
+            let mut wake = self.next_tick;
+            if let Some(deadline) = self.shutdown_deadline {
+                if self.conns.is_empty() {
+                    log::info!("shutdown complete: every connection flushed and closed");
+                    return Ok(());
+                }
+                if now >= deadline {
+                    let n = self.conns.len();
+                    log::warn!("shutdown deadline passed with {n} connections not flushed");
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("shutdown deadline passed with {n} connections not flushed"),
+                    ));
+                }
+                wake = wake.min(deadline);
+            }
+            let timeout = if self.dirty.is_empty() {
+                wake.saturating_duration_since(now)
+            } else {
+                Duration::ZERO
+            };
             self.poll_once(Some(timeout))?;
         }
         Ok(())
+    }
+
+    /// Starts a graceful shutdown: stop accepting; end every SSE stream with
+    /// `: shutting-down`; close idle connections; let requests in flight finish with
+    /// `Connection: close`; `run` returns once all is flushed or the deadline passes.
+    pub fn begin_shutdown(&mut self) {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        log::info!(
+            "shutting down: {} connections to drain within {:?}",
+            self.conns.len(),
+            self.config.shutdown_deadline
+        );
+        self.shutdown_deadline = Some(Instant::now() + self.config.shutdown_deadline);
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let conn = &mut self.conns[key];
+            match conn.phase {
+                Phase::Sse { sub } => {
+                    self.hub.remove(sub);
+                    conn.send(&b": shutting-down\n\n"[..]);
+                    conn.phase = Phase::Closing;
+                    conn.close_after_flush = true;
+                    self.mark_dirty(key);
+                }
+                Phase::Ws(_) => {
+                    let going_away = crate::ws::frame::close_code::GOING_AWAY;
+                    self.ws_close(key, "shutting down", going_away);
+                }
+                Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+                Phase::Closing => {}
+                _ => {
+                    // Answered with Connection: close when it completes (see `reply`).
+                }
+            }
+        }
     }
 
     fn tick_interval(&self) -> Duration {
@@ -240,7 +414,8 @@ impl Relay {
             .config
             .heartbeat
             .min(self.config.request_timeout)
-            .min(self.config.idle_timeout);
+            .min(self.config.idle_timeout)
+            .min(self.config.ws_idle_timeout);
         (shortest / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
     }
 
@@ -250,26 +425,40 @@ impl Relay {
     /// # Errors
     /// An I/O error of the poller itself.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // Output work left from the last turn (a replay in progress) must not wait.
+        let timeout = if self.dirty.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
-                    e.is_writable() || e.is_write_closed(),
-                )
-            })
-            .collect();
-        for (token, readable, writable) in ready {
-            match token {
+        let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        for e in events.iter() {
+            let readable = e.is_readable() || e.is_read_closed() || e.is_error();
+            let writable = e.is_writable() || e.is_write_closed();
+            match e.token() {
                 LISTENER => self.accept(),
-                WAKER => {}
+                WAKER => {
+                    if self.graceful.load(Ordering::SeqCst) {
+                        self.begin_shutdown();
+                    }
+                    self.on_wake();
+                }
+                SIGNALS => {
+                    let got: Vec<i32> = self
+                        .signals
+                        .as_mut()
+                        .map(|s| s.pending().collect())
+                        .unwrap_or_default();
+                    if !got.is_empty() {
+                        log::info!("received signal {got:?}");
+                        self.begin_shutdown();
+                    }
+                }
                 Token(t) => {
                     let key = t - FIRST_CONN;
                     if readable {
@@ -281,6 +470,7 @@ impl Relay {
                 }
             }
         }
+        self.events = events;
         let now = Instant::now();
         if now >= self.next_tick {
             self.tick(now);
@@ -307,6 +497,7 @@ impl Relay {
     fn admit_conn(&mut self, mut sock: TcpStream, peer: SocketAddr) {
         let _ = sock.set_nodelay(true);
         if self.conns.len() >= self.config.max_connections {
+            self.metrics.refused_connections += 1;
             log::warn!(
                 "refused connection from {peer}: {} connections open (max_connections)",
                 self.conns.len()
@@ -319,12 +510,26 @@ impl Relay {
                 &[("Retry-After", "1")],
                 true,
             );
-            let _ = sock.write(&resp);
+            if !self.config.tls_enabled() {
+                let _ = sock.write(&resp);
+            }
             return;
         }
         let entry = self.conns.vacant_entry();
         let key = entry.key();
+        #[cfg(not(feature = "tls"))]
         let mut sock = Transport::Tcp(sock);
+        #[cfg(feature = "tls")]
+        let mut sock = match &self.config.tls {
+            None => Transport::Tcp(sock),
+            Some(tls) => match TlsStream::new(sock, tls.clone()) {
+                Ok(s) => Transport::Tls(Box::new(s)),
+                Err(e) => {
+                    log::warn!("refused connection from {peer}: TLS set-up failed: {e}");
+                    return;
+                }
+            },
+        };
         if let Err(e) = sock.register(self.poll.registry(), conn_token(key), Interest::READABLE) {
             log::warn!("cannot register connection from {peer}: {e}");
             return;
@@ -361,10 +566,16 @@ impl Relay {
                         self.process(key);
                     }
                 },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // A TLS handshake may have output waiting for a writable socket.
+                    if !matches!(conn.sock, Transport::Tcp(_)) {
+                        self.mark_dirty(key);
+                    }
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log::debug!("read error from {}: {e}", conn.peer);
+                    log::info!("closing {} after a read error: {e}", conn.peer);
                     self.close(key);
                     return;
                 }
@@ -378,7 +589,7 @@ impl Relay {
         };
         conn.peer_eof = true;
         match conn.phase {
-            Phase::Sse { .. } => self.close(key),
+            Phase::Sse { .. } | Phase::Ws(_) => self.close(key),
             _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
                 self.close(key)
             }
@@ -392,8 +603,12 @@ impl Relay {
 
     /// Answers on `key`; with `close`, this is the connection's last answer.
     fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
-            conn.send(bytes);
+            match &conn.cors {
+                Some(origin) => conn.send(http::insert_headers(&bytes, &cors_lines(origin))),
+                None => conn.send(bytes),
+            }
             if close {
                 conn.close_after_flush = true;
                 conn.phase = Phase::Closing;
@@ -404,7 +619,15 @@ impl Relay {
         }
     }
 
-    fn reply_error(&mut self, key: usize, status: u16, code: &str, detail: &str, close: bool) {
+    fn reply_error(
+        &mut self,
+        key: usize,
+        status: u16,
+        code: &'static str,
+        detail: &str,
+        close: bool,
+    ) {
+        self.metrics.reject(code);
         let body = http::error_response(status, code, detail, &[], &[], close);
         self.reply(key, body, close);
     }
@@ -456,27 +679,10 @@ impl Relay {
                     }
                 }
                 Phase::Body { reader, body, .. } => {
-                    let done = match reader {
-                        BodyReader::Length(rem) => {
-                            let take = (*rem).min(conn.rbuf.len());
-                            body.extend_from_slice(&conn.rbuf[..take]);
-                            conn.rbuf.drain(..take);
-                            *rem -= take;
-                            *rem == 0
-                        }
-                        BodyReader::Chunked(d) => match d.decode(&conn.rbuf, body, max_body) {
-                            Ok((used, done)) => {
-                                conn.rbuf.drain(..used);
-                                done
-                            }
-                            Err(e) => {
-                                self.chunk_error(key, e);
-                                return;
-                            }
-                        },
-                    };
-                    if !done {
-                        return;
+                    match reader.take(&mut conn.rbuf, body, max_body) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => return self.chunk_error(key, e),
                     }
                     let Phase::Body { head, body, .. } =
                         std::mem::replace(&mut conn.phase, Phase::Head)
@@ -487,29 +693,11 @@ impl Relay {
                     self.on_request(key, *head, body);
                 }
                 Phase::Discard(reader) => {
-                    let done = match reader {
-                        BodyReader::Length(rem) => {
-                            let take = (*rem).min(conn.rbuf.len());
-                            conn.rbuf.drain(..take);
-                            *rem -= take;
-                            *rem == 0
-                        }
-                        BodyReader::Chunked(d) => {
-                            let mut sink = Vec::new();
-                            match d.decode(&conn.rbuf, &mut sink, max_body) {
-                                Ok((used, done)) => {
-                                    conn.rbuf.drain(..used);
-                                    done
-                                }
-                                Err(e) => {
-                                    self.chunk_error(key, e);
-                                    return;
-                                }
-                            }
-                        }
-                    };
-                    if !done {
-                        return;
+                    // The answer went out already: read the body to its end and drop it.
+                    match reader.take(&mut conn.rbuf, &mut Vec::new(), max_body) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => return self.chunk_error(key, e),
                     }
                     conn.phase = Phase::Head;
                     conn.since = Instant::now();
@@ -518,6 +706,7 @@ impl Relay {
                     conn.rbuf.clear();
                     return;
                 }
+                Phase::Ws(_) => return self.ws_process(key),
             }
         }
     }
@@ -539,16 +728,18 @@ impl Relay {
 
     /// Answers a request whose body we will not use: keep the connection when the body
     /// can be skipped, close it otherwise.
+    #[allow(clippy::too_many_arguments)]
     fn reply_skipping_body(
         &mut self,
         key: usize,
         head: &RequestHead,
         resp_status: u16,
-        code: &str,
+        code: &'static str,
         detail: &str,
         more: &[(&str, serde_json::Value)],
         extra: &[(&str, &str)],
     ) {
+        self.metrics.reject(code);
         let framing = http::framing(head, self.config.max_body_bytes);
         let expect = head.header("expect").is_some();
         let close = head.wants_close()
@@ -571,9 +762,47 @@ impl Relay {
     }
 
     fn on_head(&mut self, key: usize, head: RequestHead) {
+        let cors = self.cors_origin(&head);
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.cors = cors;
+        }
+        if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
+            // A CORS preflight (Fetch standard §3.2.2).
+            let close = head.wants_close();
+            let resp = http::response(
+                204,
+                "text/plain",
+                &[
+                    ("Access-Control-Allow-Methods", "GET, POST"),
+                    (
+                        "Access-Control-Allow-Headers",
+                        "Authorization, AEP-Version, Content-Type, Last-Event-ID",
+                    ),
+                    ("Access-Control-Max-Age", "600"),
+                ],
+                b"",
+                close,
+            );
+            return self.reply(key, resp, close);
+        }
+        if head.path == "/healthz" && head.method == "GET" {
+            let body = self.health(
+                self.config
+                    .auth
+                    .check(&head)
+                    .is_ok_and(|g| g.authenticated || !self.config.auth.enabled()),
+            );
+            let close = head.wants_close();
+            let resp = http::response(200, "application/json", &[], &body, close);
+            return self.reply(key, resp, close);
+        }
         let allow = match head.path.as_str() {
             "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" => "GET",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" | "/socket" => {
+                "GET"
+            }
+            #[cfg(feature = "status-page")]
+            "/" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
                 return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
@@ -595,6 +824,47 @@ impl Relay {
                 &[("Allow", allow)],
             );
         }
+        let grant = match self.config.auth.check(&head) {
+            Ok(g) => g,
+            Err(e) => {
+                log::info!(
+                    "refused {} {} from {}: 401 ({:?})",
+                    head.method,
+                    auth::scrub_query(&head.target()),
+                    self.conns
+                        .get(key)
+                        .map(|c| c.peer.to_string())
+                        .unwrap_or_default(),
+                    e
+                );
+                let extra = [("WWW-Authenticate", "Bearer")];
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    401,
+                    "unauthorized",
+                    e.detail(),
+                    &[],
+                    &extra,
+                );
+            }
+        };
+        let needed = match (head.method.as_str(), head.path.as_str()) {
+            ("POST", "/events") => Scopes::EMIT,
+            ("GET", "/stream") | ("GET", "/metrics") | ("GET", "/status") | ("GET", "/") => {
+                Scopes::WATCH
+            }
+            _ => Scopes::NONE,
+        };
+        if !grant.scopes.contains(needed) {
+            let d = format!(
+                "this token lacks the `{}` scope needed for {} {} (AEP-0003 §8.1)",
+                needed.name(),
+                head.method,
+                head.path
+            );
+            return self.reply_skipping_body(key, &head, 403, "forbidden", &d, &[], &[]);
+        }
         match (head.method.as_str(), head.path.as_str()) {
             ("POST", "/events") => self.begin_ingest(key, head),
             ("GET", "/events") | ("GET", "/.well-known/aep") => {
@@ -604,8 +874,247 @@ impl Relay {
                 self.reply(key, body, close);
             }
             ("GET", "/stream") => self.begin_sse(key, head),
+            ("GET", "/socket") => self.begin_ws(key, head, grant),
+            ("GET", "/status") => {
+                let close = head.wants_close();
+                let body = self.status_json();
+                let resp = http::response(200, "application/json", &[], &body, close);
+                self.reply(key, resp, close);
+            }
+            #[cfg(feature = "status-page")]
+            ("GET", "/") => {
+                let close = head.wants_close();
+                let resp = http::response(
+                    200,
+                    "text/html; charset=utf-8",
+                    &[(
+                        "Content-Security-Policy",
+                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+                    )],
+                    STATUS_PAGE.as_bytes(),
+                    close,
+                );
+                self.reply(key, resp, close);
+            }
+            ("GET", "/metrics") => {
+                let close = head.wants_close();
+                let text = self.metrics_text();
+                let body = http::response(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    &[],
+                    text.as_bytes(),
+                    close,
+                );
+                self.reply(key, body, close);
+            }
             _ => {}
         }
+    }
+
+    /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
+    /// the client's deltas), and the 100 most recently written sessions with their
+    /// positions.
+    fn status_json(&self) -> Vec<u8> {
+        let (mut http_n, mut sse_n, mut ws_n) = (0u64, 0u64, 0u64);
+        for (_, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
+                _ => http_n += 1,
+            }
+        }
+        let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
+        let count = self.store.session_count();
+        let recent: Vec<serde_json::Value> = self
+            .store
+            .sessions()
+            .skip(count.saturating_sub(100))
+            .map(|s| {
+                json!({
+                    "session": s.name,
+                    "events": s.events,
+                    "earliest": pos(s.earliest),
+                    "latest": pos(s.latest),
+                })
+            })
+            .collect();
+        let rejected: serde_json::Map<String, serde_json::Value> = self
+            .metrics
+            .rejected
+            .iter()
+            .map(|(c, n)| (c.to_string(), json!(n)))
+            .collect();
+        let st = &self.hub.stats;
+        let doc = json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n, "ws": ws_n},
+            "subscriptions": self.hub.len(),
+            "sessions": {"count": count, "recent": recent},
+            "buffered_events": self.store.len(),
+            "ingested": self.ingested,
+            "deliveries": st.deliveries,
+            "dropped": st.dropped,
+            "backpressure_disconnects": st.backpressure_disconnects,
+            "rejected": rejected,
+        });
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The Prometheus exposition of `GET /metrics`.
+    fn metrics_text(&self) -> String {
+        let mut x = Exposition::default();
+        x.family(metrics::INGESTED, "counter", "Events ingested, by binding.")
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "http")],
+                self.metrics.ingested_http as f64,
+            )
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "ws")],
+                self.metrics.ingested_ws as f64,
+            );
+        x.family(
+            metrics::REJECTED,
+            "counter",
+            "Requests or Events refused, by reason.",
+        );
+        for (code, n) in &self.metrics.rejected {
+            x.sample(metrics::REJECTED, &[("reason", code)], *n as f64);
+        }
+        let st = &self.hub.stats;
+        x.family(
+            metrics::DELIVERIES,
+            "counter",
+            "Frames delivered to subscribers, by binding.",
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "sse")],
+            (st.deliveries - st.deliveries_ws) as f64,
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "ws")],
+            st.deliveries_ws as f64,
+        );
+        x.family(
+            metrics::DROPPED,
+            "counter",
+            "debug/info Events not delivered to slow consumers (AEP-0003 §8.4).",
+        )
+        .sample(metrics::DROPPED, &[], st.dropped as f64);
+        x.family(
+            metrics::DISCONNECTS,
+            "counter",
+            "Consumers disconnected because a notice-or-above Event could not be queued.",
+        )
+        .sample(
+            metrics::DISCONNECTS,
+            &[],
+            st.backpressure_disconnects as f64,
+        );
+        x.family(
+            metrics::REFUSED_CONNECTIONS,
+            "counter",
+            "Connections refused at the connection limit.",
+        )
+        .sample(
+            metrics::REFUSED_CONNECTIONS,
+            &[],
+            self.metrics.refused_connections as f64,
+        );
+        let (mut http_n, mut sse_n, mut ws_n, mut queued) = (0u64, 0u64, 0u64, 0usize);
+        x.family(
+            metrics::CONN_DROPPED,
+            "gauge",
+            "Events dropped toward each live connection that had drops.",
+        );
+        for (key, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
+                _ => http_n += 1,
+            }
+            queued += c.out.len();
+            if c.dropped > 0 {
+                let k = key.to_string();
+                let peer = c.peer.to_string();
+                x.sample(
+                    metrics::CONN_DROPPED,
+                    &[("conn", &k), ("peer", &peer)],
+                    c.dropped as f64,
+                );
+            }
+        }
+        x.family(
+            metrics::CONNECTIONS,
+            "gauge",
+            "Open connections, by binding.",
+        )
+        .sample(metrics::CONNECTIONS, &[("binding", "http")], http_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "ws")], ws_n as f64);
+        x.family(metrics::SUBSCRIPTIONS, "gauge", "Live subscriptions.")
+            .sample(metrics::SUBSCRIPTIONS, &[], self.hub.len() as f64);
+        x.family(
+            metrics::SESSIONS,
+            "gauge",
+            "Sessions held in the replay store.",
+        )
+        .sample(metrics::SESSIONS, &[], self.store.session_count() as f64);
+        x.family(
+            metrics::BUFFERED_EVENTS,
+            "gauge",
+            "Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_EVENTS, &[], self.store.len() as f64);
+        x.family(
+            metrics::BUFFERED_BYTES,
+            "gauge",
+            "Bytes of Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
+        x.family(
+            metrics::QUEUED_BYTES,
+            "gauge",
+            "Bytes queued for output across all connections.",
+        )
+        .sample(metrics::QUEUED_BYTES, &[], queued as f64);
+        x.family(metrics::UPTIME, "gauge", "Seconds since start.")
+            .sample(metrics::UPTIME, &[], self.started.elapsed().as_secs_f64());
+        x.finish()
+    }
+
+    /// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is
+    /// allowed by `cors_origins`.
+    fn cors_origin(&self, head: &RequestHead) -> Option<String> {
+        let origin = head.header("origin")?;
+        let allowed = &self.config.cors_origins;
+        if allowed.iter().any(|o| o == "*") {
+            Some("*".to_string())
+        } else if allowed.iter().any(|o| o == origin) {
+            Some(origin.to_string())
+        } else {
+            None
+        }
+    }
+
+    /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
+    fn health(&self, detailed: bool) -> Vec<u8> {
+        let doc = if detailed {
+            json!({
+                "ok": true,
+                "sessions": self.store.session_count(),
+                "subscribers": self.hub.len(),
+                "connections": self.conns.len(),
+                "uptime_s": self.started.elapsed().as_secs(),
+            })
+        } else {
+            json!({ "ok": true })
+        };
+        serde_json::to_vec(&doc).unwrap_or_default()
     }
 
     /// The discovery document (AEP-0003 §3.4) with what this relay really does.
@@ -613,7 +1122,7 @@ impl Relay {
         let doc = json!({
             "aep": envelope::SUPPORTED_VERSIONS,
             "role": "relay",
-            "endpoints": { "events": "/events", "stream": "/stream" },
+            "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
             "capabilities": {
                 "filters": ["attr-match"],
                 "replay": {
@@ -623,6 +1132,8 @@ impl Relay {
                     "all": true
                 },
                 "capture": ["none", "metadata", "redacted", "full"],
+                "roster": {},
+                "control": { "accepts": [], "routes": self.config.auth.enabled() },
                 "experimental": {}
             }
         });
@@ -720,6 +1231,7 @@ impl Relay {
                 close,
             ),
             Err(r) => {
+                self.metrics.reject(r.code());
                 log::debug!("refused POST /events: {r}");
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
@@ -776,11 +1288,50 @@ impl Relay {
             }
         }
         let n = ok.len();
+        // Kept in the history before it is published or answered (issue 5).
+        self.persist(&ok)?;
+        self.metrics.ingested_http += n as u64;
         for ev in ok {
             self.publish(ev);
         }
         Ok(n)
     }
+
+    // ---- JSONL ingest and durable history (issue 5; src/jsonl.rs, src/history.rs) ----
+
+    /// Appends a batch of valid Events to the history, when one is configured. Called
+    /// before the batch is published or answered.
+    pub(super) fn persist(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+        let Some(h) = self.history.as_mut() else {
+            return Ok(());
+        };
+        h.append_batch(events, &self.store)
+            .map(|_| ())
+            .map_err(|e| Refusal::HistoryUnavailable { detail: e.reason() })
+    }
+
+    /// Ingests what the JSONL sources read: per chunk, history append then publish.
+    fn on_wake(&mut self) {
+        let Some(mut jsonl) = self.jsonl.take() else {
+            return;
+        };
+        let stop = jsonl.drain(Instant::now(), |events| {
+            self.persist(events)?;
+            for ev in events {
+                self.publish(ev.clone());
+            }
+            Ok::<(), Refusal>(())
+        });
+        if stop {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        if jsonl.more_ready() {
+            let _ = self.waker.wake();
+        }
+        self.jsonl = Some(jsonl);
+    }
+
+    // ---- end of JSONL ingest and durable history ----
 
     /// Ingests Events in-process, exactly as `POST /events` with
     /// `application/x-ndjson` would (all or nothing).
@@ -825,63 +1376,47 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        conn.send(sse::STREAM_HEAD);
+        match &conn.cors {
+            Some(origin) => conn.send(http::insert_headers(sse::STREAM_HEAD, &cors_lines(origin))),
+            None => conn.send(sse::STREAM_HEAD),
+        }
         conn.last_write = Instant::now();
-        // Replay precedes live delivery (AEP-0003 §5, §7). The reactor is single-threaded,
-        // so no Event can arrive between the replay and the subscription going live: no
-        // gap and no duplicate across the boundary.
-        let mut frames: Vec<Bytes> = Vec::new();
-        let (filter, ceiling) = (&req.filter, req.ceiling);
-        let emit = |frames: &mut Vec<Bytes>, ev: &Arc<Event>| {
-            if filter.matches(&**ev) {
-                frames.push(fanout::Frames::default().sse(ev, ceiling));
-            }
-        };
-        match &req.from {
-            sse::From::Live => {}
-            sse::From::All => {
-                self.store.replay_all(&mut |ev| emit(&mut frames, ev));
-            }
-            sse::From::Positions(ps) => {
-                for p in ps {
-                    let mut held = Vec::new();
-                    let marker = self
-                        .store
-                        .replay_after(&p.session, (p.epoch, p.seq), &mut |ev| {
-                            held.push(ev.clone())
-                        });
-                    if let Some(earliest) = marker {
-                        frames.push(sse::replay_exhausted(&p.session, earliest));
-                    }
-                    for ev in &held {
-                        emit(&mut frames, ev);
-                    }
-                }
-            }
-        }
-        let conn = &mut self.conns[key];
-        for f in frames {
-            conn.out.push(f);
-        }
-        if req.live {
-            let sub = self.hub.insert(Subscription {
+        // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
+        // (see `relay::replay`): no gap and no duplicate across the boundary.
+        let sub = req.live.then(|| {
+            self.hub.insert(Subscription {
                 conn: key,
-                filter: req.filter,
+                filter: req.filter.clone(),
                 ceiling: req.ceiling,
                 binding: Binding::Sse,
-            });
-            conn.phase = Phase::Sse { sub };
-        } else {
-            conn.phase = Phase::Closing;
-            conn.close_after_flush = true;
-        }
-        self.mark_dirty(key);
+            })
+        });
+        let conn = &mut self.conns[key];
+        conn.phase = match sub {
+            Some(sub) => Phase::Sse { sub },
+            None => Phase::Closing,
+        };
+        let sessions = replay_sessions(&self.store, &req.from);
+        self.start_replay(
+            key,
+            ReplayJob {
+                sub,
+                ws_id: None,
+                pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                sessions,
+                filter: req.filter,
+                ceiling: req.ceiling,
+                end_after: !req.live,
+            },
+        );
     }
 
     /// Timers: heartbeats, request and idle timeouts, lingering closes.
     fn tick(&mut self, now: Instant) {
+        self.on_wake(); // JSONL: retry a chunk the history refused (issue 5)
         let mut expired = Vec::new();
         let mut slow = Vec::new();
+        let mut ws_idle = Vec::new();
         for (key, conn) in self.conns.iter_mut() {
             match conn.phase {
                 Phase::Sse { .. } => {
@@ -894,6 +1429,16 @@ impl Relay {
                         }
                     }
                 }
+                Phase::Ws(_) => match socket::tick_ws(conn, now, &self.config) {
+                    socket::WsTick::Quiet => {}
+                    socket::WsTick::Pinged => {
+                        if !conn.dirty {
+                            conn.dirty = true;
+                            self.dirty.push(key);
+                        }
+                    }
+                    socket::WsTick::Idle => ws_idle.push(key),
+                },
                 Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => {
                     if now.duration_since(conn.since) >= self.config.idle_timeout {
                         expired.push(key);
@@ -919,6 +1464,13 @@ impl Relay {
         for key in expired {
             self.close(key);
         }
+        for key in ws_idle {
+            let reason = format!(
+                "idle: nothing received for {} s",
+                self.config.ws_idle_timeout.as_secs_f64()
+            );
+            self.ws_close(key, &reason, crate::ws::frame::close_code::GOING_AWAY);
+        }
         for key in slow {
             log::info!(
                 "closing {}: request not received in time (408)",
@@ -935,6 +1487,20 @@ impl Relay {
     /// Flushes every connection with new output, closes the doomed, updates interest.
     fn settle(&mut self) {
         for key in std::mem::take(&mut self.doomed) {
+            match self.conns.get(key).map(|c| &c.phase) {
+                // A WebSocket gets `closing` with its positions, then the close frame.
+                Some(Phase::Ws(_)) => {
+                    log::info!(
+                        "closing WebSocket {} (backpressure, AEP-0003 §8.4)",
+                        self.conns[key].peer
+                    );
+                    let reason = "backpressure: the consumer fell behind";
+                    self.ws_close(key, reason, crate::ws::frame::close_code::TRY_AGAIN);
+                    continue;
+                }
+                Some(Phase::Closing) if self.conns[key].close_after_flush => continue,
+                _ => {}
+            }
             if let Some(c) = self.conns.get(key) {
                 log::info!(
                     "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
@@ -943,12 +1509,14 @@ impl Relay {
             }
             self.close(key);
         }
-        let dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
             self.flush(key);
         }
+        // Keep what flushing marked again (replay continuing on the next turn).
+        dirty.clear();
+        dirty.append(&mut self.dirty);
         self.dirty = dirty;
-        self.dirty.clear();
     }
 
     fn flush(&mut self, key: usize) {
@@ -957,9 +1525,37 @@ impl Relay {
         };
         conn.dirty = false;
         let now = Instant::now();
-        let had_output = !conn.out.is_empty();
-        match conn.out.flush(&mut conn.sock) {
-            Flush::Closed => return self.close(key),
+        let mut had_output = false;
+        let mut rounds = 0;
+        let state = loop {
+            let conn = &mut self.conns[key];
+            if !conn.replay.is_empty() || !conn.backlog.is_empty() {
+                self.pump_replay(key);
+            }
+            let conn = &mut self.conns[key];
+            had_output |= !conn.out.is_empty();
+            let mut state = conn.out.flush(&mut conn.sock);
+            if state == Flush::Done {
+                state = match conn.sock.write_pending() {
+                    Ok(false) => Flush::Done,
+                    Ok(true) => Flush::Blocked,
+                    Err(_) => Flush::Closed,
+                };
+            }
+            let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            rounds += 1;
+            if state != Flush::Done || !more {
+                break state;
+            }
+            if rounds == 4 {
+                // The socket keeps up: continue on the next turn, after the others.
+                self.mark_dirty(key);
+                break state;
+            }
+        };
+        let conn = &mut self.conns[key];
+        match state {
+            Flush::Closed => self.close(key),
             Flush::Done => {
                 if had_output {
                     conn.last_write = now;
@@ -1000,8 +1596,10 @@ impl Relay {
             return;
         }
         let mut conn = self.conns.remove(key);
-        if let Phase::Sse { sub } = conn.phase {
-            self.hub.remove(sub);
+        match &conn.phase {
+            Phase::Sse { sub } => self.hub.remove(*sub),
+            Phase::Ws(ws) => self.ws_release(key, ws),
+            _ => {}
         }
         let _ = conn.sock.deregister(self.poll.registry());
         if let Some(pipe) = conn.sock.memory() {

@@ -2,6 +2,8 @@
 //! tests, fuzz targets, benchmarks and embedding hosts drive a connection's whole state
 //! machine without sockets. Protocol code never knows which one it talks to.
 
+#[cfg(feature = "tls")]
+use crate::tls::TlsStream;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use std::io::{self, IoSlice, Read, Write};
@@ -28,6 +30,9 @@ pub(crate) struct MemoryPipe {
 pub(crate) enum Transport {
     /// A non-blocking TCP socket registered with the poller.
     Tcp(TcpStream),
+    /// TLS over a non-blocking TCP socket.
+    #[cfg(feature = "tls")]
+    Tls(Box<TlsStream>),
     /// An in-memory pipe (no poller registration).
     Memory(MemoryPipe),
 }
@@ -36,6 +41,8 @@ impl Transport {
     pub(crate) fn register(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
         match self {
             Transport::Tcp(s) => r.register(s, t, i),
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => r.register(&mut s.tcp, t, i),
             Transport::Memory(_) => Ok(()),
         }
     }
@@ -43,6 +50,8 @@ impl Transport {
     pub(crate) fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
         match self {
             Transport::Tcp(s) => r.reregister(s, t, i),
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => r.reregister(&mut s.tcp, t, i),
             Transport::Memory(_) => Ok(()),
         }
     }
@@ -50,21 +59,38 @@ impl Transport {
     pub(crate) fn deregister(&mut self, r: &Registry) -> io::Result<()> {
         match self {
             Transport::Tcp(s) => r.deregister(s),
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => r.deregister(&mut s.tcp),
             Transport::Memory(_) => Ok(()),
         }
     }
 
     /// Half-closes the writing side.
     pub(crate) fn shutdown_write(&mut self) {
-        if let Transport::Tcp(s) = self {
-            let _ = s.shutdown(std::net::Shutdown::Write);
+        match self {
+            Transport::Tcp(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            }
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => s.shutdown_write(),
+            Transport::Memory(_) => {}
+        }
+    }
+
+    /// Writes output the transport itself still holds (TLS records); `Ok(true)` while
+    /// some remains.
+    pub(crate) fn write_pending(&mut self) -> io::Result<bool> {
+        match self {
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => s.write_pending(),
+            _ => Ok(false),
         }
     }
 
     pub(crate) fn memory(&mut self) -> Option<&mut MemoryPipe> {
         match self {
             Transport::Memory(m) => Some(m),
-            Transport::Tcp(_) => None,
+            _ => None,
         }
     }
 }
@@ -73,6 +99,8 @@ impl Read for Transport {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Transport::Tcp(s) => s.read(buf),
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => s.read(buf),
             Transport::Memory(m) => {
                 let left = &m.input[m.pos..];
                 if left.is_empty() {
@@ -101,6 +129,8 @@ impl Write for Transport {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Transport::Tcp(s) => s.write_vectored(bufs),
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => s.write_vectored(bufs),
             Transport::Memory(m) => {
                 let room = m
                     .write_limit

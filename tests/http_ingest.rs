@@ -349,3 +349,38 @@ fn envelope_invalid_cases_answer_400() {
     }
     assert!(n >= 17, "expected the 17 envelope-level cases, ran {n}");
 }
+
+#[test]
+fn cors_headers_only_for_configured_origins() {
+    let relay = TestRelay::with(|c| c.cors_origins = vec!["http://dash.example".into()]);
+    let (_, headers, _) = raw_request(
+        &relay,
+        b"GET /events HTTP/1.1\r\nHost: x\r\nOrigin: http://dash.example\r\n\r\n",
+    );
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "access-control-allow-origin" && v == "http://dash.example"));
+    let (_, headers, _) = raw_request(
+        &relay,
+        b"GET /events HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\n\r\n",
+    );
+    assert!(!headers
+        .iter()
+        .any(|(k, _)| k == "access-control-allow-origin"));
+    let (status, headers, _) = raw_request(
+        &relay,
+        b"OPTIONS /events HTTP/1.1\r\nHost: x\r\nOrigin: http://dash.example\r\nAccess-Control-Request-Method: POST\r\n\r\n",
+    );
+    assert_eq!(status, 204);
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "access-control-allow-headers" && v.contains("AEP-Version")));
+    // The SSE stream head carries it too.
+    let mut s = relay.tcp();
+    s.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\nOrigin: http://dash.example\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 120];
+    let n = std::io::Read::read(&mut s, &mut head).unwrap();
+    assert!(String::from_utf8_lossy(&head[..n])
+        .contains("Access-Control-Allow-Origin: http://dash.example"));
+}

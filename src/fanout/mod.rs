@@ -9,19 +9,24 @@ pub mod index;
 
 use crate::capture;
 use crate::conn::Conn;
+use crate::envelope::Scope;
 use crate::envelope::{Capture, Event, Severity};
 use crate::filter::Filter;
 use crate::sse;
+use crate::ws::{self, Delivered};
 use bytes::Bytes;
 use index::SubscriptionIndex;
 use slab::Slab;
 use std::sync::Arc;
 
 /// The binding a subscription delivers on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Binding {
     /// An SSE stream (one subscription per connection).
     Sse,
+    /// One of the subscriptions multiplexed on a WebSocket (AEP-0003 §6.5), with the
+    /// last position delivered per session for its `closing` frame (§3.5 #4).
+    Ws(Delivered),
 }
 
 /// One live subscription.
@@ -42,6 +47,7 @@ pub struct Subscription {
 #[derive(Default)]
 pub(crate) struct Frames {
     sse: [Option<Bytes>; 5],
+    ws: [Option<Bytes>; 5],
     payload: [Option<Bytes>; 4],
 }
 
@@ -83,6 +89,38 @@ impl Frames {
         self.sse[slot] = Some(m.clone());
         m
     }
+
+    /// The WebSocket text frame for a subscriber with `ceiling`: header and payload
+    /// (the original bytes, or the down-leveled copy) in one buffer. Server frames are
+    /// unmasked, so it is the same bytes for every subscriber (AEP-0003 §3.5 #2).
+    pub(crate) fn ws(&mut self, ev: &Event, ceiling: Option<Capture>) -> Bytes {
+        let slot = Self::payload_slot(ev, ceiling);
+        if let Some(b) = &self.ws[slot] {
+            return b.clone();
+        }
+        let payload = self.payload(ev, slot);
+        let f = ws::frame::text(&payload);
+        self.ws[slot] = Some(f.clone());
+        f
+    }
+}
+
+/// The wider of two ceilings (`None`, as received, is the widest): a connection whose
+/// subscriptions matched an Event at several ceilings gets it once, at the highest.
+fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        _ => None,
+    }
+}
+
+/// One connection an Event goes to, during one fan-out.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    conn: usize,
+    ws: bool,
+    ceiling: Option<Capture>,
+    queued: bool,
 }
 
 /// Counters the hub keeps (read by `/metrics`).
@@ -90,6 +128,8 @@ impl Frames {
 pub struct FanoutStats {
     /// Frames queued to subscribers.
     pub deliveries: u64,
+    /// Of `deliveries`, those to WebSocket connections.
+    pub deliveries_ws: u64,
     /// `debug`/`info` Events not delivered to a slow consumer (AEP-0003 §8.4).
     pub dropped: u64,
     /// Consumers disconnected because a `notice`+ Event could not be queued.
@@ -102,7 +142,12 @@ pub struct Hub {
     subs: Slab<Subscription>,
     index: SubscriptionIndex,
     matched: Vec<usize>,
+    /// Per fan-out scratch: one entry per connection reached (`Conn::fan_slot` indexes it).
+    targets: Vec<Target>,
     serial: u64,
+    /// A connection the next fan-outs skip: the claimant a command was just forwarded to
+    /// directly, which must not get it a second time (set and cleared by the caller).
+    pub(crate) except: Option<usize>,
     /// Counters.
     pub stats: FanoutStats,
 }
@@ -127,14 +172,20 @@ pub(crate) fn queue(
     severity: Severity,
     max_output: usize,
 ) -> Queued {
-    if conn.out.len() + frame.len() > max_output && !conn.out.is_empty() {
+    // While a replay is in progress, live frames wait behind it (same bound).
+    let q = if conn.replay.is_empty() {
+        &mut conn.out
+    } else {
+        &mut conn.backlog
+    };
+    if q.len() + frame.len() > max_output && !q.is_empty() {
         if severity <= Severity::Info {
             conn.dropped += 1;
             return Queued::Dropped;
         }
         return Queued::Disconnect;
     }
-    conn.out.push(frame);
+    q.push(frame);
     Queued::Yes
 }
 
@@ -165,10 +216,24 @@ impl Hub {
         }
     }
 
+    /// The subscription with key `key`.
+    pub fn get(&self, key: usize) -> Option<&Subscription> {
+        self.subs.get(key)
+    }
+
+    /// The subscription with key `key`, mutably.
+    pub fn get_mut(&mut self, key: usize) -> Option<&mut Subscription> {
+        self.subs.get_mut(key)
+    }
+
     /// Fans `ev` out to every matching subscription, at most once per connection,
     /// pushing shared frames into the connections' queues. Connections that received
     /// output are appended to `dirty`; connections that must be dropped for backpressure
     /// to `doomed`.
+    ///
+    /// Subscriptions are a disjunction (AEP-0003 §6.5): when several subscriptions of
+    /// one connection match, the Event is delivered once, at the widest of their
+    /// ceilings, and every one of them records the position as delivered.
     pub(crate) fn fanout(
         &mut self,
         ev: &Event,
@@ -184,34 +249,83 @@ impl Hub {
         }
         self.serial += 1;
         let serial = self.serial;
-        let severity = ev.severity();
-        let mut frames = Frames::default();
+        self.targets.clear();
+        let mut any_ws = false;
         for &key in &self.matched {
             let Some(sub) = self.subs.get(key) else {
                 continue;
             };
+            if self.except == Some(sub.conn) {
+                continue;
+            }
             let Some(conn) = conns.get_mut(sub.conn) else {
                 continue;
             };
+            if conn.replay_covers(key, ev.session()) {
+                continue;
+            }
             if conn.mark == serial {
+                let t = &mut self.targets[conn.fan_slot];
+                t.ceiling = wider(t.ceiling, sub.ceiling);
                 continue;
             }
             conn.mark = serial;
-            let frame = match sub.binding {
-                Binding::Sse => frames.sse(ev, sub.ceiling),
+            conn.fan_slot = self.targets.len();
+            let ws = matches!(sub.binding, Binding::Ws(_));
+            any_ws |= ws;
+            self.targets.push(Target {
+                conn: sub.conn,
+                ws,
+                ceiling: sub.ceiling,
+                queued: false,
+            });
+        }
+        let severity = ev.severity();
+        let mut frames = Frames::default();
+        for t in &mut self.targets {
+            let Some(conn) = conns.get_mut(t.conn) else {
+                continue;
+            };
+            let frame = if t.ws {
+                frames.ws(ev, t.ceiling)
+            } else {
+                frames.sse(ev, t.ceiling)
             };
             match queue(conn, frame, severity, max_output) {
                 Queued::Yes => {
+                    t.queued = true;
                     self.stats.deliveries += 1;
+                    self.stats.deliveries_ws += u64::from(t.ws);
                     if !conn.dirty {
                         conn.dirty = true;
-                        dirty.push(sub.conn);
+                        dirty.push(t.conn);
                     }
                 }
                 Queued::Dropped => self.stats.dropped += 1,
                 Queued::Disconnect => {
                     self.stats.backpressure_disconnects += 1;
-                    doomed.push(sub.conn);
+                    doomed.push(t.conn);
+                }
+            }
+        }
+        // WS subscriptions remember the last position they delivered (for `closing`).
+        let position = match (ev.scope(), ev.session(), ev.seq()) {
+            (Scope::Sequenced, Some(s), Some(q)) if any_ws => Some((s, (ev.epoch(), q))),
+            _ => None,
+        };
+        if let Some((session, pos)) = position {
+            for &key in &self.matched {
+                let Some(sub) = self.subs.get_mut(key) else {
+                    continue;
+                };
+                let Binding::Ws(delivered) = &mut sub.binding else {
+                    continue;
+                };
+                let queued = conns
+                    .get(sub.conn)
+                    .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
+                if queued {
+                    delivered.note(session, pos);
                 }
             }
         }

@@ -598,6 +598,16 @@ fn compile_severity(value: &Value) -> Result<Pred, FilterError> {
 /// A JSON value deserialised with duplicate object member names rejected.
 struct StrictValue(Value);
 
+/// Parses JSON with duplicate object member names rejected at any depth (two readers
+/// could disagree on which one counts), as [`Filter::parse`] does; the WebSocket binding
+/// reads its frames this way.
+///
+/// # Errors
+/// `serde_json`'s error for malformed JSON or a duplicated member.
+pub(crate) fn strict_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    serde_json::from_slice::<StrictValue>(bytes).map(|v| v.0)
+}
+
 impl<'de> serde::Deserialize<'de> for StrictValue {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StrictValue, D::Error> {
         d.deserialize_any(StrictVisitor).map(StrictValue)

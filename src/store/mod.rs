@@ -144,6 +144,33 @@ pub enum Admission {
     NotBuffered,
 }
 
+/// An opaque place in one session's order, returned by [`Store::replay_page`] to
+/// continue a paged replay.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Cursor(Key);
+
+/// Where a (paged) replay of one session starts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ReplayFrom {
+    /// Strictly after a resume position (AEP-0003 §7), foreign Events anchored at it
+    /// included.
+    After(Position),
+    /// From the earliest held Event (replay-all, AEP-0003 §5).
+    Start,
+    /// Strictly after the last Event of a previous page.
+    Cursor(Cursor),
+}
+
+/// One page of a replay.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// `Some(earliest held position)` when a `replay-exhausted` marker is due before
+    /// this page's Events.
+    pub marker: Option<Position>,
+    /// Where the next page starts; `None` when this page reached the newest Event.
+    pub next: Option<Cursor>,
+}
+
 /// Bit that separates "before everything" foreign keys from keys at a position.
 const AT: u64 = 1 << 63;
 
@@ -550,6 +577,66 @@ impl<E: Stored> Store<E> {
         marker
     }
 
+    /// Replays one page of `session`: at most `max` held Events strictly after `from`, in
+    /// session order. Paging lets a consumer's replay advance only as fast as it reads
+    /// (bounded memory per consumer however large the store is).
+    ///
+    /// - [`ReplayFrom::After`] behaves like [`Store::replay_after`] for its first page.
+    /// - [`ReplayFrom::Start`] starts at the earliest held Event, with no marker.
+    /// - [`ReplayFrom::Cursor`] continues a previous page. Its marker is `Some` when Events
+    ///   after the cursor were evicted between pages (the consumer fell behind the ring),
+    ///   so even a paged replay never hides a gap.
+    ///
+    /// Returns `None` when the session is not held, otherwise the [`Page`]: the marker (as
+    /// for [`Store::replay_after`]) and the cursor to continue from (`None` when the
+    /// page reached the session's newest Event).
+    pub fn replay_page(
+        &self,
+        session: &str,
+        from: ReplayFrom,
+        max: usize,
+        out: &mut impl FnMut(&Arc<E>),
+    ) -> Option<Page> {
+        let s = self.get(session)?;
+        let (start, marker) = match from {
+            ReplayFrom::Start => (0, None),
+            ReplayFrom::After(after) => {
+                let bound = Key::at(after);
+                let marker = match s.evicted_high {
+                    Some(h) if bound < h => Some(s.exhausted_earliest(h, after)),
+                    _ => None,
+                };
+                (s.ring.partition_point(|e| e.key <= bound), marker)
+            }
+            ReplayFrom::Cursor(Cursor(bound)) => {
+                let marker = match s.evicted_high {
+                    Some(h) if bound < h => {
+                        Some(s.exhausted_earliest(h, bound.anchor().unwrap_or((0, 0))))
+                    }
+                    _ => None,
+                };
+                (s.ring.partition_point(|e| e.key <= bound), marker)
+            }
+        };
+        let end = start.saturating_add(max).min(s.ring.len());
+        let mut last = None;
+        for e in s.ring.range(start..end) {
+            out(&e.ev);
+            last = Some(e.key);
+        }
+        let next = if end < s.ring.len() {
+            last.map(Cursor)
+        } else {
+            None
+        };
+        Some(Page { marker, next })
+    }
+
+    /// The names of every held session, in the [`Store::replay_all`] order.
+    pub fn session_names(&self) -> Vec<Box<str>> {
+        self.iter_lru().map(|s| s.name.clone()).collect()
+    }
+
     /// Replays everything held for `session`, from its earliest held Event, in session
     /// order, with no marker (the request names no position). Returns the number of
     /// Events delivered (0 when the session is not held).
@@ -578,6 +665,20 @@ impl<E: Stored> Store<E> {
             n += s.ring.len();
         }
         n
+    }
+
+    /// Whether an Event with `ev`'s `(source, id)` is held in `ev`'s session, i.e. whether
+    /// [`Store::admit`] would answer [`Admission::Duplicate`] (AEP-0001 §7 #4). Read-only;
+    /// the durable history uses it so a redelivered Event is not written twice.
+    pub fn holds(&self, ev: &Arc<E>) -> bool {
+        ev.session()
+            .and_then(|name| self.get(name))
+            .is_some_and(|s| {
+                s.ids.contains(&ByKey {
+                    hash: self.hasher.hash_one(ev.dedupe_key()),
+                    ev: Arc::clone(ev),
+                })
+            })
     }
 
     /// Number of sessions held.

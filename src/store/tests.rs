@@ -605,3 +605,70 @@ fn large_counts_stay_bounded() {
     assert_eq!(after(&st, "hot", (0, 98_999)).1, None);
     assert_eq!(after(&st, "hot", (0, 98_998)).1, Some((0, 99_000)));
 }
+
+/// Pages of any size concatenate to exactly what one `replay_after` returns, foreign
+/// Events and backfill included.
+#[test]
+fn pages_concatenate_to_the_whole_replay() {
+    let mut st: Store<T> = Store::new(100, 10);
+    admit_all(
+        &mut st,
+        [
+            sq("s", 0, 1),
+            fo("s", "f1"),
+            sq("s", 0, 3),
+            sq("s", 0, 2),
+            fo("s", "f2"),
+            sq("s", 1, 0),
+        ],
+    );
+    let (whole, marker) = after(&st, "s", (0, 1));
+    assert_eq!(marker, None);
+    for max in 1..=7 {
+        let mut got = Vec::new();
+        let mut from = ReplayFrom::After((0, 1));
+        loop {
+            let page = st
+                .replay_page("s", from, max, &mut |e| got.push(e.id.clone()))
+                .unwrap();
+            assert_eq!(page.marker, None);
+            match page.next {
+                Some(c) => from = ReplayFrom::Cursor(c),
+                None => break,
+            }
+        }
+        assert_eq!(got, whole, "page size {max}");
+    }
+    let mut all = Vec::new();
+    st.replay_page("s", ReplayFrom::Start, 100, &mut |e| all.push(e.id.clone()));
+    assert_eq!(all, from_start(&st, "s"));
+    assert!(st
+        .replay_page("nope", ReplayFrom::Start, 1, &mut |_| {})
+        .is_none());
+}
+
+/// When the ring evicts past a paged replay's cursor, the next page carries a marker
+/// and continues from the earliest held Event: no gap is ever hidden.
+#[test]
+fn eviction_overtaking_a_cursor_marks_the_next_page() {
+    let mut st: Store<T> = Store::new(4, 10);
+    admit_all(&mut st, (0..4).map(|i| sq("s", 0, i)));
+    let mut got = Vec::new();
+    let page = st
+        .replay_page("s", ReplayFrom::Start, 1, &mut |e| got.push(e.id.clone()))
+        .unwrap();
+    let cursor = page.next.unwrap();
+    admit_all(&mut st, (4..8).map(|i| sq("s", 0, i)));
+    let page = st
+        .replay_page("s", ReplayFrom::Cursor(cursor), 10, &mut |e| {
+            got.push(e.id.clone())
+        })
+        .unwrap();
+    assert_eq!(
+        page.marker,
+        Some((0, 4)),
+        "events 1..=3 were evicted unread"
+    );
+    assert_eq!(page.next, None);
+    assert_eq!(got, strs(&["e0.0", "e0.4", "e0.5", "e0.6", "e0.7"]));
+}

@@ -26,8 +26,10 @@ impl TestRelay {
     }
 
     pub fn with(tweak: impl FnOnce(&mut Config)) -> TestRelay {
-        let mut config = Config::default();
-        config.listen = "127.0.0.1:0".parse().unwrap();
+        let mut config = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Config::default()
+        };
         tweak(&mut config);
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -269,4 +271,96 @@ pub fn event(session: &str, epoch: u64, seq: u64, ty: &str, extra: &str) -> Stri
 /// URL-encodes a query value.
 pub fn enc(v: &str) -> String {
     form_urlencoded::byte_serialize(v.as_bytes()).collect()
+}
+
+/// The `aep-relay` binary running as a child process; its stderr is collected.
+pub struct RelayProcess {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr_thread: Option<JoinHandle<()>>,
+}
+
+impl RelayProcess {
+    /// Starts the binary with `args` (a `--listen 127.0.0.1:0` is added) and `envs`, and
+    /// waits for its start-up line.
+    pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> RelayProcess {
+        use std::process::{Command, Stdio};
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_aep-relay"));
+        cmd.args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("binary starts");
+        let stderr = child.stderr.take().unwrap();
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = text.clone();
+        let stderr_thread = std::thread::spawn(move || {
+            let mut r = BufReader::new(stderr);
+            let mut line = String::new();
+            let mut tx = Some(tx);
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                if let Some(rest) = line.strip_prefix("aep-relay listening on ") {
+                    let addr: SocketAddr = rest.split(' ').next().unwrap().parse().unwrap();
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr);
+                    }
+                }
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let addr = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("no start-up line; stderr: {}", text.lock().unwrap()));
+        RelayProcess {
+            child,
+            addr,
+            stderr: text,
+            stderr_thread: Some(stderr_thread),
+        }
+    }
+
+    /// Sends a signal (`"TERM"`, `"INT"`, `"KILL"`) to the process.
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig}");
+    }
+
+    /// Waits for the process to exit (bounded) and returns its status and whole stderr.
+    pub fn wait(mut self) -> (std::process::ExitStatus, String) {
+        let deadline = std::time::Instant::now() + WAIT;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "relay did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if let Some(t) = self.stderr_thread.take() {
+            let _ = t.join();
+        }
+        let text = self.stderr.lock().unwrap().clone();
+        (status, text)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -1,0 +1,327 @@
+//! Bearer-token authentication and scopes (AEP-0003 §8.1; AEP-0004 §4.1, §8).
+//!
+//! Tokens come from `AEP_TOKEN` (one token with every scope) and/or a tokens file
+//! (`AEP_TOKENS_FILE`): one token per line followed by its scopes, e.g.
+//!
+//! ```text
+//! # token            scopes
+//! s3cr3t-dashboard   watch
+//! s3cr3t-agent       emit,watch
+//! s3cr3t-operator    emit watch control
+//! ```
+//!
+//! A request presents its token as `Authorization: Bearer <token>`, or as the query
+//! parameter `access_token=<token>` for EventSource and browser WebSocket clients that
+//! cannot set headers. Tokens are compared in constant time (SHA-256 digests compared
+//! with `subtle`), and never logged: use [`scrub_query`] before logging a request target.
+//!
+//! With no token configured the relay grants `emit` and `watch` to every peer that can
+//! reach it (the start-up gate keeps such a relay on loopback unless the operator says
+//! otherwise) and refuses all control (AEP-0004 §4.1: control needs authentication
+//! unconditionally).
+
+use crate::http::RequestHead;
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::path::Path;
+use subtle::ConstantTimeEq;
+
+/// A set of scopes.
+#[derive(Copy, Clone, PartialEq, Eq, Default, Hash)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    /// No scope.
+    pub const NONE: Scopes = Scopes(0);
+    /// May POST Events and send Events on a socket.
+    pub const EMIT: Scopes = Scopes(1);
+    /// May subscribe, stream, read the roster and the metrics.
+    pub const WATCH: Scopes = Scopes(2);
+    /// May send commands (AEP-0004).
+    pub const CONTROL: Scopes = Scopes(4);
+    /// Every scope.
+    pub const ALL: Scopes = Scopes(7);
+
+    /// Whether every scope of `other` is in `self`.
+    pub fn contains(self, other: Scopes) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The union.
+    pub fn with(self, other: Scopes) -> Scopes {
+        Scopes(self.0 | other.0)
+    }
+
+    /// The scope's name (`emit`, `watch`, `control`) for a single scope.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scopes::EMIT => "emit",
+            Scopes::WATCH => "watch",
+            Scopes::CONTROL => "control",
+            _ => "scopes",
+        }
+    }
+
+    fn parse_one(s: &str) -> Option<Scopes> {
+        Some(match s {
+            "emit" => Scopes::EMIT,
+            "watch" => Scopes::WATCH,
+            "control" => Scopes::CONTROL,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Debug for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL]
+            .into_iter()
+            .filter(|s| self.contains(*s))
+            .map(|s| s.name())
+            .collect();
+        write!(f, "Scopes({})", names.join(","))
+    }
+}
+
+/// What a request may do.
+#[derive(Debug, Copy, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The scopes granted.
+    pub scopes: Scopes,
+    /// Whether the request presented a valid token (control needs this).
+    pub authenticated: bool,
+}
+
+/// Why a request was not authenticated (401).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthError {
+    /// No token was presented.
+    Missing,
+    /// The token presented is not known.
+    Wrong,
+}
+
+impl AuthError {
+    /// The JSON error detail.
+    pub fn detail(self) -> &'static str {
+        match self {
+            AuthError::Missing => "a bearer token is required: Authorization: Bearer <token>, or ?access_token=<token> (AEP-0003 §8.1)",
+            AuthError::Wrong => "the bearer token is not valid (AEP-0003 §8.1)",
+        }
+    }
+}
+
+/// A tokens file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("tokens file {path}: {reason}")]
+pub struct TokensFileError {
+    /// The file.
+    pub path: String,
+    /// What is wrong (line number included; never the token itself).
+    pub reason: String,
+}
+
+/// The configured tokens.
+#[derive(Clone, Default)]
+pub struct Auth {
+    /// (SHA-256 of the token, its scopes).
+    tokens: Vec<([u8; 32], Scopes)>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Auth({} tokens)", self.tokens.len())
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl Auth {
+    /// Builds the token table from `AEP_TOKEN` (all scopes) and the parsed tokens file.
+    pub fn new(token: Option<&str>, scoped: &[(String, Scopes)]) -> Auth {
+        let mut tokens = Vec::new();
+        if let Some(t) = token {
+            tokens.push((digest(t), Scopes::ALL));
+        }
+        for (t, s) in scoped {
+            tokens.push((digest(t), *s));
+        }
+        Auth { tokens }
+    }
+
+    /// Whether any token is configured.
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Parses a tokens file's text: `TOKEN SCOPE[,SCOPE…]` per line (scopes separated by
+    /// commas or spaces), blank lines and `#` comments ignored.
+    ///
+    /// # Errors
+    /// A line without scopes, with an unknown scope, or a token used twice.
+    pub fn parse_tokens_file(
+        path: &Path,
+        text: &str,
+    ) -> Result<Vec<(String, Scopes)>, TokensFileError> {
+        let err = |reason: String| TokensFileError {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut out: Vec<(String, Scopes)> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut parts = line
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .filter(|p| !p.is_empty());
+            let token = parts.next().unwrap_or_default();
+            let mut scopes = Scopes::NONE;
+            for p in parts {
+                let s = Scopes::parse_one(p).ok_or_else(|| {
+                    err(format!(
+                        "line {}: unknown scope {p:?} (use emit, watch, control)",
+                        i + 1
+                    ))
+                })?;
+                scopes = scopes.with(s);
+            }
+            if scopes == Scopes::NONE {
+                return Err(err(format!(
+                    "line {}: a token needs at least one scope",
+                    i + 1
+                )));
+            }
+            if out.iter().any(|(t, _)| t == token) {
+                return Err(err(format!("line {}: the token appears twice", i + 1)));
+            }
+            out.push((token.to_string(), scopes));
+        }
+        Ok(out)
+    }
+
+    /// The token a request presents: `Authorization: Bearer …` first, then the
+    /// `access_token` query parameter.
+    pub fn presented(head: &RequestHead) -> Option<String> {
+        if let Some(v) = head.header("authorization") {
+            let mut it = v.splitn(2, ' ');
+            if it.next().is_some_and(|s| s.eq_ignore_ascii_case("bearer")) {
+                return it.next().map(|t| t.trim().to_string());
+            }
+        }
+        head.query_pairs()
+            .into_iter()
+            .find(|(k, _)| k == "access_token")
+            .map(|(_, v)| v)
+    }
+
+    /// Decides what a request may do.
+    ///
+    /// # Errors
+    /// [`AuthError`] when tokens are configured and the request presents none or an
+    /// unknown one.
+    pub fn check(&self, head: &RequestHead) -> Result<Grant, AuthError> {
+        if !self.enabled() {
+            return Ok(Grant {
+                scopes: Scopes::EMIT.with(Scopes::WATCH),
+                authenticated: false,
+            });
+        }
+        let token = Auth::presented(head).ok_or(AuthError::Missing)?;
+        let d = digest(&token);
+        // Look at every entry so the time taken does not depend on which one matched.
+        let mut found = Scopes::NONE;
+        let mut any = subtle::Choice::from(0);
+        for (t, s) in &self.tokens {
+            let eq = t.ct_eq(&d);
+            any |= eq;
+            if bool::from(eq) {
+                found = found.with(*s);
+            }
+        }
+        if bool::from(any) {
+            Ok(Grant {
+                scopes: found,
+                authenticated: true,
+            })
+        } else {
+            Err(AuthError::Wrong)
+        }
+    }
+}
+
+/// A request target with the value of every `access_token` parameter replaced by `***`,
+/// for logging (AEP-0003 §8.1: servers MUST NOT log it).
+pub fn scrub_query(target: &str) -> String {
+    let Some((path, query)) = target.split_once('?') else {
+        return target.to_string();
+    };
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((k, _)) if k == "access_token" => format!("{k}=***"),
+            _ => p.to_string(),
+        })
+        .collect();
+    format!("{path}?{}", parts.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(auth: Option<&str>, query: &str) -> RequestHead {
+        let mut h = RequestHead {
+            query: query.into(),
+            ..Default::default()
+        };
+        if let Some(a) = auth {
+            h.headers.push(("authorization".into(), a.into()));
+        }
+        h
+    }
+
+    #[test]
+    fn tokens_file_parses_scopes_and_refuses_mistakes() {
+        let p = Path::new("t");
+        let got = Auth::parse_tokens_file(p, "# c\n\na emit,watch\nb control\n").unwrap();
+        assert_eq!(got[0].1, Scopes::EMIT.with(Scopes::WATCH));
+        assert_eq!(got[1].1, Scopes::CONTROL);
+        assert!(Auth::parse_tokens_file(p, "a\n").is_err());
+        assert!(Auth::parse_tokens_file(p, "a emit,root\n").is_err());
+        let e = Auth::parse_tokens_file(p, "secret emit\nsecret watch\n").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "never echo a token: {e}");
+    }
+
+    #[test]
+    fn check_header_query_missing_wrong() {
+        let a = Auth::new(Some("t0p"), &[("w".into(), Scopes::WATCH)]);
+        assert_eq!(
+            a.check(&head(Some("Bearer t0p"), "")).unwrap().scopes,
+            Scopes::ALL
+        );
+        assert_eq!(
+            a.check(&head(None, "x=1&access_token=w")).unwrap().scopes,
+            Scopes::WATCH
+        );
+        assert_eq!(a.check(&head(None, "")), Err(AuthError::Missing));
+        assert_eq!(
+            a.check(&head(Some("Bearer nope"), "")),
+            Err(AuthError::Wrong)
+        );
+        let open = Auth::default().check(&head(None, "")).unwrap();
+        assert!(!open.authenticated && !open.scopes.contains(Scopes::CONTROL));
+    }
+
+    #[test]
+    fn scrub_hides_access_tokens() {
+        assert_eq!(
+            scrub_query("/stream?a=1&access_token=s3&b=2"),
+            "/stream?a=1&access_token=***&b=2"
+        );
+        assert_eq!(scrub_query("/stream"), "/stream");
+    }
+}

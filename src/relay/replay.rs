@@ -1,0 +1,119 @@
+//! Paced replay (AEP-0003 §5, §7): a subscription's replay is read from the store a page
+//! at a time, only while its connection's output queue is below half its bound. Memory
+//! per consumer stays bounded however much the store holds, and a consumer that reads
+//! slowly only slows its own replay.
+//!
+//! Ordering: while a replay is in progress, live frames for that connection wait in its
+//! backlog and follow the replay. A live Event of a session still to be replayed for the
+//! same subscription is not queued live at all: the replay will reach it in the store, at
+//! its place in `(epoch, seq)` order. The reactor is single-threaded, so the moment a
+//! session's last page is read is the exact boundary between replay and live for it: no
+//! gap and no duplicate. If the ring evicts Events ahead of a slow replay, the next page
+//! carries a `replay-exhausted` marker, so even then nothing is lost silently.
+
+use super::Relay;
+use crate::conn::{Phase, ReplayJob};
+use crate::envelope::{Event, Scope};
+use crate::fanout::{Binding, Frames};
+use crate::sse;
+use crate::store::ReplayFrom;
+use crate::ws::frames;
+use std::sync::Arc;
+
+/// Events read from the store per page.
+const PAGE: usize = 64;
+/// Pages one connection may take per pump before others get a turn.
+const PAGES_PER_PUMP: usize = 8;
+
+impl Relay {
+    /// Starts `job` on connection `key` behind any replay already in progress there,
+    /// then advances it as far as the output queue allows.
+    pub(super) fn start_replay(&mut self, key: usize, job: ReplayJob) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.replay.push_back(job);
+        }
+        self.pump_replay(key);
+        self.mark_dirty(key);
+    }
+
+    /// Moves replay pages (then, once every replay is done, the held-back live frames)
+    /// into connection `key`'s output queue while it is below half its bound. Returns
+    /// whether replay work remains that only waits for its turn (not for the consumer).
+    pub(super) fn pump_replay(&mut self, key: usize) -> bool {
+        let low_water = self.config.max_output_bytes / 2;
+        let mut held: Vec<Arc<Event>> = Vec::new();
+        for _ in 0..PAGES_PER_PUMP {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return false;
+            };
+            if conn.out.len() >= low_water {
+                return false;
+            }
+            let Some(job) = conn.replay.front_mut() else {
+                let conn = &mut *conn;
+                conn.backlog.move_to(&mut conn.out);
+                return false;
+            };
+            let Some((session, from)) = job.sessions.front().cloned() else {
+                let done = conn.replay.pop_front();
+                if done.is_some_and(|j| j.end_after) && conn.replay.is_empty() {
+                    conn.close_after_flush = true;
+                    conn.phase = Phase::Closing;
+                }
+                continue;
+            };
+            let filter = job.filter.clone();
+            held.clear();
+            let page = self.store.replay_page(&session, from, PAGE, &mut |ev| {
+                if filter.matches(&**ev) {
+                    held.push(ev.clone());
+                }
+            });
+            let conn = &mut self.conns[key];
+            let Some(job) = conn.replay.front_mut() else {
+                return false;
+            };
+            let next = page.and_then(|p| p.next);
+            if let Some(earliest) = page.and_then(|p| p.marker) {
+                let marker = match &job.ws_id {
+                    Some(id) => frames::replay_exhausted(id, &session, earliest),
+                    None => sse::replay_exhausted(&session, earliest),
+                };
+                conn.out.push(marker);
+            }
+            for ev in &held {
+                let frame = match job.ws_id {
+                    Some(_) => Frames::default().ws(ev, job.ceiling),
+                    None => Frames::default().sse(ev, job.ceiling),
+                };
+                conn.out.push(frame);
+            }
+            match next {
+                Some(cursor) => {
+                    if let Some(front) = job.sessions.front_mut() {
+                        front.1 = ReplayFrom::Cursor(cursor);
+                    }
+                }
+                None => {
+                    job.sessions.pop_front();
+                    job.pending.remove(&session);
+                }
+            }
+            // A WS subscription remembers the last position it delivered (`closing`).
+            if let Some(Binding::Ws(delivered)) = job
+                .sub
+                .and_then(|s| self.hub.get_mut(s))
+                .map(|s| &mut s.binding)
+            {
+                for ev in &held {
+                    if let (Scope::Sequenced, Some(s), Some(q)) =
+                        (ev.scope(), ev.session(), ev.seq())
+                    {
+                        delivered.note(s, (ev.epoch(), q));
+                    }
+                }
+            }
+        }
+        self.conns.get(key).is_some_and(|c| !c.replay.is_empty())
+    }
+}

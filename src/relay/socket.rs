@@ -1,0 +1,672 @@
+//! The reactor side of the WebSocket binding (`GET /socket`): the upgrade, the frame
+//! loop over a connection's read buffer, `hello`, subscriptions with replay, Events from
+//! emitters, command routing, the roster, liveness and closes (AEP-0003 §2, §3.5, §4,
+//! §4.1, §5, §6.5, §7; AEP-0004 §2, §4).
+//!
+//! Everything the peer sends is answered in order on the connection's one output queue:
+//! pongs, acknowledgements, errors, replayed and live Events, and the close frame all go
+//! through `Conn::out`, so no reply can overtake an Event queued before it.
+//!
+//! A connection leaves the `Ws` phase exactly once, through [`Relay::ws_shut`]: its
+//! subscriptions and session claims are released there (or in `Relay::close` when the
+//! socket dies first), and it then drains in `Phase::Closing` like any last HTTP answer.
+
+use super::Relay;
+use crate::auth::{Grant, Scopes};
+use crate::conn::ReplayJob;
+use crate::conn::{Conn, Phase};
+use crate::envelope::{Event, Scope};
+use crate::fanout::{Binding, Subscription};
+use crate::filter::{self, Filter};
+use crate::http::RequestHead;
+use crate::sse;
+use crate::ws::frame::{self, close_code, Incoming};
+use crate::ws::frames::{self, Ref};
+use crate::ws::{handshake, Delivered, WsState};
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// What the timer found on one WebSocket.
+pub(super) enum WsTick {
+    /// Nothing to do.
+    Quiet,
+    /// A `ping` frame was queued.
+    Pinged,
+    /// The peer has been silent past `ws_idle_timeout`.
+    Idle,
+}
+
+/// The heartbeat and idle check for one connection (called from `Relay::tick` for
+/// every connection in `Phase::Ws`): a `{"type":"ping","t":…}` every `heartbeat` once
+/// the `hello` exchange is done, whatever else is being written, so a pure consumer
+/// always has something to answer; `Idle` once the peer was silent for
+/// `ws_idle_timeout` (AEP-0003 §3.5 #5).
+pub(super) fn tick_ws(conn: &mut Conn, now: Instant, config: &crate::Config) -> WsTick {
+    let Phase::Ws(ws) = &mut conn.phase else {
+        return WsTick::Quiet;
+    };
+    if now.duration_since(ws.last_read) >= config.ws_idle_timeout {
+        return WsTick::Idle;
+    }
+    if ws.hello.is_none() || now.duration_since(ws.last_ping) < config.heartbeat {
+        return WsTick::Quiet;
+    }
+    ws.last_ping = now;
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    conn.send(frames::ping(t));
+    conn.last_write = now;
+    WsTick::Pinged
+}
+
+/// The `detail` of a refusal for lack of `scope`.
+fn lacks(scope: Scopes, what: &str) -> String {
+    format!(
+        "this connection's credentials lack the `{}` scope needed to {what} (AEP-0003 §8.1)",
+        scope.name()
+    )
+}
+
+impl Relay {
+    /// `GET /socket`, credentials already checked (401 before the upgrade): completes
+    /// the handshake and switches the connection to the `Ws` phase, keeping `grant` for
+    /// the per-frame scope checks. Bytes the client sent after its request head stay in
+    /// the read buffer and are decoded as frames.
+    pub(super) fn begin_ws(&mut self, key: usize, head: RequestHead, grant: Grant) {
+        let resp = match handshake::accept(&head) {
+            Ok(r) => r,
+            Err(e) => {
+                let extra: &[(&str, &str)] = if e.status == 426 {
+                    &handshake::UPGRADE_HEADERS
+                } else {
+                    &[]
+                };
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    e.status,
+                    e.code,
+                    e.detail,
+                    &[],
+                    extra,
+                );
+            }
+        };
+        let now = Instant::now();
+        let max = self.config.max_ws_message_bytes;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.send(resp);
+        conn.last_write = now;
+        conn.since = now;
+        conn.phase = Phase::Ws(Box::new(WsState::new(grant, max, now)));
+        self.mark_dirty(key);
+    }
+
+    /// Decodes and handles every complete frame in the connection's read buffer.
+    pub(super) fn ws_process(&mut self, key: usize) {
+        let now = Instant::now();
+        let mut used = 0;
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let Conn { rbuf, phase, .. } = conn;
+            let Phase::Ws(ws) = phase else {
+                // A handler closed the connection (and cleared its input).
+                return;
+            };
+            ws.last_read = now;
+            match ws.decoder.next(rbuf, &mut used) {
+                Ok(None) => break,
+                Ok(Some(unit)) => self.ws_unit(key, unit),
+                Err(v) => {
+                    log::info!(
+                        "closing WebSocket {}: {} ({})",
+                        self.conns[key].peer,
+                        v.reason,
+                        v.code
+                    );
+                    return self.ws_shut(key, &[frame::close(v.code, v.reason)]);
+                }
+            }
+        }
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.rbuf.drain(..used);
+        }
+    }
+
+    fn ws_unit(&mut self, key: usize, unit: Incoming) {
+        match unit {
+            Incoming::Text(t) => self.ws_text(key, t),
+            Incoming::Ping(p) => self.ws_send(key, frame::pong(&p)),
+            Incoming::Pong => {}
+            // The peer started the close handshake: echo its code, then close
+            // (RFC 6455 §5.5.1, §7.4.1).
+            Incoming::Close(code) => {
+                self.ws_shut(key, &[frame::close(code.unwrap_or(close_code::NORMAL), "")])
+            }
+        }
+    }
+
+    /// Queues a reply to the peer. A peer whose queue is already `max_output_bytes` past
+    /// what its latest replay left there is not reading what it asks for: it is closed
+    /// (backpressure) rather than let the queue grow without bound.
+    fn ws_send(&mut self, key: usize, f: Bytes) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let floor = match &conn.phase {
+            Phase::Ws(ws) => ws.reply_floor,
+            _ => 0,
+        };
+        if conn.out.len() > floor.saturating_add(self.config.max_output_bytes) {
+            return self.ws_close(
+                key,
+                "backpressure: the peer does not read its replies",
+                close_code::TRY_AGAIN,
+            );
+        }
+        conn.send(f);
+        self.mark_dirty(key);
+    }
+
+    fn ws_state(&self, key: usize) -> Option<&WsState> {
+        match &self.conns.get(key)?.phase {
+            Phase::Ws(ws) => Some(ws),
+            _ => None,
+        }
+    }
+
+    fn ws_state_mut(&mut self, key: usize) -> Option<&mut WsState> {
+        match &mut self.conns.get_mut(key)?.phase {
+            Phase::Ws(ws) => Some(ws),
+            _ => None,
+        }
+    }
+
+    /// Ends the `Ws` phase: releases the subscriptions and session claims, queues
+    /// `last` (an error, `closing`, the close frame) and closes once it is flushed.
+    fn ws_shut(&mut self, key: usize, last: &[Bytes]) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let Phase::Ws(ws) = std::mem::replace(&mut conn.phase, Phase::Closing) else {
+            return;
+        };
+        for f in last {
+            conn.send(f.clone());
+        }
+        conn.close_after_flush = true;
+        conn.rbuf.clear();
+        conn.since = Instant::now();
+        self.ws_release(key, &ws);
+        self.mark_dirty(key);
+    }
+
+    /// Removes a WebSocket's subscriptions from the hub and its claims from the routing
+    /// table (also called by `Relay::close` for a socket that died).
+    pub(super) fn ws_release(&mut self, key: usize, ws: &WsState) {
+        for (_, sub) in &ws.subs {
+            self.hub.remove(*sub);
+        }
+        for session in &ws.claims {
+            self.claims.release(session, key);
+        }
+    }
+
+    /// Closes WebSocket `key` deliberately (shutdown, backpressure, an idle peer, a
+    /// limit): a `closing` frame with the last position delivered per subscription and
+    /// session, then a close frame with `code` and `reason`, then the socket once they
+    /// are flushed (AEP-0003 §3.5 #4, §8.4). Nothing more is delivered after `closing`,
+    /// so the positions are exact: a consumer resuming from them misses nothing the
+    /// relay still holds. A connection that never finished `hello` gets only the close
+    /// frame (frames follow `hello`). No-op for a connection not in the `Ws` phase.
+    ///
+    /// `code` is usually [`close_code::GOING_AWAY`] (1001, shutdown, idle) or
+    /// [`close_code::TRY_AGAIN`] (1013, backpressure).
+    pub(crate) fn ws_close(&mut self, key: usize, reason: &str, code: u16) {
+        let Some(ws) = self.ws_state(key) else {
+            return;
+        };
+        let mut last = Vec::with_capacity(2);
+        if ws.hello.is_some() {
+            let mut delivered = Vec::new();
+            for (id, sub) in &ws.subs {
+                if let Some(Subscription {
+                    binding: Binding::Ws(d),
+                    ..
+                }) = self.hub.get(*sub)
+                {
+                    for (session, (epoch, seq)) in d.positions() {
+                        delivered.push(json!({
+                            "sub": &**id, "session": session, "epoch": epoch, "seq": seq
+                        }));
+                    }
+                }
+            }
+            let dropped = self.conns.get(key).map_or(0, |c| c.dropped);
+            last.push(frames::closing(reason, delivered, dropped));
+        }
+        last.push(frame::close(code, reason));
+        self.ws_shut(key, &last);
+    }
+
+    /// Refuses something with an `error` frame (counted by code for `/metrics`); the
+    /// connection stays open.
+    fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
+        self.metrics.reject(code);
+        self.ws_send(key, frames::error(code, r, detail, &[]));
+    }
+
+    /// One complete text message.
+    fn ws_text(&mut self, key: usize, text: Bytes) {
+        let Some(ws) = self.ws_state(key) else {
+            return;
+        };
+        if ws.hello.is_none() {
+            return self.ws_hello(key, &text);
+        }
+        // Events are the hot path: scan them as on every ingest path. Only what is not a
+        // valid Event is parsed as JSON, to tell a frame from an invalid Event.
+        let err = match Event::parse(text.clone()) {
+            Ok(ev) => return self.ws_event(key, ev),
+            Err(e) => e,
+        };
+        let obj = match serde_json::from_slice::<Value>(&text) {
+            Ok(Value::Object(m)) => m,
+            _ => return self.ws_refuse(key, "invalid-event", Ref::None, &err.detail),
+        };
+        match obj.get("type").and_then(Value::as_str) {
+            Some(t) if !t.contains('.') => self.ws_frame(key, t, &obj, &text),
+            _ => {
+                let id = obj.get("id").and_then(Value::as_str);
+                let r = id.map_or(Ref::None, Ref::Id);
+                self.ws_refuse(key, "invalid-event", r, &err.detail)
+            }
+        }
+    }
+
+    /// The first message: it must be a `hello` (AEP-0003 §3.5 #1, §4).
+    fn ws_hello(&mut self, key: usize, text: &[u8]) {
+        let obj = match serde_json::from_slice::<Value>(text) {
+            Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello") => m,
+            _ => {
+                let e = frames::error(
+                    "hello-required",
+                    Ref::None,
+                    "the first frame on /socket must be a `hello` (AEP-0003 §3.5 #1)",
+                    &[],
+                );
+                let c = frame::close(close_code::POLICY, "hello required");
+                return self.ws_shut(key, &[e, c]);
+            }
+        };
+        let decl = match frames::parse_hello(&obj) {
+            Ok(d) => d,
+            Err(e) => {
+                let more = [("versions", json!(crate::envelope::SUPPORTED_VERSIONS))];
+                let more: &[(&str, Value)] = if e.code == "version-unsupported" {
+                    &more
+                } else {
+                    &[]
+                };
+                let f = frames::error(e.code, Ref::None, &e.detail, more);
+                let c = frame::close(close_code::POLICY, e.code);
+                return self.ws_shut(key, &[f, c]);
+            }
+        };
+        let version = decl.version;
+        let Some(ws) = self.ws_state_mut(key) else {
+            return;
+        };
+        let grant = ws.grant;
+        ws.hello = Some(Box::new(decl));
+        ws.last_ping = Instant::now();
+        let caps = self.ws_capabilities(grant);
+        self.ws_send(key, frames::hello(version, caps));
+    }
+
+    /// The relay's declared capabilities on a socket with `grant` (AEP-0003 §4; the
+    /// discovery document carries the same facts).
+    fn ws_capabilities(&self, grant: Grant) -> Value {
+        let c = &self.config;
+        json!({
+            "filters": ["attr-match"],
+            "replay": {
+                "buffer": c.buffer_per_session,
+                "per": "session",
+                "sessions": c.max_sessions,
+                "all": true
+            },
+            "capture": ["none", "metadata", "redacted", "full"],
+            "roster": {},
+            "control": {
+                "accepts": [],
+                "routes": grant.authenticated && grant.scopes.contains(Scopes::CONTROL)
+            },
+            "limits": {
+                "subscriptions": c.max_subscriptions_per_conn,
+                "from": c.max_from_positions,
+                "message_bytes": c.max_ws_message_bytes
+            },
+            "experimental": {}
+        })
+    }
+
+    /// A valid Event from the peer: a command is routed; anything else takes the HTTP
+    /// ingest path (store admission and fan-out), and a sequenced Event claims its
+    /// session for this connection.
+    fn ws_event(&mut self, key: usize, ev: Event) {
+        if ev.is_command() {
+            return self.ws_command(key, ev);
+        }
+        let Some(ws) = self.ws_state(key) else {
+            return;
+        };
+        let (emits, grant) = (ws.hello.as_ref().is_some_and(|d| d.role.emits()), ws.grant);
+        if !emits {
+            let d = "this connection's hello declared role consumer; Events need role emitter or both (AEP-0003 §4 rule 2)";
+            return self.ws_refuse(key, "unauthorized", Ref::Id(ev.id()), d);
+        }
+        if !grant.scopes.contains(Scopes::EMIT) {
+            let d = lacks(Scopes::EMIT, "send Events");
+            return self.ws_refuse(key, "unauthorized", Ref::Id(ev.id()), &d);
+        }
+        if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
+            self.ws_claim(key, session);
+        }
+        let ev = Arc::new(ev);
+        // Kept in the history (when configured) before it is published (issue 5).
+        if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+            return self.ws_refuse(key, "history-unavailable", Ref::Id(ev.id()), &r.to_string());
+        }
+        self.metrics.ingested_ws += 1;
+        self.publish(ev);
+    }
+
+    /// Records that `key` claims `session` (AEP-0004 §4). Free for a session already
+    /// claimed; at most `max_sessions` claims per connection.
+    fn ws_claim(&mut self, key: usize, session: &str) {
+        let max = self.config.max_sessions;
+        let Some(ws) = self.ws_state_mut(key) else {
+            return;
+        };
+        if ws.claims.iter().any(|c| &**c == session) {
+            return;
+        }
+        if ws.claims.len() >= max {
+            log::debug!("connection claims {max} sessions already (max_sessions); session {session:?} not claimed");
+            return;
+        }
+        ws.claims.push(session.into());
+        self.claims.claim(session, key);
+    }
+
+    /// A command (AEP-0004 §2): gated on authentication and the `control` scope, then
+    /// routed to exactly one claimant, byte-identically, and kept in history and fanned
+    /// out to observers like any Event. Refusals are `cause`-correlated `error` frames
+    /// that never enter history (§4.2, §4.5).
+    fn ws_command(&mut self, key: usize, ev: Event) {
+        let Some(ws) = self.ws_state(key) else {
+            return;
+        };
+        let grant = ws.grant;
+        if !grant.authenticated {
+            let d = "commands need an authenticated connection (AEP-0004 §4.1); this relay has no token configured, so it is watch-only for control";
+            let d = if self.config.auth.enabled() {
+                "commands need an authenticated connection (AEP-0004 §4.1)"
+            } else {
+                d
+            };
+            return self.ws_refuse(key, "unauthorized", Ref::Cause(ev.id()), d);
+        }
+        if !grant.scopes.contains(Scopes::CONTROL) {
+            let d = lacks(Scopes::CONTROL, "send commands");
+            return self.ws_refuse(key, "unauthorized", Ref::Cause(ev.id()), &d);
+        }
+        let session = ev.session();
+        let route = self.claims.route(session, |c| {
+            matches!(&self.conns.get(c).map(|c| &c.phase), Some(Phase::Ws(ws))
+                if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
+        });
+        let target = match route {
+            Ok(t) => t,
+            Err(r) => {
+                let d = r.detail(ev.event_type(), session.unwrap_or_default());
+                log::info!("refused {} {:?}: {}", ev.event_type(), ev.id(), r.code());
+                return self.ws_refuse(key, r.code(), Ref::Cause(ev.id()), &d);
+            }
+        };
+        let max = self.config.max_output_bytes;
+        let stalled = self.conns.get(target).map_or(true, |c| c.out.len() > max);
+        if stalled {
+            self.ws_close(
+                target,
+                "backpressure: the output queue is full",
+                close_code::TRY_AGAIN,
+            );
+            let d = "the only claimant of the session does not read its output; it was disconnected and the command not delivered (AEP-0003 §8.4)";
+            return self.ws_refuse(key, "no-route", Ref::Cause(ev.id()), d);
+        }
+        let ev = Arc::new(ev);
+        if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+            return self.ws_refuse(
+                key,
+                "history-unavailable",
+                Ref::Cause(ev.id()),
+                &r.to_string(),
+            );
+        }
+        self.conns[target].send(frame::text(ev.bytes()));
+        self.mark_dirty(target);
+        // History and observers; the target already has it.
+        self.hub.except = Some(target);
+        self.metrics.ingested_ws += 1;
+        self.publish(ev);
+        self.hub.except = None;
+    }
+
+    /// A frame (a `type` without a dot). Unknown types, a repeated `hello`, `pong` and
+    /// frames only the relay sends are ignored (AEP-0003 §2).
+    fn ws_frame(&mut self, key: usize, ty: &str, obj: &Map<String, Value>, raw: &[u8]) {
+        match ty {
+            "subscribe" => self.ws_subscribe(key, obj, raw),
+            "unsubscribe" => self.ws_unsubscribe(key, obj),
+            "roster" => self.ws_roster(key, obj),
+            "ping" => self.ws_send(key, frames::pong(obj.get("t"))),
+            _ => {}
+        }
+    }
+
+    /// Whether this connection may watch (subscribe, roster): role `consumer`/`both` and
+    /// the `watch` scope. `Err` holds the refusal's detail.
+    fn ws_may_watch(&self, key: usize, what: &str) -> Result<(), String> {
+        let Some(ws) = self.ws_state(key) else {
+            return Err(String::new());
+        };
+        if !ws.hello.as_ref().is_some_and(|d| d.role.consumes()) {
+            return Err(format!(
+                "this connection's hello declared role emitter; to {what} declare consumer or both (AEP-0003 §4.1 rule 2, §6.5)"
+            ));
+        }
+        if !ws.grant.scopes.contains(Scopes::WATCH) {
+            return Err(lacks(Scopes::WATCH, what));
+        }
+        Ok(())
+    }
+
+    /// `subscribe` (AEP-0003 §6.5): `subscribed`, then replay (strictly after each
+    /// position, `replay-exhausted` first where the buffer no longer reaches back), then
+    /// live delivery; or an `error` from the closed set with the same `id`. A refusal
+    /// leaves the connection and its other subscriptions as they were.
+    fn ws_subscribe(&mut self, key: usize, obj: &Map<String, Value>, raw: &[u8]) {
+        let Some(id) = obj
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        else {
+            let d = "subscribe needs a non-empty string `id` (AEP-0003 §6.5)";
+            return self.ws_refuse(key, "invalid-filter", Ref::None, d);
+        };
+        let req = match self.ws_subscription_request(key, id, obj, raw) {
+            Ok(r) => r,
+            Err((code, detail)) => return self.ws_refuse(key, code, Ref::Id(id), &detail),
+        };
+        let sse::SubscriptionRequest {
+            filter,
+            ceiling,
+            from,
+            ..
+        } = req;
+        // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
+        // (see `relay::replay`). Other subscriptions of this connection keep their own
+        // order: frames already queued stay ahead of this replay, Events published later
+        // follow it.
+        let sub = self.hub.insert(Subscription {
+            conn: key,
+            filter: filter.clone(),
+            ceiling,
+            binding: Binding::Ws(Delivered::new(self.config.max_sessions)),
+        });
+        let Some(conn) = self.conns.get_mut(key) else {
+            return self.hub.remove(sub);
+        };
+        conn.send(frames::ack("subscribed", id));
+        if let Phase::Ws(ws) = &mut conn.phase {
+            ws.subs.push((id.into(), sub));
+        }
+        let sessions = super::replay_sessions(&self.store, &from);
+        if !sessions.is_empty() {
+            self.start_replay(
+                key,
+                ReplayJob {
+                    sub: Some(sub),
+                    ws_id: Some(id.into()),
+                    pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                    sessions,
+                    filter,
+                    ceiling,
+                    end_after: false,
+                },
+            );
+        }
+        if let Some(conn) = self.conns.get_mut(key) {
+            if let Phase::Ws(ws) = &mut conn.phase {
+                ws.reply_floor = conn.out.len();
+            }
+        }
+        self.mark_dirty(key);
+    }
+
+    /// Checks a `subscribe` frame and compiles it, in the order the refusal codes are
+    /// documented: `unauthorized`, `invalid-filter`, `unknown-dialect`, `limit-exceeded`.
+    fn ws_subscription_request(
+        &self,
+        key: usize,
+        id: &str,
+        obj: &Map<String, Value>,
+        raw: &[u8],
+    ) -> Result<sse::SubscriptionRequest, (&'static str, String)> {
+        self.ws_may_watch(key, "subscribe")
+            .map_err(|d| ("unauthorized", d))?;
+        let invalid = |d: String| ("invalid-filter", d);
+        if let Err(e) = filter::strict_json(raw) {
+            return Err(invalid(format!(
+                "the subscribe frame is not strict JSON: {e}"
+            )));
+        }
+        if let Some(d) = obj.get("dialect") {
+            if d.as_str() != Some("attr-match") {
+                return Err((
+                    "unknown-dialect",
+                    format!("filter dialect {d} is not offered; this relay offers attr-match (capabilities.filters, AEP-0003 §6)"),
+                ));
+            }
+        }
+        let filter = match obj.get("filter") {
+            None => Filter::match_all(),
+            Some(f) => Filter::compile(f).map_err(|e| invalid(format!("`filter`: {e}")))?,
+        };
+        let ceiling = match obj.get("capture") {
+            None => None,
+            Some(Value::String(c)) => Some(sse::parse_capture(c).map_err(|e| invalid(e.detail))?),
+            Some(_) => return Err(invalid("`capture` must be a string (AEP-0003 §6.4)".into())),
+        };
+        let from = match obj.get("from") {
+            None => sse::From::Live,
+            Some(v) => sse::parse_from_value(v, self.config.max_from_positions)
+                .map_err(|e| (e.code, e.detail))?,
+        };
+        let ws = self.ws_state(key).ok_or(("unauthorized", String::new()))?;
+        if ws.sub(id).is_some() {
+            return Err(invalid(format!(
+                "a subscription with id {id:?} is already live on this connection; unsubscribe it first or use another id"
+            )));
+        }
+        let max = self.config.max_subscriptions_per_conn;
+        if ws.subs.len() >= max {
+            return Err((
+                "limit-exceeded",
+                format!("this connection already holds {max} subscriptions, the most this relay fans out per connection (AEP_MAX_SUBSCRIPTIONS)"),
+            ));
+        }
+        Ok(sse::SubscriptionRequest {
+            filter: Arc::new(filter),
+            ceiling,
+            from,
+            live: true,
+        })
+    }
+
+    /// `unsubscribe` by `id`, acknowledged with `unsubscribed` (also for an `id` that is
+    /// not live: the outcome the peer asked for holds).
+    fn ws_unsubscribe(&mut self, key: usize, obj: &Map<String, Value>) {
+        let Some(id) = obj.get("id").and_then(Value::as_str) else {
+            let d = "unsubscribe needs the string `id` of a subscription (AEP-0003 §6.5)";
+            return self.ws_refuse(key, "invalid-frame", Ref::None, d);
+        };
+        if let Some(ws) = self.ws_state_mut(key) {
+            if let Some(i) = ws.subs.iter().position(|(s, _)| &**s == id) {
+                let (_, sub) = ws.subs.remove(i);
+                self.hub.remove(sub);
+                if let Some(conn) = self.conns.get_mut(key) {
+                    conn.replay.retain(|j| j.sub != Some(sub));
+                }
+            }
+        }
+        self.ws_send(key, frames::ack("unsubscribed", id));
+    }
+
+    /// `roster` (AEP-0003 §4.1): one entry per live (connection, claimed session) pair,
+    /// with that connection's declarations verbatim, sorted by session then connection;
+    /// a repeated session is a multi-claimant state, shown, never resolved.
+    fn ws_roster(&mut self, key: usize, obj: &Map<String, Value>) {
+        let Some(id) = obj.get("id").and_then(Value::as_str) else {
+            let d = "roster needs a string `id` (AEP-0003 §4.1 rule 2)";
+            return self.ws_refuse(key, "invalid-frame", Ref::None, d);
+        };
+        if let Err(d) = self.ws_may_watch(key, "read the roster") {
+            return self.ws_refuse(key, "unauthorized", Ref::Id(id), &d);
+        }
+        let mut pairs: Vec<(&str, usize)> = self
+            .claims
+            .iter()
+            .flat_map(|(s, conns)| conns.iter().map(move |k| (s, *k)))
+            .collect();
+        pairs.sort_unstable();
+        let entries = pairs
+            .into_iter()
+            .filter_map(|(session, k)| {
+                let d = self.ws_state(k)?.hello.as_ref()?;
+                Some(frames::roster_entry(session, d))
+            })
+            .collect();
+        let f = frames::roster(id, entries);
+        self.ws_send(key, f);
+    }
+}

@@ -1,0 +1,392 @@
+//! RFC 6455 framing for the server side, sans-IO: a [`Decoder`] that turns the bytes a
+//! client sent into complete messages and control frames, and builders for the frames
+//! the relay sends.
+//!
+//! Frame headers are parsed and formatted by tungstenite ([`FrameHeader`]); message
+//! assembly, the protocol checks and every limit are ours, so they run inside the
+//! relay's non-blocking reactor on its own read buffer and with its configured limits.
+//!
+//! Server frames are never masked (RFC 6455 §5.1), so a text frame carrying an Event is
+//! the same bytes for every subscriber: [`text`] builds it once and fan-out shares it.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use std::io::Cursor;
+use tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
+use tungstenite::protocol::frame::FrameHeader;
+
+/// Close codes the relay sends (RFC 6455 §7.4.1).
+pub mod close_code {
+    /// 1000: normal closure (the close handshake the peer started).
+    pub const NORMAL: u16 = 1000;
+    /// 1001: going away (shutdown, idle peer).
+    pub const GOING_AWAY: u16 = 1001;
+    /// 1002: protocol error (unmasked or malformed frame).
+    pub const PROTOCOL: u16 = 1002;
+    /// 1003: unsupported data (a binary frame: AEP-0003 §3.5 #2 reserves them).
+    pub const UNSUPPORTED: u16 = 1003;
+    /// 1007: invalid payload data (text that is not UTF-8).
+    pub const INVALID_PAYLOAD: u16 = 1007;
+    /// 1008: policy violation (the AEP `hello` exchange failed).
+    pub const POLICY: u16 = 1008;
+    /// 1009: message too big (over `max_ws_message_bytes`).
+    pub const TOO_BIG: u16 = 1009;
+    /// 1013: try again later (backpressure: resume from the `closing` positions).
+    pub const TRY_AGAIN: u16 = 1013;
+}
+
+/// Largest payload of a control frame (RFC 6455 §5.5).
+const MAX_CONTROL_PAYLOAD: u64 = 125;
+
+/// What the client sent, one complete unit at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// A complete text message (fragments reassembled), valid UTF-8.
+    Text(Bytes),
+    /// A ping; answer with a pong carrying the same payload (RFC 6455 §5.5.2).
+    Ping(Bytes),
+    /// A pong (liveness only).
+    Pong,
+    /// A close frame: the peer's code (`None` for an empty payload) and reason.
+    Close(Option<u16>),
+}
+
+/// A protocol violation: close the connection with `code` and `reason` (RFC 6455 §7.1.7,
+/// "Fail the WebSocket Connection").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Violation {
+    /// The close code to send (1002, 1003, 1007 or 1009).
+    pub code: u16,
+    /// A short reason for the close frame (at most 123 bytes).
+    pub reason: &'static str,
+}
+
+fn violation(code: u16, reason: &'static str) -> Violation {
+    Violation { code, reason }
+}
+
+/// Reassembles client frames into [`Incoming`] units.
+///
+/// Invariant: `partial` is non-empty or `in_message` is set only while a fragmented text
+/// message is being received; its length never exceeds `max_message`.
+#[derive(Debug)]
+pub struct Decoder {
+    max_message: usize,
+    partial: Vec<u8>,
+    in_message: bool,
+}
+
+impl Decoder {
+    /// A decoder refusing messages longer than `max_message` bytes (after reassembly).
+    pub fn new(max_message: usize) -> Decoder {
+        Decoder {
+            max_message,
+            partial: Vec::new(),
+            in_message: false,
+        }
+    }
+
+    /// Decodes the next unit from `buf` (the unread client bytes), unmasking payloads in
+    /// place. Frames consumed are counted into `*used`; the caller drops `buf[..*used]`
+    /// once it is done with the buffer. Returns `Ok(None)` when `buf` holds no complete
+    /// unit (a fragment consumed so far is kept inside the decoder).
+    ///
+    /// A frame is refused from its header alone when it would take the message past
+    /// the limit, so no more than `max_message` payload bytes are ever buffered.
+    ///
+    /// # Errors
+    /// [`Violation`]: an unmasked frame, reserved bits or opcodes, a fragmented or
+    /// oversized control frame, a continuation without a message or a new message
+    /// inside one, a malformed close payload (1002); a binary frame (1003); text or a
+    /// close reason that is not UTF-8 (1007); a message over the limit (1009).
+    ///
+    /// # Spec
+    /// RFC 6455 §5.1–§5.6, §7.4; AEP-0003 §3.5 #2.
+    pub fn next(
+        &mut self,
+        buf: &mut [u8],
+        used: &mut usize,
+    ) -> Result<Option<Incoming>, Violation> {
+        loop {
+            let rest = &mut buf[*used..];
+            let mut cur = Cursor::new(&rest[..]);
+            let (header, len) = match FrameHeader::parse(&mut cur) {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(None),
+                Err(_) => return Err(violation(close_code::PROTOCOL, "reserved opcode")),
+            };
+            let head_len = cur.position() as usize;
+            let Some(mask) = header.mask else {
+                return Err(violation(
+                    close_code::PROTOCOL,
+                    "client frames must be masked",
+                ));
+            };
+            if header.rsv1 || header.rsv2 || header.rsv3 {
+                return Err(violation(close_code::PROTOCOL, "reserved bits set"));
+            }
+            let control = matches!(header.opcode, OpCode::Control(_));
+            if control && (len > MAX_CONTROL_PAYLOAD || !header.is_final) {
+                return Err(violation(
+                    close_code::PROTOCOL,
+                    "control frames must be final and carry at most 125 bytes",
+                ));
+            }
+            match header.opcode {
+                OpCode::Data(Data::Binary) => {
+                    return Err(violation(
+                        close_code::UNSUPPORTED,
+                        "binary frames are reserved in AEP 0.1 (AEP-0003 §3.5)",
+                    ))
+                }
+                OpCode::Data(Data::Continue) if !self.in_message => {
+                    return Err(violation(
+                        close_code::PROTOCOL,
+                        "continuation without a message",
+                    ))
+                }
+                OpCode::Data(Data::Text) if self.in_message => {
+                    return Err(violation(
+                        close_code::PROTOCOL,
+                        "new message inside a fragmented one",
+                    ))
+                }
+                _ => {}
+            }
+            if !control && (self.partial.len() as u64).saturating_add(len) > self.max_message as u64
+            {
+                return Err(violation(
+                    close_code::TOO_BIG,
+                    "message over the relay's limit",
+                ));
+            }
+            let len = len as usize;
+            if rest.len() - head_len < len {
+                return Ok(None);
+            }
+            *used += head_len + len;
+            let payload = &mut rest[head_len..head_len + len];
+            for (i, b) in payload.iter_mut().enumerate() {
+                *b ^= mask[i & 3];
+            }
+            let payload = &*payload;
+            match header.opcode {
+                OpCode::Control(Control::Ping) => {
+                    return Ok(Some(Incoming::Ping(Bytes::copy_from_slice(payload))))
+                }
+                OpCode::Control(Control::Pong) => return Ok(Some(Incoming::Pong)),
+                OpCode::Control(Control::Close) => return parse_close(payload).map(Some),
+                OpCode::Control(Control::Reserved(_)) | OpCode::Data(Data::Reserved(_)) => {
+                    return Err(violation(close_code::PROTOCOL, "reserved opcode"))
+                }
+                OpCode::Data(Data::Binary) => unreachable!("refused above"),
+                OpCode::Data(Data::Text) | OpCode::Data(Data::Continue) => {
+                    if header.is_final && !self.in_message {
+                        // The common case: one frame, one message, one copy out of the
+                        // read buffer into the Bytes the Event will keep.
+                        return text_message(payload).map(Some);
+                    }
+                    self.partial.extend_from_slice(payload);
+                    self.in_message = !header.is_final;
+                    if header.is_final {
+                        let msg = std::mem::take(&mut self.partial);
+                        return match String::from_utf8(msg) {
+                            Ok(s) => Ok(Some(Incoming::Text(Bytes::from(s.into_bytes())))),
+                            Err(_) => Err(invalid_utf8()),
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn invalid_utf8() -> Violation {
+    violation(close_code::INVALID_PAYLOAD, "text is not valid UTF-8")
+}
+
+fn text_message(payload: &[u8]) -> Result<Incoming, Violation> {
+    std::str::from_utf8(payload).map_err(|_| invalid_utf8())?;
+    Ok(Incoming::Text(Bytes::copy_from_slice(payload)))
+}
+
+fn parse_close(payload: &[u8]) -> Result<Incoming, Violation> {
+    match payload.len() {
+        0 => Ok(Incoming::Close(None)),
+        1 => Err(violation(close_code::PROTOCOL, "close payload of one byte")),
+        _ => {
+            let code = u16::from_be_bytes([payload[0], payload[1]]);
+            if !CloseCode::from(code).is_allowed() {
+                return Err(violation(
+                    close_code::PROTOCOL,
+                    "close code not allowed on the wire",
+                ));
+            }
+            std::str::from_utf8(&payload[2..]).map_err(|_| invalid_utf8())?;
+            Ok(Incoming::Close(Some(code)))
+        }
+    }
+}
+
+/// One unmasked, final server frame with `opcode` around `payload`.
+fn frame(opcode: OpCode, payload: &[u8]) -> Bytes {
+    let header = FrameHeader {
+        is_final: true,
+        rsv1: false,
+        rsv2: false,
+        rsv3: false,
+        opcode,
+        mask: None,
+    };
+    let len = payload.len() as u64;
+    let mut out = BytesMut::with_capacity(header.len(len) + payload.len()).writer();
+    header
+        .format(len, &mut out)
+        .expect("writing a frame header into memory cannot fail");
+    let mut out = out.into_inner();
+    out.put_slice(payload);
+    out.freeze()
+}
+
+/// A server text frame carrying `payload` (an Event's bytes or an AEP frame's JSON):
+/// a 2-, 4- or 10-byte header and the payload, unmasked, in one buffer that fan-out
+/// shares between subscribers.
+///
+/// ```
+/// let f = aep_relay::ws::frame::text(b"{}");
+/// assert_eq!(&f[..], b"\x81\x02{}");
+/// ```
+pub fn text(payload: &[u8]) -> Bytes {
+    frame(OpCode::Data(Data::Text), payload)
+}
+
+/// A pong echoing a ping's payload (RFC 6455 §5.5.3).
+pub fn pong(payload: &[u8]) -> Bytes {
+    frame(OpCode::Control(Control::Pong), payload)
+}
+
+/// A close frame with `code` and `reason` (cut to the 123 bytes a control frame holds,
+/// on a character boundary).
+pub fn close(code: u16, reason: &str) -> Bytes {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut p = Vec::with_capacity(2 + end);
+    p.extend_from_slice(&code.to_be_bytes());
+    p.extend_from_slice(&reason.as_bytes()[..end]);
+    frame(OpCode::Control(Control::Close), &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A masked client frame.
+    fn client(first: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x11, 0x22, 0x33, 0x44];
+        let mut out = vec![first];
+        match payload.len() {
+            n if n < 126 => out.push(0x80 | n as u8),
+            n if n < 65536 => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
+        out
+    }
+
+    fn decode_all(d: &mut Decoder, mut bytes: Vec<u8>) -> Result<Vec<Incoming>, Violation> {
+        let mut used = 0;
+        let mut out = Vec::new();
+        while let Some(u) = d.next(&mut bytes, &mut used)? {
+            out.push(u);
+        }
+        assert_eq!(used, bytes.len(), "every complete frame is consumed");
+        Ok(out)
+    }
+
+    #[test]
+    fn fragments_reassemble_around_control_frames() {
+        let mut d = Decoder::new(1024);
+        let mut b = client(0x01, b"{\"a\":");
+        b.extend(client(0x89, b"hi"));
+        b.extend(client(0x00, b"1"));
+        b.extend(client(0x80, b"}"));
+        let got = decode_all(&mut d, b).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Incoming::Ping(Bytes::from_static(b"hi")),
+                Incoming::Text(Bytes::from_static(b"{\"a\":1}"))
+            ]
+        );
+    }
+
+    #[test]
+    fn partial_input_consumes_nothing_until_complete() {
+        let mut d = Decoder::new(1024);
+        let full = client(0x81, b"hello");
+        for cut in 0..full.len() {
+            let mut part = full[..cut].to_vec();
+            let mut used = 0;
+            assert_eq!(d.next(&mut part, &mut used), Ok(None));
+            assert_eq!(used, 0);
+        }
+    }
+
+    #[test]
+    fn violations_map_to_rfc_close_codes() {
+        let cases: Vec<(Vec<u8>, u16)> = vec![
+            (client(0x82, b"bin"), 1003),
+            (client(0x81, &[0xff, 0xfe]), 1007),
+            (vec![0x81, 0x02, b'h', b'i'], 1002),
+            (client(0x80, b"x"), 1002),
+            (client(0xC1, b"x"), 1002),
+            (client(0x83, b"x"), 1002),
+            (client(0x09, b"x"), 1002),
+            (client(0x88, b"\x03"), 1002),
+            (client(0x88, b"\x03\xed"), 1002),
+            (client(0x81, &vec![b'a'; 2000]), 1009),
+        ];
+        for (bytes, code) in cases {
+            let mut d = Decoder::new(1024);
+            let got = decode_all(&mut d, bytes.clone()).unwrap_err();
+            assert_eq!(got.code, code, "{bytes:?}");
+        }
+        // Oversize is refused from the header alone, before the payload arrives.
+        let mut d = Decoder::new(1024);
+        let mut head = client(0x81, &vec![b'a'; 70_000])[..14].to_vec();
+        assert_eq!(d.next(&mut head, &mut 0).unwrap_err().code, 1009);
+    }
+
+    #[test]
+    fn close_frames_parse_and_build() {
+        let mut d = Decoder::new(1024);
+        let got = decode_all(&mut d, client(0x88, b"\x03\xe8bye")).unwrap();
+        assert_eq!(got, vec![Incoming::Close(Some(1000))]);
+        let got = decode_all(&mut d, client(0x88, b"")).unwrap();
+        assert_eq!(got, vec![Incoming::Close(None)]);
+        let long = "é".repeat(100);
+        let c = close(1001, &long);
+        assert_eq!(c[0], 0x88);
+        assert!(c.len() <= 127);
+        assert!(std::str::from_utf8(&c[4..]).is_ok());
+    }
+
+    #[test]
+    fn server_frames_use_the_shortest_length_form() {
+        assert_eq!(text(&[b'x'; 125])[1], 125);
+        let f = text(&[b'x'; 126]);
+        assert_eq!((f[1], &f[2..4]), (126, &[0u8, 126][..]));
+        let f = text(&vec![b'x'; 70_000]);
+        assert_eq!(f[1], 127);
+        assert_eq!(f.len(), 10 + 70_000);
+        assert_eq!(&pong(b"p")[..], b"\x8a\x01p");
+    }
+}

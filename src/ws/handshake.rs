@@ -1,0 +1,134 @@
+//! The opening handshake (RFC 6455 §4.2): checks an upgrade request head and builds the
+//! `101 Switching Protocols` answer. The accept key comes from tungstenite.
+//!
+//! The relay negotiates no extension (a client offering `permessage-deflate` gets plain
+//! frames, and compressed ones are refused as reserved bits) and no subprotocol.
+
+use crate::http::RequestHead;
+
+/// Why an upgrade request was refused, with the HTTP answer to give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeError {
+    /// 400 for a malformed upgrade, 426 when the request is not a WebSocket upgrade or
+    /// asks for another protocol version.
+    pub status: u16,
+    /// The JSON error code (`upgrade-required`, `bad-request`).
+    pub code: &'static str,
+    /// What was wrong.
+    pub detail: &'static str,
+}
+
+/// Headers that go with a 426 answer (RFC 6455 §4.2.2 #4, §4.4).
+pub const UPGRADE_HEADERS: [(&str, &str); 2] =
+    [("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13")];
+
+fn has_token(value: Option<&str>, token: &str) -> bool {
+    value.is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+/// Checks `head` (a `GET /socket` request) and returns the `101` response that completes
+/// the handshake.
+///
+/// # Errors
+/// [`UpgradeError`]: 426 `upgrade-required` without `Upgrade: websocket` and
+/// `Connection: Upgrade` or with a `Sec-WebSocket-Version` other than 13; 400
+/// `bad-request` for HTTP/1.0 or a missing or malformed `Sec-WebSocket-Key`.
+///
+/// # Spec
+/// RFC 6455 §4.2.1, §4.2.2; AEP-0003 §3.5 #1.
+pub fn accept(head: &RequestHead) -> Result<Vec<u8>, UpgradeError> {
+    let upgrade_required = |detail| UpgradeError {
+        status: 426,
+        code: "upgrade-required",
+        detail,
+    };
+    let bad = |detail| UpgradeError {
+        status: 400,
+        code: "bad-request",
+        detail,
+    };
+    if !has_token(head.header("upgrade"), "websocket")
+        || !has_token(head.header("connection"), "upgrade")
+    {
+        return Err(upgrade_required(
+            "/socket is the WebSocket binding: send Upgrade: websocket and Connection: Upgrade (AEP-0003 §3.5)",
+        ));
+    }
+    if head.minor_version < 1 {
+        return Err(bad("a WebSocket upgrade needs HTTP/1.1 (RFC 6455 §4.1)"));
+    }
+    if head.header("sec-websocket-version").map(str::trim) != Some("13") {
+        return Err(upgrade_required(
+            "Sec-WebSocket-Version must be 13 (RFC 6455 §4.2.1)",
+        ));
+    }
+    let key = head
+        .header("sec-websocket-key")
+        .map(str::trim)
+        .unwrap_or("");
+    // A base64-encoded 16-byte nonce is 24 characters ending in "==".
+    let well_formed = key.len() == 24
+        && key.ends_with("==")
+        && key[..22]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/');
+    if !well_formed {
+        return Err(bad(
+            "Sec-WebSocket-Key must be a base64-encoded 16-byte nonce (RFC 6455 §4.2.1)",
+        ));
+    }
+    let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+    Ok(format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    )
+    .into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &[(&str, &str)]) -> RequestHead {
+        RequestHead {
+            method: "GET".into(),
+            path: "/socket".into(),
+            minor_version: 1,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn accepts_the_rfc_example() {
+        let h = head(&[
+            ("upgrade", "websocket"),
+            ("connection", "keep-alive, Upgrade"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]);
+        let resp = String::from_utf8(accept(&h).unwrap()).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 101 "));
+        assert!(resp.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"));
+    }
+
+    #[test]
+    fn refuses_what_is_not_an_upgrade() {
+        assert_eq!(accept(&head(&[])).unwrap_err().status, 426);
+        let v8 = head(&[
+            ("upgrade", "websocket"),
+            ("connection", "Upgrade"),
+            ("sec-websocket-version", "8"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]);
+        assert_eq!(accept(&v8).unwrap_err().status, 426);
+        let nokey = head(&[
+            ("upgrade", "websocket"),
+            ("connection", "Upgrade"),
+            ("sec-websocket-version", "13"),
+        ]);
+        assert_eq!(accept(&nokey).unwrap_err().status, 400);
+    }
+}

@@ -1,0 +1,284 @@
+//! Operations: metrics, limits that answer, backpressure, graceful shutdown, logging
+//! (AEP-0003 §8, §8.4, §11).
+
+mod common;
+use aep_relay::auth::{Auth, Scopes};
+use common::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::time::Duration;
+
+fn metric(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name_and_labels} missing in:\n{text}"))
+}
+
+fn metrics(relay: &TestRelay, auth: Option<&str>) -> (u16, String) {
+    let mut req = agent().get(&relay.url("/metrics"));
+    if let Some(a) = auth {
+        req = req.set("Authorization", a);
+    }
+    match req.call() {
+        Ok(r) => {
+            assert!(r.content_type().starts_with("text/plain"));
+            (r.status(), r.into_string().unwrap())
+        }
+        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn metrics_are_prometheus_text_and_need_watch() {
+    let relay = TestRelay::with(|c| {
+        c.auth = Auth::new(
+            None,
+            &[("w".into(), Scopes::WATCH), ("e".into(), Scopes::EMIT)],
+        )
+    });
+    assert_eq!(metrics(&relay, None).0, 401);
+    assert_eq!(metrics(&relay, Some("Bearer e")).0, 403);
+    let post = |body: &str| {
+        status_json(
+            agent()
+                .post(&relay.url("/events"))
+                .set("Authorization", "Bearer e")
+                .set("AEP-Version", "0.1")
+                .set("Content-Type", "application/x-ndjson")
+                .send_string(body),
+        )
+        .0
+    };
+    let _stream = relay.sse("access_token=w", &[]);
+    assert_eq!(
+        post(&format!(
+            "{}\n{}\n",
+            event("s", 0, 0, "run.started", ""),
+            event("s", 0, 1, "run.finished", "")
+        )),
+        202
+    );
+    assert_eq!(post("nope"), 400);
+    let (status, text) = metrics(&relay, Some("Bearer w"));
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(&text, "aep_events_ingested_total{binding=\"http\"}"),
+        2.0
+    );
+    assert_eq!(
+        metric(&text, "aep_events_rejected_total{reason=\"invalid-event\"}"),
+        1.0
+    );
+    assert!(metric(&text, "aep_events_rejected_total{reason=\"unauthorized\"}") >= 1.0);
+    assert_eq!(metric(&text, "aep_deliveries_total{binding=\"sse\"}"), 2.0);
+    assert_eq!(metric(&text, "aep_connections{binding=\"sse\"}"), 1.0);
+    assert_eq!(metric(&text, "aep_sessions"), 1.0);
+    assert_eq!(metric(&text, "aep_buffered_events"), 2.0);
+    assert!(metric(&text, "aep_buffered_bytes") > 100.0);
+    assert!(text.contains("# TYPE aep_deliveries_total counter"));
+}
+
+#[test]
+fn connection_limit_answers_503_with_retry_after() {
+    let relay = TestRelay::with(|c| c.max_connections = 2);
+    let mut a = relay.tcp();
+    let mut b = relay.tcp();
+    // Make sure both are accepted before the third arrives.
+    for s in [&mut a, &mut b] {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(s).0, 200);
+    }
+    let mut c = relay.tcp();
+    let (status, headers, body) = read_response(&mut c);
+    assert_eq!(status, 503);
+    assert!(headers.iter().any(|(k, _)| k == "retry-after"));
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"], "too-many-connections");
+}
+
+#[test]
+fn a_request_that_trickles_in_too_slowly_gets_408() {
+    let relay = TestRelay::with(|c| c.request_timeout = Duration::from_millis(200));
+    let mut s = relay.tcp();
+    s.write_all(b"POST /events HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let (status, _, body) = read_response(&mut s);
+    assert_eq!(status, 408);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"], "request-timeout");
+    // A body that stops arriving too.
+    let mut s = relay.tcp();
+    s.write_all(b"POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"").unwrap();
+    assert_eq!(read_response(&mut s).0, 408);
+}
+
+/// A consumer that never reads costs bounded memory and never slows the others;
+/// `info` toward it is dropped and counted; `notice` disconnects it, and it resumes
+/// exactly from its last position (AEP-0003 §8.4).
+#[test]
+fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
+    const MAX_OUTPUT: usize = 64 * 1024;
+    let relay = TestRelay::with(|c| {
+        c.max_output_bytes = MAX_OUTPUT;
+        c.buffer_per_session = 100_000;
+    });
+    let mut stalled = relay.tcp();
+    stalled
+        .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        .unwrap();
+    let mut healthy = relay.sse("", &[]);
+    // Make sure the stalled stream is live: its response head arrived.
+    let mut first = [0u8; 15];
+    stalled.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200 OK");
+
+    let pad = "x".repeat(900);
+    // Small batches, each awaited by the healthy consumer before the next is posted, so
+    // a healthy reader never has more in flight than its queue holds.
+    let (batches, per) = (800u64, 50u64);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for n in 0..batches * per {
+            let m = healthy.expect();
+            assert!(
+                m.data.contains(&format!("\"seq\":{n},")),
+                "healthy consumer: in order, nothing lost"
+            );
+            if (n + 1) % per == 0 {
+                done_tx.send(()).unwrap();
+            }
+        }
+        healthy
+    });
+    for b in 0..batches {
+        let lines: Vec<String> = (0..per)
+            .map(|i| {
+                event(
+                    "bp",
+                    0,
+                    b * per + i,
+                    "tool.completed",
+                    &format!(",\"pad\":\"{pad}\""),
+                )
+            })
+            .collect();
+        let refs: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
+        relay.post_ok(&refs);
+        done_rx
+            .recv_timeout(WAIT)
+            .expect("the healthy consumer keeps up");
+    }
+    let mut healthy = reader.join().unwrap();
+
+    let (_, text) = metrics(&relay, None);
+    let dropped = metric(&text, "aep_backpressure_dropped_total");
+    assert!(
+        dropped > 0.0,
+        "info Events toward the stalled consumer were dropped and counted"
+    );
+    assert!(
+        text.contains("aep_connection_dropped_events{conn="),
+        "per-connection drop count"
+    );
+    let queued = metric(&text, "aep_output_queued_bytes");
+    assert!(
+        queued <= (MAX_OUTPUT + 4096) as f64,
+        "bounded memory: {queued} bytes queued"
+    );
+
+    // A notice cannot be dropped: the stalled consumer's queue has no room for it (less
+    // than one info Event's worth is free), so it is disconnected instead.
+    let big = "y".repeat(4000);
+    let notice = event(
+        "bp",
+        0,
+        batches * per,
+        "error.raised",
+        &format!(r#","severity":"notice","pad":"{big}""#),
+    );
+    relay.post_ok(&[&notice]);
+    assert_eq!(healthy.expect().data, notice, "others still get it");
+    let (_, text) = metrics(&relay, None);
+    assert_eq!(metric(&text, "aep_backpressure_disconnects_total"), 1.0);
+
+    // The stalled consumer reads what it had and finds the stream ended…
+    let mut got = String::new();
+    BufReader::new(stalled).read_to_string(&mut got).unwrap();
+    let last_id = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .next_back()
+        .expect("it had received some Events")
+        .to_string();
+    assert!(!got.contains("error.raised"));
+    // …and resumes exactly after its last position, notice included, no duplicate.
+    let mut resumed = relay.sse("live=0", &[("Last-Event-ID", &last_id)]);
+    let last_seq: u64 = last_id.rsplit(':').next().unwrap().parse().unwrap();
+    let first = resumed.expect();
+    assert!(
+        first.data.contains(&format!("\"seq\":{},", last_seq + 1)),
+        "{}",
+        &first.data[..120]
+    );
+    let rest = resumed.rest();
+    assert_eq!(rest.last().unwrap().data, notice);
+    assert_eq!(rest.len() as u64 + 1, batches * per - last_seq);
+}
+
+#[test]
+fn sigterm_drains_sse_consumers_and_exits_0() {
+    let relay = RelayProcess::spawn(&[], &[]);
+    let mut s = std::net::TcpStream::connect(relay.addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while line != ": aep-relay stream open\n" {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0);
+    }
+    relay.signal("TERM");
+    let mut rest = String::new();
+    r.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains(": shutting-down\n"), "{rest:?}");
+    let (status, stderr) = relay.wait();
+    assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
+    assert!(stderr.contains("shutdown complete"), "{stderr}");
+}
+
+#[test]
+fn query_tokens_never_reach_the_log_and_startup_states_posture() {
+    let relay = RelayProcess::spawn(&[], &[("AEP_TOKEN", "right-token"), ("AEP_LOG", "debug")]);
+    let resp = agent()
+        .get(&format!(
+            "{}?access_token=WRONG-SECRET-QUERY",
+            relay.url("/stream")
+        ))
+        .call();
+    assert_eq!(status_json(resp).0, 401);
+    let resp = agent()
+        .get(&format!(
+            "{}?access_token=right-token&live=0",
+            relay.url("/stream")
+        ))
+        .call()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    relay.signal("TERM");
+    let (status, stderr) = relay.wait();
+    assert!(status.success());
+    assert!(stderr.contains("auth: bearer tokens required"), "{stderr}");
+    assert!(stderr.contains("TLS off"));
+    assert!(
+        stderr.contains("access_token=***"),
+        "the refusal is logged, scrubbed: {stderr}"
+    );
+    assert!(
+        !stderr.contains("WRONG-SECRET-QUERY") && !stderr.contains("right-token"),
+        "{stderr}"
+    );
+}

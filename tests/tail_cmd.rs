@@ -1,0 +1,185 @@
+//! `aep-relay tail` against real relays: byte-identical JSONL on stdout, reconnection
+//! across a relay restart with no duplicate and no gap (from `all` and from positions),
+//! `--live=0`, `replay-exhausted` on stderr, a refused request ending with status 2.
+
+mod binary;
+use binary::*;
+use std::process::{Child, Command, Stdio};
+
+struct Tail {
+    child: Child,
+    out: Lines,
+    err: Lines,
+}
+
+impl Tail {
+    fn spawn(args: &[&str]) -> Tail {
+        let mut child = Command::new(bin())
+            .arg("tail")
+            .args(args)
+            .env_remove("AEP_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tail starts");
+        let out = Lines::collect(child.stdout.take().unwrap(), "");
+        let err = Lines::collect(child.stderr.take().unwrap(), "tail");
+        Tail { child, out, err }
+    }
+}
+
+impl Drop for Tail {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn assert_no_duplicates(lines: &[String]) {
+    let mut seen = std::collections::HashSet::new();
+    for l in lines {
+        assert!(seen.insert(l), "printed twice: {l}");
+    }
+}
+
+#[test]
+fn from_all_resumes_across_a_relay_restart_without_duplicates_or_gaps() {
+    let dir = temp_dir("tail-all");
+    let h = dir.join("h");
+    let hist = ["--history", h.to_str().unwrap()];
+    let mut relay = Relay::spawn(&hist);
+    let addr = relay.addr.to_string();
+    let mut want: Vec<String> = (0..5).map(|i| ev("a", "s", i)).collect();
+    want.extend((0..2).map(|i| ev("a", "t", i)));
+    relay.post_ok(&want);
+    let tail = Tail::spawn(&[&format!("http://{addr}"), "--from", "all"]);
+    let got = tail.out.wait_count(want.len(), "the replay");
+    let mut sorted = got.clone();
+    sorted.sort();
+    let mut w = want.clone();
+    w.sort();
+    assert_eq!(sorted, w, "replay of everything held, byte-identical");
+
+    relay.kill();
+    tail.err.wait("the disconnection", |l| {
+        l.contains("aep-relay tail: disconnected")
+    });
+    let relay = Relay::spawn_with(&hist, false, &addr);
+    // While tail is still away: more of `s`, and a session that began meanwhile.
+    let more: Vec<String> = (5..8)
+        .map(|i| ev("a", "s", i))
+        .chain([ev("b", "u", 0)])
+        .collect();
+    relay.post_ok(&more);
+    tail.err.wait("the reconnection", |l| {
+        l.contains("aep-relay tail: reconnected; resuming from all")
+    });
+    let sentinel = ev("a", "s", 8);
+    relay.post_ok(std::slice::from_ref(&sentinel));
+    let n = want.len() + more.len() + 1;
+    let lines = tail.out.wait_count(n, "the resumed stream");
+    assert_eq!(
+        lines[n - 1],
+        sentinel,
+        "nothing printed twice before the sentinel"
+    );
+    assert_no_duplicates(&lines);
+    let mut all = want.clone();
+    all.extend(more);
+    all.push(sentinel);
+    let (mut a, mut b) = (lines.clone(), all);
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "no gap");
+    // Per session, in order.
+    let s: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains(r#""session":"s""#))
+        .cloned()
+        .collect();
+    assert_eq!(s, (0..9).map(|i| ev("a", "s", i)).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn live_tail_resumes_from_its_last_positions_after_a_restart() {
+    let dir = temp_dir("tail-live");
+    let h = dir.join("h");
+    let hist = ["--history", h.to_str().unwrap()];
+    let mut relay = Relay::spawn(&hist);
+    let addr = relay.addr.to_string();
+    let tail = Tail::spawn(&[&format!("http://{addr}/")]);
+    tail.err.wait("the subscription", |l| {
+        l.contains("aep-relay tail: following")
+    });
+    let first: Vec<String> = (0..3).map(|i| ev("a", "s", i)).collect();
+    relay.post_ok(&first);
+    assert_eq!(tail.out.wait_count(3, "live Events"), first);
+
+    relay.kill();
+    tail.err.wait("the disconnection", |l| {
+        l.contains("aep-relay tail: disconnected")
+    });
+    let relay = Relay::spawn_with(&hist, false, &addr);
+    let missed: Vec<String> = (3..6).map(|i| ev("a", "s", i)).collect();
+    relay.post_ok(&missed);
+    tail.err.wait("the reconnection", |l| {
+        l.contains(r#"resuming from [{"session":"s","epoch":0,"seq":2}]"#)
+    });
+    let sentinel = ev("a", "s", 6);
+    relay.post_ok(std::slice::from_ref(&sentinel));
+    let lines = tail.out.wait_count(7, "the resumed stream");
+    let want: Vec<String> = (0..7).map(|i| ev("a", "s", i)).collect();
+    assert_eq!(lines, want, "no duplicate, no gap, in order");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn live_0_prints_the_replay_reports_exhaustion_and_exits() {
+    let relay = Relay::spawn(&["--buffer", "3"]);
+    let lines: Vec<String> = (0..10).map(|i| ev("a", "s", i)).collect();
+    relay.post_ok(&lines);
+    let mut tail = Tail::spawn(&[
+        &relay.url(""),
+        "--from",
+        r#"[{"session":"s","seq":1}]"#,
+        "--live=0",
+        "--filter",
+        r#"{"type":["tool.*"]}"#,
+        "--capture",
+        "full",
+    ]);
+    let out = tail.out.wait_closed("tail's output");
+    assert_eq!(out, lines[7..].to_vec());
+    let err = tail.err.wait_closed("tail's errors");
+    assert!(
+        err.iter().any(|l| l.contains(
+            "replay-exhausted: session s: the relay no longer holds the Events before 0:7"
+        )),
+        "{err:#?}"
+    );
+    assert!(tail.child.wait().unwrap().success());
+}
+
+#[test]
+fn a_refused_request_exits_2_with_the_relays_answer() {
+    let relay = Relay::spawn(&[]);
+    let mut tail = Tail::spawn(&[&relay.url(""), "--filter", r#"{"seq":5}"#]);
+    let err = tail.err.wait_closed("tail's errors");
+    assert!(
+        err.iter()
+            .any(|l| l.contains("HTTP 400") && l.contains("invalid-filter")),
+        "{err:#?}"
+    );
+    assert_eq!(tail.child.wait().unwrap().code(), Some(2));
+    // --live=0 against nothing: no endless retry.
+    let addr = relay.addr.to_string();
+    drop(relay);
+    let mut gone = Tail::spawn(&[&format!("http://{addr}"), "--live=0"]);
+    assert_eq!(gone.child.wait().unwrap().code(), Some(1));
+    let mut bad = Tail::spawn(&["https://example.invalid"]);
+    assert_eq!(bad.child.wait().unwrap().code(), Some(2));
+    bad.err
+        .wait("the reason", |l| l.contains("only http:// URLs"));
+}

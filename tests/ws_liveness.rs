@@ -1,0 +1,88 @@
+//! Liveness on `/socket` (AEP-0003 §3.5 #4, #5) with short configured timeouts: the
+//! relay's `ping` every heartbeat, `pong` for the peer's `ping`, and a silent peer closed
+//! with `closing` (its last delivered positions) and 1001.
+
+mod common;
+mod wsclient;
+
+use common::{event, TestRelay};
+use serde_json::json;
+use std::time::Duration;
+use wsclient::Ws;
+
+fn quick() -> TestRelay {
+    TestRelay::with(|c| {
+        c.heartbeat = Duration::from_millis(100);
+        c.ws_idle_timeout = Duration::from_millis(500);
+    })
+}
+
+#[test]
+fn the_relay_pings_every_heartbeat_and_a_peer_that_answers_stays() {
+    let relay = quick();
+    let mut ws = Ws::consumer(&relay);
+    // Answer a dozen pings: 1.2 s, more than twice the idle timeout.
+    let mut last = 0;
+    for _ in 0..12 {
+        let p = ws.recv_any();
+        assert_eq!(p["type"], "ping", "{p}");
+        let t = p["t"].as_u64().expect("t is milliseconds since the epoch");
+        assert!(t >= last);
+        last = t;
+        ws.send_json(&json!({"type": "pong", "t": t}));
+    }
+    ws.send_json(&json!({"type": "ping", "t": [1, "x"]}));
+    assert_eq!(
+        ws.recv(),
+        json!({"type": "pong", "t": [1, "x"]}),
+        "still open"
+    );
+    ws.close();
+}
+
+#[test]
+fn a_silent_peer_is_sent_closing_with_its_positions_then_1001() {
+    let relay = quick();
+    let mut ws = Ws::consumer(&relay);
+    ws.subscribe("a", json!({"filter": {"session": ["s", "t"]}}));
+    ws.subscribe("b", json!({"filter": {"session": "t"}}));
+    ws.subscribe("quiet", json!({"filter": {"session": "none"}}));
+    let lines = [
+        event("s", 0, 5, "tool.started", ""),
+        event("t", 2, 9, "tool.started", ""),
+        event("s", 1, 0, "tool.started", ""),
+    ];
+    relay.post_ok(&[&lines[0], &lines[1], &lines[2]]);
+    for l in &lines {
+        assert_eq!(&ws.recv_text(), l);
+    }
+    // Say nothing more; pings arrive and are not answered.
+    let (code, frames) = ws.until_close();
+    assert_eq!(code, Some(1001));
+    let closing = frames.last().expect("a closing frame before the close");
+    assert_eq!(closing["type"], "closing", "{frames:?}");
+    assert!(closing["reason"].as_str().unwrap().contains("idle"));
+    assert_eq!(
+        closing["delivered"],
+        json!([
+            {"sub": "a", "session": "s", "epoch": 1, "seq": 0},
+            {"sub": "a", "session": "t", "epoch": 2, "seq": 9},
+            {"sub": "b", "session": "t", "epoch": 2, "seq": 9},
+        ])
+    );
+    assert!(
+        frames[..frames.len() - 1]
+            .iter()
+            .all(|f| f["type"] == "ping"),
+        "only pings between the last Event and closing: {frames:?}"
+    );
+}
+
+#[test]
+fn a_peer_that_never_says_hello_is_closed_when_idle() {
+    let relay = quick();
+    let mut ws = Ws::connect(&relay, "");
+    let (code, frames) = ws.until_close();
+    assert_eq!(code, Some(1001));
+    assert!(frames.is_empty(), "no AEP frame before hello: {frames:?}");
+}
