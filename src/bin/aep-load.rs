@@ -1,9 +1,10 @@
 //! `aep-load`: a fan-out load generator for the relay and, with the same measurement
 //! code, for Mosquitto (MQTT 3.1.1) and Redis pub/sub.
 //!
-//! N subscribers connect and subscribe (SSE `GET /stream`, MQTT `SUBSCRIBE`, Redis
-//! `SUBSCRIBE`); one publisher then sends M Events (HTTP `POST /events` NDJSON, MQTT
-//! `PUBLISH` QoS 0, Redis `PUBLISH`), `--batch` per write, paced by `--rate` and/or a
+//! N subscribers connect and subscribe (SSE `GET /stream`, WebSocket `GET /socket` with
+//! `hello` and `subscribe`, MQTT `SUBSCRIBE`, Redis `SUBSCRIBE`); one publisher then sends
+//! M Events (HTTP `POST /events` NDJSON, WebSocket text frames, MQTT `PUBLISH` QoS 0,
+//! Redis `PUBLISH`), `--batch` per write, paced by `--rate` and/or a
 //! window of Events in flight. Every Event is the same valid AEP Event of `--size`
 //! bytes carrying its send time in the integer extension attribute `loadts` (AEP-0001
 //! §5.4), always 19 digits (`10^18 +` nanoseconds since the tool started), so the
@@ -32,6 +33,8 @@ use mio::{Events, Interest, Poll, Token};
 enum Target {
     /// The relay: SSE subscribers, HTTP NDJSON publisher.
     Sse,
+    /// The relay: WebSocket (`GET /socket`) subscribers and publisher.
+    Ws,
     /// An MQTT 3.1.1 broker (Mosquitto): QoS 0 subscribe and publish.
     Mqtt,
     /// Redis pub/sub.
@@ -42,6 +45,7 @@ impl Target {
     fn name(self) -> &'static str {
         match self {
             Target::Sse => "relay-sse",
+            Target::Ws => "relay-ws",
             Target::Mqtt => "mqtt",
             Target::Redis => "redis",
         }
@@ -336,6 +340,59 @@ fn redis_command(parts: &[&[u8]], out: &mut Vec<u8>) {
     }
 }
 
+/// One client-to-server WebSocket text frame (RFC 6455 §5.2). The mask bit is set, with
+/// the key 0: XOR with zeros leaves the payload as it is, which spares the copy.
+fn ws_frame(payload: &[u8], out: &mut Vec<u8>) {
+    out.push(0x81);
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n if n <= 0xFFFF => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(payload);
+}
+
+/// The upgrade to `GET /socket` and the `hello` exchange (AEP-0003 §3.5).
+fn ws_open(s: &mut TcpStream, addr: SocketAddr, role: &str) {
+    let req = format!(
+        "GET /socket HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes())
+        .unwrap_or_else(|e| fail(format!("ws upgrade: {e}")));
+    let got = read_until(s, |b| memmem::find(b, b"\r\n\r\n").is_some(), "ws upgrade");
+    if !got.starts_with(b"HTTP/1.1 101") {
+        fail(format!(
+            "ws upgrade refused: {}",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    let mut hello = Vec::new();
+    let body = format!(
+        r#"{{"type":"hello","versions":["0.1"],"role":"{role}","identity":{{"agent":"aep-load","instance":"aep-load/{}"}}}}"#,
+        std::process::id()
+    );
+    ws_frame(body.as_bytes(), &mut hello);
+    s.write_all(&hello)
+        .unwrap_or_else(|e| fail(format!("ws hello: {e}")));
+    let mut seen = got;
+    while memmem::find(&seen, b"\"type\":\"hello\"").is_none() {
+        seen.extend(read_until(s, |b| !b.is_empty(), "ws hello"));
+        if memmem::find(&seen, b"\"type\":\"error\"").is_some() {
+            fail(format!(
+                "ws hello refused: {}",
+                String::from_utf8_lossy(&seen)
+            ));
+        }
+    }
+}
+
 fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).unwrap_or_else(|e| fail(format!("connect {addr}: {e}")));
     let _ = s.set_nodelay(true);
@@ -360,6 +417,27 @@ fn subscribe(args: &Args, i: usize) -> TcpStream {
                 fail(format!(
                     "subscribe refused: {}",
                     String::from_utf8_lossy(&head)
+                ));
+            }
+        }
+        Target::Ws => {
+            ws_open(&mut s, args.addr, "consumer");
+            let mut p = Vec::new();
+            ws_frame(br#"{"type":"subscribe","id":"load","filter":{}}"#, &mut p);
+            s.write_all(&p)
+                .unwrap_or_else(|e| fail(format!("ws subscribe: {e}")));
+            let got = read_until(
+                &mut s,
+                |b| {
+                    memmem::find(b, b"\"subscribed\"").is_some()
+                        || memmem::find(b, b"\"error\"").is_some()
+                },
+                "ws subscribe",
+            );
+            if memmem::find(&got, b"\"subscribed\"").is_none() {
+                fail(format!(
+                    "ws subscribe refused: {}",
+                    String::from_utf8_lossy(&got)
                 ));
             }
         }
@@ -544,6 +622,20 @@ fn answers(
                     let (mut ok, mut bad) = (0, 0);
                     if target == Target::Mqtt {
                         ok = buf[..n].iter().filter(|&&b| b == 0xD0).count() as u64;
+                    } else if target == Target::Ws {
+                        // Frames carry no newline: count the pong and error frames in
+                        // the stream, keeping a tail that could hold a cut marker.
+                        let old = carry.len();
+                        carry.extend_from_slice(&buf[..n]);
+                        let count = |pat: &[u8]| {
+                            memmem::find_iter(&carry, pat)
+                                .filter(|&i| i + pat.len() > old)
+                                .count() as u64
+                        };
+                        ok = count(b"\"type\":\"pong\"");
+                        bad = count(b"\"type\":\"error\"");
+                        let keep = carry.len().saturating_sub(15);
+                        carry.drain(..keep);
                     } else {
                         carry.extend_from_slice(&buf[..n]);
                         // Count in complete lines only: every status line and every
@@ -599,8 +691,10 @@ struct Published {
 
 fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) -> Published {
     let mut s = connect(args.addr);
-    if args.target == Target::Mqtt {
-        mqtt_connect(&mut s, "aepload-pub");
+    match args.target {
+        Target::Mqtt => mqtt_connect(&mut s, "aepload-pub"),
+        Target::Ws => ws_open(&mut s, args.addr, "emitter"),
+        _ => {}
     }
     let stop = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Answers::default());
@@ -649,6 +743,11 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
                     tpl.write(sent + i, ts, &mut event);
                     mqtt_publish(topic, &event, &mut out);
                 }
+                Target::Ws => {
+                    event.clear();
+                    tpl.write(sent + i, ts, &mut event);
+                    ws_frame(&event, &mut out);
+                }
                 Target::Redis => {
                     event.clear();
                     tpl.write(sent + i, ts, &mut event);
@@ -681,6 +780,13 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
             let _ = s.write_all(&[0xC0, 0x00]); // PINGREQ
             1
         }
+        Target::Ws => {
+            // Frames are handled in order: the pong stands for every Event before it.
+            let mut p = Vec::new();
+            ws_frame(br#"{"type":"ping","t":1}"#, &mut p);
+            let _ = s.write_all(&p);
+            1
+        }
     };
     // Wait for every answer (or until they stop coming).
     let idle = args.drain_ms * 1_000_000;
@@ -711,8 +817,8 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     match args.target {
         // One 202 answers a whole batch.
         Target::Sse => ok = (ok * args.batch as u64).min(sent),
-        // The PINGRESP stands for every PUBLISH before it.
-        Target::Mqtt => ok = if ok > 0 { sent } else { 0 },
+        // The PINGRESP (pong) stands for every PUBLISH (Event) before it.
+        Target::Mqtt | Target::Ws => ok = if ok > 0 { sent } else { 0 },
         Target::Redis => {}
     }
     Published {
