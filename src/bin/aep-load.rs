@@ -96,6 +96,10 @@ struct Args {
     /// The server's process id, to report its CPU time and RSS.
     #[arg(long)]
     server_pid: Option<u32>,
+    /// Publish over another relay binding than the subscribers use (`sse` is HTTP
+    /// NDJSON, `ws` WebSocket frames), e.g. WS subscribers fed by HTTP; relay only.
+    #[arg(long, value_enum)]
+    publisher: Option<Target>,
     /// MQTT topic / Redis channel.
     #[arg(long, default_value = "aep/load")]
     topic: String,
@@ -142,6 +146,13 @@ fn check(args: &Args) {
     }
     if !(1..=600).contains(&args.timeout) {
         fail("--timeout must be 1..=600");
+    }
+    let relay = |t: Target| matches!(t, Target::Sse | Target::Ws);
+    if args
+        .publisher
+        .is_some_and(|p| !relay(p) || !relay(args.target))
+    {
+        fail("--publisher mixes the relay's bindings only (sse, ws)");
     }
     if args.window != 0 && args.window < args.batch as u64 {
         fail("--window must be 0 or at least --batch");
@@ -690,8 +701,9 @@ struct Published {
 }
 
 fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) -> Published {
+    let via = args.publisher.unwrap_or(args.target);
     let mut s = connect(args.addr);
-    match args.target {
+    match via {
         Target::Mqtt => mqtt_connect(&mut s, "aepload-pub"),
         Target::Ws => ws_open(&mut s, args.addr, "emitter"),
         _ => {}
@@ -700,7 +712,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     let state = Arc::new(Answers::default());
     let reader = answers(
         s.try_clone().unwrap_or_else(|e| fail(e)),
-        args.target,
+        via,
         state.clone(),
         stop.clone(),
     );
@@ -733,7 +745,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         body.clear();
         for i in 0..n {
             let ts = clock();
-            match args.target {
+            match via {
                 Target::Sse => {
                     tpl.write(sent + i, ts, &mut body);
                     body.push(b'\n');
@@ -755,7 +767,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
                 }
             }
         }
-        if args.target == Target::Sse {
+        if via == Target::Sse {
             out.extend_from_slice(
                 format!(
                     "POST /events HTTP/1.1\r\nHost: {}\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n",
@@ -773,7 +785,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         requests += 1;
     }
     let written = clock();
-    let want = match args.target {
+    let want = match via {
         Target::Sse => requests,
         Target::Redis => sent,
         Target::Mqtt => {
@@ -804,7 +816,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     } else {
         written
     };
-    if args.target == Target::Mqtt {
+    if via == Target::Mqtt {
         let _ = s.write_all(&[0xE0, 0x00]); // DISCONNECT
     }
     stop.store(true, Ordering::Relaxed);
@@ -814,7 +826,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         state.ok.load(Ordering::Relaxed),
         state.bad.load(Ordering::Relaxed),
     );
-    match args.target {
+    match via {
         // One 202 answers a whole batch.
         Target::Sse => ok = (ok * args.batch as u64).min(sent),
         // The PINGRESP (pong) stands for every PUBLISH (Event) before it.
