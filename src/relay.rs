@@ -923,7 +923,7 @@ impl Relay {
                     "text/html; charset=utf-8",
                     &[(
                         "Content-Security-Policy",
-                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:",
                     )],
                     STATUS_PAGE.as_bytes(),
                     close,
