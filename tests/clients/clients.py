@@ -89,9 +89,10 @@ def log(msg):
 
 def spawn(cmd, logfile, **kw):
     """Starts `cmd` in a process group of its own (so its children stop with it)."""
-    f = open(logfile, "ab")
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=kw.pop("stdout", f), stderr=f,
-                         start_new_session=True, **kw)
+    f = open(logfile, "wb")
+    with f:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=kw.pop("stdout", f),
+                             stderr=f, start_new_session=True, **kw)
     PROCS.append(p)
     return p
 
@@ -471,6 +472,7 @@ def test_browser_eventsource():
         wait_received(len(expected), "live delivery after the second restart")
 
         time.sleep(0.5)  # anything extra (a duplicate) would have arrived by now
+        browser.screenshot(Path(ARGS.out) / "eventsource.png")
         got = received()
         state = browser.eval("window.aep")
         log(f"page: {len(got)} Events, {state['opens']} opens, {state['errors']} errors")
@@ -736,9 +738,13 @@ def test_status_page():
     browser = Browser("status")
     out = Path(ARGS.out)
     try:
+        page_url = f"{relay.base}/?access_token=ops-watch-22de"
+        status, _ = http_request("GET", page_url)
+        check(status == 200, f"GET / answered {status} (a build without `status-page`?)")
         browser.call("Runtime.enable")
         browser.call("Log.enable")
-        browser.goto(f"{relay.base}/?access_token=ops-watch-22de")
+        browser.call("Network.enable")
+        browser.goto(page_url)
         numbers_js = ("(() => Object.fromEntries(['sessions','subscriptions','connections',"
                       "'ingested','ingest_rate','deliveries','delivery_rate','dropped','refused']"
                       ".map((k) => [k, document.getElementById(k).textContent])))()")
@@ -790,11 +796,19 @@ def test_status_page():
         browser.call("Input.insertText", {"text": '{"type":["run.*"]}'})
         browser.eval("document.querySelector('#tail_form button').click()")
         wait_until(lambda: browser.eval(tail_js) == [], "the tail to restart")
+
+        def new_tail_open():
+            browser.eval("1")  # collects the DevTools events that came meanwhile
+            return any(e["method"] == "Network.responseReceived" and "run.*" in
+                       urllib.parse.unquote_plus(e["params"]["response"]["url"])
+                       for e in browser.events)
+        wait_until(new_tail_open, "the page's stream with the typed filter to open")
         wait_until(lambda: relay.status(token="ops-watch-22de")["subscriptions"] == 1,
-                   "the old tail to be replaced")
+                   "the old tail to be released")
         more = [ev("st-c", 1, "tool.started"), ev("st-c", 2, "run.finished")]
         relay.post_ok(more, token="agent-emit-3")
         wait_until(lambda: browser.eval(tail_js) == [more[1]], "the filtered tail")
+        wait_until(lambda: browser.eval(numbers_js)["ingested"] == "7", "the counters again")
         browser.screenshot(out / "status-filtered.png")
         problems = browser.console_problems()
         check(problems == [], f"no console errors (CSP, scripts): {problems}")
