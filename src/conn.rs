@@ -2,7 +2,7 @@
 
 use crate::envelope::Capture;
 use crate::filter::Filter;
-use crate::http::{ChunkedDecoder, RequestHead};
+use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::store::ReplayFrom;
 use crate::transport::Transport;
 use bytes::Bytes;
@@ -129,6 +129,36 @@ pub(crate) enum BodyReader {
     Length(usize),
     /// Chunked.
     Chunked(ChunkedDecoder),
+}
+
+impl BodyReader {
+    /// Moves body bytes from the front of `rbuf` into `body` (decoding chunked framing,
+    /// never past `max_body` in total). `Ok(true)` once the body is complete; bytes
+    /// after it stay in `rbuf` (the next pipelined request).
+    ///
+    /// # Errors
+    /// [`ChunkError`] for malformed chunked framing or a body over `max_body`.
+    pub(crate) fn take(
+        &mut self,
+        rbuf: &mut Vec<u8>,
+        body: &mut Vec<u8>,
+        max_body: usize,
+    ) -> Result<bool, ChunkError> {
+        match self {
+            BodyReader::Length(rem) => {
+                let take = (*rem).min(rbuf.len());
+                body.extend_from_slice(&rbuf[..take]);
+                rbuf.drain(..take);
+                *rem -= take;
+                Ok(*rem == 0)
+            }
+            BodyReader::Chunked(d) => {
+                let (used, done) = d.decode(rbuf, body, max_body)?;
+                rbuf.drain(..used);
+                Ok(done)
+            }
+        }
+    }
 }
 
 /// What the connection is doing.

@@ -679,27 +679,10 @@ impl Relay {
                     }
                 }
                 Phase::Body { reader, body, .. } => {
-                    let done = match reader {
-                        BodyReader::Length(rem) => {
-                            let take = (*rem).min(conn.rbuf.len());
-                            body.extend_from_slice(&conn.rbuf[..take]);
-                            conn.rbuf.drain(..take);
-                            *rem -= take;
-                            *rem == 0
-                        }
-                        BodyReader::Chunked(d) => match d.decode(&conn.rbuf, body, max_body) {
-                            Ok((used, done)) => {
-                                conn.rbuf.drain(..used);
-                                done
-                            }
-                            Err(e) => {
-                                self.chunk_error(key, e);
-                                return;
-                            }
-                        },
-                    };
-                    if !done {
-                        return;
+                    match reader.take(&mut conn.rbuf, body, max_body) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => return self.chunk_error(key, e),
                     }
                     let Phase::Body { head, body, .. } =
                         std::mem::replace(&mut conn.phase, Phase::Head)
@@ -710,29 +693,11 @@ impl Relay {
                     self.on_request(key, *head, body);
                 }
                 Phase::Discard(reader) => {
-                    let done = match reader {
-                        BodyReader::Length(rem) => {
-                            let take = (*rem).min(conn.rbuf.len());
-                            conn.rbuf.drain(..take);
-                            *rem -= take;
-                            *rem == 0
-                        }
-                        BodyReader::Chunked(d) => {
-                            let mut sink = Vec::new();
-                            match d.decode(&conn.rbuf, &mut sink, max_body) {
-                                Ok((used, done)) => {
-                                    conn.rbuf.drain(..used);
-                                    done
-                                }
-                                Err(e) => {
-                                    self.chunk_error(key, e);
-                                    return;
-                                }
-                            }
-                        }
-                    };
-                    if !done {
-                        return;
+                    // The answer went out already: read the body to its end and drop it.
+                    match reader.take(&mut conn.rbuf, &mut Vec::new(), max_body) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => return self.chunk_error(key, e),
                     }
                     conn.phase = Phase::Head;
                     conn.since = Instant::now();
@@ -763,6 +728,7 @@ impl Relay {
 
     /// Answers a request whose body we will not use: keep the connection when the body
     /// can be skipped, close it otherwise.
+    #[allow(clippy::too_many_arguments)]
     fn reply_skipping_body(
         &mut self,
         key: usize,
@@ -1589,7 +1555,7 @@ impl Relay {
         };
         let conn = &mut self.conns[key];
         match state {
-            Flush::Closed => return self.close(key),
+            Flush::Closed => self.close(key),
             Flush::Done => {
                 if had_output {
                     conn.last_write = now;

@@ -4,9 +4,11 @@
 use aep_relay::{Config, Relay};
 
 fn relay() -> Relay {
-    let mut c = Config::default();
-    c.listen = "127.0.0.1:0".parse().unwrap();
-    Relay::bind(c).unwrap()
+    Relay::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Config::default()
+    })
+    .unwrap()
 }
 
 const EV: &str = r#"{"aep":"0.1","id":"e1","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a","session":"s","seq":1}"#;

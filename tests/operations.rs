@@ -210,7 +210,7 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
     let last_id = got
         .lines()
         .filter_map(|l| l.strip_prefix("id: "))
-        .last()
+        .next_back()
         .expect("it had received some Events")
         .to_string();
     assert!(!got.contains("error.raised"));

@@ -26,8 +26,10 @@ impl TestRelay {
     }
 
     pub fn with(tweak: impl FnOnce(&mut Config)) -> TestRelay {
-        let mut config = Config::default();
-        config.listen = "127.0.0.1:0".parse().unwrap();
+        let mut config = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Config::default()
+        };
         tweak(&mut config);
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
