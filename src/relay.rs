@@ -594,8 +594,14 @@ impl Relay {
                 self.close(key)
             }
             _ => {
-                // The peer half-closed: answer what it sent, then close.
+                // The peer half-closed: every complete request it sent is already
+                // answered (input is processed as it is read), so flush and close. The
+                // `Closing` phase puts the connection under the linger timer, so a peer
+                // that also stops reading cannot hold it open forever.
                 conn.close_after_flush = true;
+                conn.phase = Phase::Closing;
+                conn.since = Instant::now();
+                conn.rbuf.clear();
                 self.mark_dirty(key);
             }
         }

@@ -4,8 +4,17 @@
 //! Each test names the target that found it and the fault class; the fix lives in the
 //! module the test exercises.
 
+use std::time::{Duration, Instant};
+
 use aep_relay::http::RequestHead;
 use aep_relay::sse::{self, From, Position};
+use aep_relay::{Config, Relay};
+
+fn relay() -> Relay {
+    let mut c = Config::default();
+    c.listen = "127.0.0.1:0".parse().unwrap();
+    Relay::bind(c).unwrap()
+}
 
 fn stream_request(query: &str, last_event_id: Option<&str>) -> RequestHead {
     RequestHead {
@@ -65,4 +74,31 @@ fn from_refuses_duplicate_members() {
     )
     .unwrap();
     assert!(matches!(ok.from, From::Positions(ref p) if p.len() == 2));
+}
+
+/// `http`: a peer that pipelines requests, never reads the answers and half-closes left
+/// its connection open forever (`close_after_flush` set outside the `Closing` phase, so
+/// no timer reaped it). After EOF the connection is closing and the linger timer ends it.
+#[test]
+fn half_closed_peer_that_never_reads_is_reaped() {
+    for input in [
+        &b"GET /events HTTP/1.1\r\n\r\n"[..],
+        b"GET /events HTTP/1.1\r\n\r\nGET /events HTTP/1.1\r\n\r\nGET /events HTTP/1.1\r\n\r\n",
+        // A request cut short: nothing to answer, and the answer to the first is unread.
+        b"GET /events HTTP/1.1\r\n\r\nPOST /events HTTP/1.1\r\nContent-Length: 10\r\n\r\n{",
+    ] {
+        let mut relay = relay();
+        let c = relay.connect_memory(Some(0)); // a consumer that stopped reading
+        relay.feed(c, input, true);
+        assert!(relay.is_open(c), "the answer is still queued");
+        relay.tick_at(Instant::now() + Duration::from_secs(3600));
+        assert!(!relay.is_open(c), "{:?}", String::from_utf8_lossy(input));
+    }
+    // A peer that does read gets its answers and the close.
+    let mut relay = relay();
+    let c = relay.connect_memory(None);
+    relay.feed(c, b"GET /events HTTP/1.1\r\n\r\n", true);
+    assert!(!relay.is_open(c));
+    let out = relay.take_output(c).unwrap();
+    assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n"));
 }
