@@ -6,7 +6,9 @@
 //! - byte 0: flags. bit 0: the fuzzed connection stops reading its output (a write
 //!   limit of 0..=255 bytes, from byte 1); bit 1: a subscriber `GET /stream?from=all`
 //!   that never reads is connected first; bit 2: the clock jumps past every timeout
-//!   between chunks whose length byte is 0; bits 4-7: the payload is delivered
+//!   between chunks whose length byte is 0; bit 3: the replay store is filled first
+//!   (every session's buffer full of ~1 KiB Events, half `info`, half `notice`), so a
+//!   `from=all` replay is larger than the output bound; bits 4-7: the payload is delivered
 //!   `1 + (bits 4-7)` times over (pipelining without reading, cheaply).
 //! - byte 1: the write limit (bit 0).
 //! - byte 2: `n`, the number of chunk lengths (0..=15); bytes 3..3+n: the chunk lengths,
@@ -31,6 +33,8 @@ use aep_relay::{Config, Relay};
 use libfuzzer_sys::fuzz_target;
 
 const MAX_HEAD: usize = 1024;
+const BUFFER: usize = 16;
+const SESSIONS: usize = 8;
 const MAX_BODY: usize = 2048;
 const MAX_OUTPUT: usize = 64 * 1024;
 
@@ -38,14 +42,29 @@ fn config() -> Config {
     let mut c = Config::default();
     c.listen = "127.0.0.1:0".parse().unwrap();
     // Small limits, so the fuzzer reaches them.
-    c.buffer_per_session = 8;
-    c.max_sessions = 4;
+    c.buffer_per_session = BUFFER;
+    c.max_sessions = SESSIONS;
     c.max_body_bytes = MAX_BODY;
     c.max_batch_events = 4;
     c.max_from_positions = 4;
     c.max_head_bytes = MAX_HEAD;
     c.max_output_bytes = MAX_OUTPUT; // the least `Config::validate` allows
     c
+}
+
+/// Every session's buffer full: `SESSIONS * BUFFER` Events of about 1 KiB each.
+fn prefill_events() -> Vec<bytes::Bytes> {
+    let pad = "x".repeat(900);
+    let mut out = Vec::new();
+    for s in 0..SESSIONS {
+        for q in 0..BUFFER {
+            let sev = if q % 2 == 0 { "info" } else { "notice" };
+            out.push(bytes::Bytes::from(format!(
+                r#"{{"aep":"0.1","id":"p{s}-{q}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/p{s}","agent":"a","session":"p{s}","seq":{q},"severity":"{sev}","data":{{"pad":"{pad}"}}}}"#
+            )));
+        }
+    }
+    out
 }
 
 /// The largest single thing the relay queues at once: a response echoing (part of) the
@@ -71,9 +90,15 @@ fuzz_target!(|data: &[u8]| {
     let stalled = flags & 1 != 0;
     let with_sub = flags & 2 != 0;
     let jumps = flags & 4 != 0;
+    let prefill = flags & 8 != 0;
     let repeat = 1 + usize::from(flags >> 4);
 
     let mut relay = Relay::bind(config()).expect("bind 127.0.0.1:0");
+    if prefill {
+        for ev in prefill_events() {
+            relay.ingest(ev).expect("prefill Events are valid");
+        }
+    }
     let mut clock = Instant::now();
 
     let sub = with_sub.then(|| {
