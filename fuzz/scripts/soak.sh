@@ -3,7 +3,7 @@
 #
 #   fuzz/scripts/soak.sh SECONDS [TARGET...]
 #
-# Runs each target (all five by default) for SECONDS of fuzzing in total, on the stable
+# Runs each target (all six by default) for SECONDS of fuzzing in total, on the stable
 # toolchain without a sanitizer. New corpus entries go to fuzz/work/<target> (ignored by
 # git), the committed seeds in fuzz/corpus/<target> are read too. A crash stops libFuzzer;
 # the script keeps the artifact (fuzz/artifacts/<target>/) and restarts the target for
@@ -13,12 +13,12 @@ cd "$(dirname "$0")/.."
 secs=${1:?usage: soak.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel sse_query http)
+[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel sse_query http ws)
 unset CARGO_TARGET_DIR
 cargo fuzz build --sanitizer none >/dev/null 2>&1 || { echo "build failed" >&2; exit 1; }
 mkdir -p work
 for t in "${targets[@]}"; do
-  case $t in http) dict=http; extra=(-max_len=8192) ;; sse_query) dict=query; extra=() ;; *) dict=json; extra=() ;; esac
+  case $t in http) dict=http; extra=(-max_len=8192) ;; ws) dict=ws; extra=(-max_len=8192) ;; sse_query) dict=query; extra=() ;; *) dict=json; extra=() ;; esac
   mkdir -p "work/$t"
   left=$secs
   while [ "$left" -gt 0 ]; do
