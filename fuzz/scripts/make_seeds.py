@@ -180,7 +180,12 @@ http_tokens = ["POST /events HTTP/1.1\r\n", "GET /stream", "GET /events HTTP/1.1
                "AEP-Version: 0.1\r\n", "AEP-Version: 1.0\r\n", "Content-Type: application/json\r\n",
                "Content-Type: application/x-ndjson\r\n", "Expect: 100-continue\r\n",
                "Connection: close\r\n", "Connection: keep-alive\r\n", "Last-Event-ID: ", "0\r\n\r\n",
-               "ffffffff\r\n", ";ext=1", "?filter=", "&capture=", "&from=all", "&live=0", "%7B", "%22"]
+               "ffffffff\r\n", ";ext=1", "?filter=", "&capture=", "&from=all", "&live=0", "%7B", "%22",
+               "GET / HTTP/1.1\r\n", "GET /status HTTP/1.1\r\n", "GET /metrics HTTP/1.1\r\n",
+               "GET /healthz HTTP/1.1\r\n", "GET /socket HTTP/1.1\r\n", "OPTIONS /stream HTTP/1.1\r\n",
+               "Upgrade: websocket\r\n", "Connection: Upgrade\r\n", "Sec-WebSocket-Version: 13\r\n",
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", "Origin: http://x\r\n",
+               "Authorization: Bearer ", "Accept: text/event-stream\r\n"]
 query_tokens = ["filter=", "capture=", "from=", "live=", "&", "=", "%", "+", "%7B%7D", "%22", "all",
                 '[{"session":"s","epoch":0,"seq":1}]', '"session":', '"seq":', '"epoch":', "\n", ":0:"]
 os.makedirs(os.path.join(FUZZ, "dict"), exist_ok=True)
