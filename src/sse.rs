@@ -173,7 +173,20 @@ pub fn parse_request(
     let mut ceiling = None;
     let mut from = None;
     let mut live = true;
+    let mut seen = [false; 4];
     for (k, v) in head.query_pairs() {
+        // A repeated subscription parameter is refused, like a duplicated JSON member:
+        // `filter={"session":"a"}&filter={}` would be a session filter to a reader that
+        // keeps the first and match-all to one that keeps the last (fail closed,
+        // AEP-0003 §6.5, §11).
+        if let Some(i) = ["filter", "capture", "from", "live"]
+            .iter()
+            .position(|p| *p == k)
+        {
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(invalid(format!("`{k}` is given more than once")));
+            }
+        }
         match k.as_str() {
             "filter" => {
                 let f =

@@ -242,3 +242,26 @@ fn replay_is_paced_by_the_output_bound() {
     // The store now holds p0-4 .. p0-19 for session p0 (its buffer is 16 deep).
     assert_eq!(stream_ids(&out).len(), 8 * 16);
 }
+
+/// Same class as `from_refuses_duplicate_members` (found reviewing the `sse_query`
+/// reference, which read repeated parameters last-wins like the relay): with
+/// `filter={"session":"a"}&filter={}` a proxy that checks the first `filter` and the
+/// relay, which kept the last, disagreed on whether the stream is limited to session
+/// `a` (it was match-all). Repeated subscription parameters are refused.
+#[test]
+fn repeated_subscription_parameters_are_refused() {
+    for q in [
+        r#"filter={"session":"a"}&filter={}"#,
+        "capture=none&capture=full",
+        "from=all&from=all",
+        "live=0&live=1",
+        "filter=%7B%7D&live=1&filter=%7B%7D",
+    ] {
+        let e = sse::parse_request(&stream_request(q, None), 10).unwrap_err();
+        assert_eq!(e.code, "invalid-filter", "{q}");
+        assert!(e.detail.contains("more than once"), "{q}: {}", e.detail);
+    }
+    // Unknown parameters (and `access_token`, read by auth) may repeat.
+    let ok = sse::parse_request(&stream_request("x=1&x=2&capture=none", None), 10).unwrap();
+    assert_eq!(ok.ceiling, Some(aep_relay::envelope::Capture::None));
+}

@@ -11,7 +11,9 @@
 //!    session (which may itself hold `:`) and two decimal integers in `u64` (AEP-0003
 //!    §3.3.2, the form the relay itself writes in `id:`), and round-trips what it accepts.
 //! 3. `parse_request` agrees with a reference reading of the parameters, in order, each
-//!    later occurrence replacing an earlier one: `filter` is a valid attr-match filter
+//!    at most once (a repeated `filter`, `capture`, `from` or `live` is refused, like a
+//!    duplicated JSON member, rather than resolved first- or last-wins): `filter` is a
+//!    valid attr-match filter
 //!    (compared as compiled), `capture` one of the four levels (§6.4), `from` the string
 //!    `all` or a JSON array of at most `max_from` objects `{session, epoch?, seq}` with
 //!    nothing else and no duplicate member (`limit-exceeded` beyond the limit, §6.5),
@@ -115,7 +117,14 @@ fn reference(head: &RequestHead) -> Result<Want, Refused> {
         live: true,
     };
     let mut from = None;
+    let mut seen = std::collections::HashSet::new();
     for (k, v) in head.query_pairs() {
+        // Decision (same class as duplicate JSON members): a repeated subscription
+        // parameter is refused, never resolved first- or last-wins.
+        let known = matches!(k.as_str(), "filter" | "capture" | "from" | "live");
+        if known && !seen.insert(k.clone()) {
+            return Err(bad(format!("{k} repeated")));
+        }
         match k.as_str() {
             "filter" => want.filter = Filter::parse(v.as_bytes()).map_err(|e| bad(e.detail))?,
             "capture" => want.ceiling = Some(Capture::parse(&v).ok_or_else(|| bad(v.clone()))?),
