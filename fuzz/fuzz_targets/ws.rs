@@ -112,7 +112,7 @@ fn framed(payload: &[u8], hello: bool) -> (Vec<u8>, Option<Vec<u8>>) {
             }
             _ => (0x81, line),
         };
-        if i == 0 && first == 0x81 {
+        if i == 0 && first == 0x81 && !hello {
             first_text = Some(body.to_vec());
         }
         client_frame(first, body, &mut out);
