@@ -211,6 +211,10 @@ pub(crate) struct Conn {
     pub(crate) write_shut: bool,
     /// Whether the peer closed its writing side.
     pub(crate) peer_eof: bool,
+    /// Reading and request processing are paused because the queued answers reached
+    /// `max_output_bytes` (a peer pipelining requests without reading the answers);
+    /// `Relay::flush` resumes them once the queue is below the bound.
+    pub(crate) read_paused: bool,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
     /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
@@ -238,6 +242,7 @@ impl Conn {
             dropped: 0,
             write_shut: false,
             peer_eof: false,
+            read_paused: false,
             cors: None,
             replay: VecDeque::new(),
             backlog: OutQueue::default(),

@@ -548,6 +548,9 @@ impl Relay {
 
     fn on_readable(&mut self, key: usize) {
         loop {
+            if self.over_output_bound(key) {
+                return;
+            }
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
@@ -594,8 +597,14 @@ impl Relay {
                 self.close(key)
             }
             _ => {
-                // The peer half-closed: answer what it sent, then close.
+                // The peer half-closed: every complete request it sent is already
+                // answered (input is processed as it is read), so flush and close. The
+                // `Closing` phase puts the connection under the linger timer, so a peer
+                // that also stops reading cannot hold it open forever.
                 conn.close_after_flush = true;
+                conn.phase = Phase::Closing;
+                conn.since = Instant::now();
+                conn.rbuf.clear();
                 self.mark_dirty(key);
             }
         }
@@ -633,6 +642,29 @@ impl Relay {
     }
 
     /// Runs the HTTP state machine over the connection's read buffer.
+    /// Request backpressure: whether the answers queued on `key` have reached
+    /// `max_output_bytes`, in which case reading and request processing pause (marked in
+    /// `Conn::read_paused`) until `flush` brings the queue back under the bound. Without
+    /// it a peer pipelining requests and never reading the answers grows the queue
+    /// without limit (each ~25-byte `GET /events` queues a ~400-byte answer). Only the
+    /// HTTP request phases pause: streams and closing connections discard their input
+    /// (and must see EOF), and WebSockets bound their replies themselves.
+    fn over_output_bound(&mut self, key: usize) -> bool {
+        let max = self.config.max_output_bytes;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        let request = matches!(
+            conn.phase,
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
+        );
+        if !request || conn.out.len() < max {
+            return false;
+        }
+        conn.read_paused = true;
+        true
+    }
+
     fn process(&mut self, key: usize) {
         let max_head = self.config.max_head_bytes;
         let max_body = self.config.max_body_bytes;
@@ -646,9 +678,12 @@ impl Relay {
             }
             match &mut conn.phase {
                 Phase::Head => {
-                    if conn.rbuf.is_empty() {
+                    if conn.rbuf.is_empty() || self.over_output_bound(key) {
                         return;
                     }
+                    let Some(conn) = self.conns.get_mut(key) else {
+                        return;
+                    };
                     match http::parse_head(&conn.rbuf) {
                         Ok(None) => {
                             if conn.rbuf.len() > max_head {
@@ -889,7 +924,7 @@ impl Relay {
                     "text/html; charset=utf-8",
                     &[(
                         "Content-Security-Policy",
-                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:",
                     )],
                     STATUS_PAGE.as_bytes(),
                     close,
@@ -1555,7 +1590,7 @@ impl Relay {
         };
         let conn = &mut self.conns[key];
         match state {
-            Flush::Closed => self.close(key),
+            Flush::Closed => return self.close(key),
             Flush::Done => {
                 if had_output {
                     conn.last_write = now;
@@ -1588,6 +1623,13 @@ impl Relay {
                     );
                 }
             }
+        }
+        // Resume a connection paused by `over_output_bound`: first the requests already
+        // read, then the socket (its readiness edge has passed; the data is waiting).
+        if conn.read_paused && conn.out.len() < self.config.max_output_bytes {
+            conn.read_paused = false;
+            self.process(key);
+            self.on_readable(key);
         }
     }
 

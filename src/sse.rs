@@ -132,12 +132,22 @@ pub fn parse_from_value(v: &serde_json::Value, max: usize) -> Result<From, Reque
     }
 }
 
+/// A `u64` written as ASCII decimal digits only, the form the relay writes in `id:`
+/// (`str::parse` alone would also take a leading `+`).
+fn decimal(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
 /// Parses a `Last-Event-ID` value `{session}:{epoch}:{seq}` (AEP-0003 §3.3.2). The
-/// session may itself contain `:`, so the two numbers are taken from the right.
+/// session may itself contain `:`, so the two numbers are taken from the right; each is
+/// decimal digits only, within `u64`.
 pub fn parse_last_event_id(v: &str) -> Option<Position> {
     let mut it = v.rsplitn(3, ':');
-    let seq = it.next()?.parse().ok()?;
-    let epoch = it.next()?.parse().ok()?;
+    let seq = decimal(it.next()?)?;
+    let epoch = decimal(it.next()?)?;
     let session = it.next()?;
     if session.is_empty() {
         return None;
@@ -163,7 +173,20 @@ pub fn parse_request(
     let mut ceiling = None;
     let mut from = None;
     let mut live = true;
+    let mut seen = [false; 4];
     for (k, v) in head.query_pairs() {
+        // A repeated subscription parameter is refused, like a duplicated JSON member:
+        // `filter={"session":"a"}&filter={}` would be a session filter to a reader that
+        // keeps the first and match-all to one that keeps the last (fail closed,
+        // AEP-0003 §6.5, §11).
+        if let Some(i) = ["filter", "capture", "from", "live"]
+            .iter()
+            .position(|p| *p == k)
+        {
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(invalid(format!("`{k}` is given more than once")));
+            }
+        }
         match k.as_str() {
             "filter" => {
                 let f =
@@ -172,10 +195,13 @@ pub fn parse_request(
             }
             "capture" => ceiling = Some(parse_capture(&v)?),
             "from" => {
+                // Duplicate member names are refused, as in `filter`: a reader that keeps
+                // the first `session` and one that keeps the last would resume different
+                // sessions (AEP-0003 §6.5: a malformed `from` is `invalid-filter`).
                 let value = if v == "all" {
                     serde_json::Value::String(v)
                 } else {
-                    serde_json::from_str(&v)
+                    crate::filter::strict_json(v.as_bytes())
                         .map_err(|e| invalid(format!("`from` is not JSON: {e}")))?
                 };
                 from = Some(parse_from_value(&value, max_from)?);

@@ -1,0 +1,169 @@
+//! One in-memory connection's whole HTTP/SSE state machine (`Relay::connect_memory`,
+//! `feed`), with arbitrary bytes delivered in arbitrary chunks, and a stalled SSE
+//! subscriber beside it.
+//!
+//! Input layout (so the payload stays contiguous for the dictionary and the mutator):
+//! - byte 0: flags. bit 0: the fuzzed connection stops reading its output (a write
+//!   limit of 0..=255 bytes, from byte 1); bit 1: a subscriber `GET /stream?from=all`
+//!   that never reads is connected first; bit 2: the clock jumps past every timeout
+//!   between chunks whose length byte is 0; bit 3: the replay store is filled first
+//!   (every session's buffer full of ~1 KiB Events, half `info`, half `notice`), so a
+//!   `from=all` replay is larger than the output bound; bits 4-7: the payload is delivered
+//!   `1 + (bits 4-7)` times over (pipelining without reading, cheaply).
+//! - byte 1: the write limit (bit 0).
+//! - byte 2: `n`, the number of chunk lengths (0..=15); bytes 3..3+n: the chunk lengths,
+//!   used in turn (0 = one byte, or a clock jump with bit 2).
+//! - the rest: the payload.
+//!
+//! Invariants asserted:
+//! 1. Nothing panics, whatever the bytes and however they are split.
+//! 2. Output stays bounded: after every chunk each connection's `queued_output` is at
+//!    most `max_output_bytes` plus one answer (the largest single thing the relay queues
+//!    at once: a response echoing at most the request head, or one SSE message of at
+//!    most one body), `Config` limits included (AEP-0003 §8.4).
+//! 3. Every request ends in a response or a close: once the peer has sent EOF and every
+//!    timer has run (request timeout, linger), the connection is closed.
+//! 4. Every response the relay writes starts with an HTTP/1.1 status line (or is the SSE
+//!    stream).
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use aep_relay::{Config, Relay};
+use libfuzzer_sys::fuzz_target;
+
+const MAX_HEAD: usize = 1024;
+const BUFFER: usize = 16;
+const SESSIONS: usize = 8;
+const MAX_BODY: usize = 2048;
+const MAX_OUTPUT: usize = 64 * 1024;
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.listen = "127.0.0.1:0".parse().unwrap();
+    // Small limits, so the fuzzer reaches them.
+    c.buffer_per_session = BUFFER;
+    c.max_sessions = SESSIONS;
+    c.max_body_bytes = MAX_BODY;
+    c.max_batch_events = 4;
+    c.max_from_positions = 4;
+    c.max_head_bytes = MAX_HEAD;
+    c.max_output_bytes = MAX_OUTPUT; // the least `Config::validate` allows
+    c
+}
+
+/// Every session's buffer full: `SESSIONS * BUFFER` Events of about 1 KiB each.
+fn prefill_events() -> Vec<bytes::Bytes> {
+    let pad = "x".repeat(900);
+    let mut out = Vec::new();
+    for s in 0..SESSIONS {
+        for q in 0..BUFFER {
+            let sev = if q % 2 == 0 { "info" } else { "notice" };
+            out.push(bytes::Bytes::from(format!(
+                r#"{{"aep":"0.1","id":"p{s}-{q}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/p{s}","agent":"a","session":"p{s}","seq":{q},"severity":"{sev}","data":{{"pad":"{pad}"}}}}"#
+            )));
+        }
+    }
+    out
+}
+
+/// The largest single thing the relay queues at once: a response echoing (part of) the
+/// request head, or one SSE message carrying one Event (at most one body) plus its
+/// `event:` / `id:` lines, which repeat the Event's type and session.
+const ONE_ANSWER: usize = 3 * MAX_HEAD + 3 * MAX_BODY + 1024;
+
+fn bounded(relay: &Relay, key: usize, what: &str) {
+    if let Some(q) = relay.queued_output(key) {
+        assert!(
+            q <= MAX_OUTPUT + ONE_ANSWER,
+            "{what}: {q} bytes queued, over max_output_bytes {MAX_OUTPUT} + one answer"
+        );
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [flags, limit, n, rest @ ..] = data else {
+        return;
+    };
+    let n = usize::from(*n % 16).min(rest.len());
+    let (splits, payload) = rest.split_at(n);
+    let stalled = flags & 1 != 0;
+    let with_sub = flags & 2 != 0;
+    let jumps = flags & 4 != 0;
+    let prefill = flags & 8 != 0;
+    let repeat = 1 + usize::from(flags >> 4);
+
+    let mut relay = Relay::bind(config()).expect("bind 127.0.0.1:0");
+    if prefill {
+        for ev in prefill_events() {
+            relay.ingest(ev).expect("prefill Events are valid");
+        }
+    }
+    let mut clock = Instant::now();
+
+    let sub = with_sub.then(|| {
+        let sub = relay.connect_memory(Some(0));
+        relay.feed(
+            sub,
+            b"GET /stream?from=all HTTP/1.1\r\nHost: x\r\n\r\n",
+            false,
+        );
+        sub
+    });
+    let key = relay.connect_memory(stalled.then_some(usize::from(*limit)));
+
+    let mut out = Vec::new();
+    let mut open = true;
+    let mut turn = 0;
+    'feed: for _ in 0..repeat {
+        let mut at = 0;
+        while at < payload.len() {
+            let len = splits
+                .get(turn % splits.len().max(1))
+                .copied()
+                .unwrap_or(u8::MAX);
+            turn += 1;
+            if len == 0 && jumps {
+                clock += Duration::from_secs(3600);
+                relay.tick_at(clock);
+            }
+            let len = usize::from(len).max(1);
+            let chunk = &payload[at..(at + len).min(payload.len())];
+            at += chunk.len();
+            if !relay.feed(key, chunk, false) {
+                open = false;
+                break 'feed;
+            }
+            bounded(&relay, key, "connection");
+            if let Some(sub) = sub {
+                bounded(&relay, sub, "subscriber");
+            }
+            if !stalled {
+                out.extend(relay.take_output(key).unwrap_or_default());
+            }
+        }
+    }
+    if open {
+        relay.feed(key, &[], true);
+    }
+    // Every timer runs: request timeout (408), linger, idle.
+    for _ in 0..3 {
+        clock += Duration::from_secs(3600);
+        relay.tick_at(clock);
+    }
+    assert!(
+        !relay.is_open(key),
+        "connection still open after EOF and every timeout"
+    );
+    out.extend(relay.take_output(key).unwrap_or_default());
+    if !stalled && !out.is_empty() {
+        assert!(
+            out.starts_with(b"HTTP/1.1 "),
+            "not a status line: {:?}",
+            String::from_utf8_lossy(&out[..out.len().min(64)])
+        );
+    }
+    if let Some(sub) = sub {
+        bounded(&relay, sub, "subscriber");
+    }
+});

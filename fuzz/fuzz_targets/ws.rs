@@ -1,0 +1,278 @@
+//! The WebSocket binding (`GET /socket`, AEP-0003 §3.5, §4, §6.5; RFC 6455) on one
+//! in-memory connection after a completed handshake: the frame reader and the AEP frames
+//! (`hello`, `subscribe`, `unsubscribe`, `roster`, `ping`, Events, commands).
+//!
+//! Input layout:
+//! - byte 0: flags. bit 0: raw mode, the payload is the client's byte stream as is
+//!   (else framed mode, below); bit 1: framed mode starts with a valid `hello` (role
+//!   `both`), so the fuzzer reaches the frames after it; bit 2: the connection stops
+//!   reading its output (write limit from byte 1); bit 3: the replay store is filled
+//!   first (as in `http`), so `subscribe` with `from` replays more than the output bound.
+//! - byte 1: the write limit (bit 2).
+//! - byte 2: `n` (0..=15) chunk lengths follow, used in turn to split the client bytes.
+//! - the rest: the payload. In framed mode each `\n`-separated line becomes one masked
+//!   client frame: a line starting with a byte below 0x20 takes its opcode from that
+//!   byte's low nibble and FIN from bit 4 being clear (0x01 text, 0x11 a first text
+//!   fragment, 0x00 the last continuation, 0x09 ping, 0x08 close, 0x02 binary), the rest
+//!   is the payload; any other line is one complete text frame.
+//!
+//! Invariants asserted:
+//! 1. Nothing panics; the upgrade answers `101 Switching Protocols`.
+//! 2. Output stays bounded after every chunk: at most what the latest replay left queued
+//!    plus `max_output_bytes` plus one frame for replies (the relay's own rule, which
+//!    closes a peer that does not read its replies), replay being paced to
+//!    `max_output_bytes` itself, so `2 * max_output_bytes` plus one answer in all.
+//! 3. What the relay sends (when the peer reads) is well-formed RFC 6455 server framing:
+//!    unmasked, unfragmented, opcode text, close, ping or pong; every text frame is one
+//!    JSON object (an AEP frame or an Event, AEP-0003 §2); nothing follows a close frame.
+//! 4. Hello first (AEP-0003 §3.5 #1): in framed mode without the automatic hello, when
+//!    the first complete client frame is a text message that is not a JSON object with
+//!    `"type": "hello"`, the relay's first frame is an `error` with code
+//!    `hello-required` and its next a close with code 1008.
+//! 5. After EOF and every timer, the connection is closed.
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use aep_relay::{Config, Relay};
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+
+const MAX_OUTPUT: usize = 64 * 1024;
+const MAX_WS_MESSAGE: usize = 4096;
+const BUFFER: usize = 16;
+const SESSIONS: usize = 8;
+/// One reply: an error echoing (part of) a message, or one Event frame.
+const ONE_ANSWER: usize = 4 * MAX_WS_MESSAGE + 1024;
+
+const HANDSHAKE: &[u8] = b"GET /socket HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+const HELLO: &[u8] =
+    br#"{"type":"hello","versions":["0.1"],"role":"both","identity":{"agent":"fuzz"}}"#;
+
+fn config() -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        buffer_per_session: BUFFER,
+        max_sessions: SESSIONS,
+        max_from_positions: 4,
+        max_output_bytes: MAX_OUTPUT,
+        max_ws_message_bytes: MAX_WS_MESSAGE,
+        ..Config::default()
+    }
+}
+
+/// Every session's buffer full: `SESSIONS * BUFFER` Events of about 1 KiB each.
+fn prefill_events() -> Vec<bytes::Bytes> {
+    let pad = "x".repeat(900);
+    let mut out = Vec::new();
+    for s in 0..SESSIONS {
+        for q in 0..BUFFER {
+            let sev = if q % 2 == 0 { "info" } else { "notice" };
+            out.push(bytes::Bytes::from(format!(
+                r#"{{"aep":"0.1","id":"p{s}-{q}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/p{s}","agent":"a","session":"p{s}","seq":{q},"severity":"{sev}","data":{{"pad":"{pad}"}}}}"#
+            )));
+        }
+    }
+    out
+}
+
+/// One masked client frame (RFC 6455 §5.2).
+fn client_frame(first: u8, payload: &[u8], out: &mut Vec<u8>) {
+    out.push(first);
+    let mask_bit = 0x80;
+    match payload.len() {
+        n if n < 126 => out.push(mask_bit | n as u8),
+        n if n <= 0xFFFF => {
+            out.push(mask_bit | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(mask_bit | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let key = [0x37, 0xfa, 0x21, payload.len() as u8];
+    out.extend_from_slice(&key);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+}
+
+/// The client frames of framed mode; also whether the first one is a complete text
+/// message, and its payload.
+fn framed(payload: &[u8], hello: bool) -> (Vec<u8>, Option<Vec<u8>>) {
+    let mut out = Vec::new();
+    if hello {
+        client_frame(0x81, HELLO, &mut out);
+    }
+    let mut first_text = None;
+    for (i, line) in payload.split(|b| *b == b'\n').enumerate() {
+        let (first, body) = match line.first() {
+            Some(&c) if c < 0x20 => {
+                let fin = if c & 0x10 == 0 { 0x80 } else { 0 };
+                (fin | (c & 0x0F), &line[1..])
+            }
+            _ => (0x81, line),
+        };
+        if i == 0 && first == 0x81 && !hello {
+            first_text = Some(body.to_vec());
+        }
+        client_frame(first, body, &mut out);
+    }
+    (out, first_text)
+}
+
+/// The relay's frames (RFC 6455 §5.2 server side), as far as they are complete:
+/// `(fin, opcode, payload)`. Panics on a masked frame.
+fn server_frames(mut b: &[u8]) -> Vec<(bool, u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while b.len() >= 2 {
+        let (fin, opcode) = (b[0] & 0x80 != 0, b[0] & 0x0F);
+        assert_eq!(
+            b[1] & 0x80,
+            0,
+            "server frames are never masked (RFC 6455 §5.1)"
+        );
+        let (len, head) = match b[1] & 0x7F {
+            126 if b.len() >= 4 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
+            127 if b.len() >= 10 => {
+                let mut n = [0u8; 8];
+                n.copy_from_slice(&b[2..10]);
+                (u64::from_be_bytes(n) as usize, 10)
+            }
+            126 | 127 => break,
+            n => (usize::from(n), 2),
+        };
+        if b.len() < head + len {
+            break;
+        }
+        frames.push((fin, opcode, b[head..head + len].to_vec()));
+        b = &b[head + len..];
+    }
+    frames
+}
+
+fn bounded(relay: &Relay, key: usize) {
+    if let Some(q) = relay.queued_output(key) {
+        assert!(
+            q <= 2 * MAX_OUTPUT + ONE_ANSWER,
+            "{q} bytes queued, over 2 * max_output_bytes {MAX_OUTPUT} + one answer"
+        );
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [flags, limit, n, rest @ ..] = data else {
+        return;
+    };
+    let n = usize::from(*n % 16).min(rest.len());
+    let (splits, payload) = rest.split_at(n);
+    let raw = flags & 1 != 0;
+    let hello = flags & 2 != 0;
+    let stalled = flags & 4 != 0;
+    let prefill = flags & 8 != 0;
+
+    let mut relay = Relay::bind(config()).expect("bind 127.0.0.1:0");
+    if prefill {
+        for ev in prefill_events() {
+            relay.ingest(ev).expect("prefill Events are valid");
+        }
+    }
+    // A stalled peer reads the upgrade answer (in pieces of at most `limit` bytes), then
+    // nothing more: the pipe keeps `limit` bytes and the rest stays in the relay's queue.
+    let key = relay.connect_memory(stalled.then(|| usize::from(*limit).max(1)));
+    relay.feed(key, HANDSHAKE, false);
+    let mut answer = Vec::new();
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let more = relay.take_output(key).unwrap_or_default();
+        assert!(
+            !more.is_empty(),
+            "no complete upgrade answer: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend(more);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 101 "),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    let (stream, first_text) = if raw {
+        (payload.to_vec(), None)
+    } else {
+        framed(payload, hello)
+    };
+
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut turn = 0;
+    while at < stream.len() {
+        let len = splits
+            .get(turn % splits.len().max(1))
+            .copied()
+            .unwrap_or(u8::MAX);
+        turn += 1;
+        let len = usize::from(len).max(1);
+        let chunk = &stream[at..(at + len).min(stream.len())];
+        at += chunk.len();
+        if !relay.feed(key, chunk, false) {
+            break;
+        }
+        bounded(&relay, key);
+        if !stalled {
+            out.extend(relay.take_output(key).unwrap_or_default());
+        }
+    }
+    relay.feed(key, &[], true);
+    let mut clock = Instant::now();
+    for _ in 0..3 {
+        clock += Duration::from_secs(3600);
+        relay.tick_at(clock);
+        if !stalled {
+            out.extend(relay.take_output(key).unwrap_or_default());
+        }
+    }
+    assert!(
+        !relay.is_open(key),
+        "connection open after EOF and every timer"
+    );
+    if stalled {
+        return;
+    }
+    out.extend(relay.take_output(key).unwrap_or_default());
+
+    let frames = server_frames(&out);
+    let mut closed = false;
+    for (fin, opcode, body) in &frames {
+        assert!(!closed, "a frame after the close frame");
+        assert!(*fin, "server frames are not fragmented");
+        match opcode {
+            0x1 => {
+                let v: Value = serde_json::from_slice(body).unwrap_or_else(|e| {
+                    panic!(
+                        "text frame is not JSON ({e}): {:?}",
+                        String::from_utf8_lossy(body)
+                    )
+                });
+                assert!(v.is_object(), "text frame is not an object: {v}");
+            }
+            0x8 => closed = true,
+            0x9 | 0xA => {}
+            other => panic!("server sent opcode {other:#x}"),
+        }
+    }
+    if let Some(first) = first_text {
+        let is_hello = matches!(
+            serde_json::from_slice::<Value>(&first),
+            Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello")
+        );
+        if !is_hello && std::str::from_utf8(&first).is_ok() && first.len() <= MAX_WS_MESSAGE {
+            let (_, op, body) = frames.first().expect("an answer to the first frame");
+            assert_eq!(*op, 0x1, "first answer is a text frame");
+            let v: Value = serde_json::from_slice(body).unwrap();
+            assert_eq!(v["type"], "error", "{v}");
+            assert_eq!(v["code"], "hello-required", "{v}");
+            let (_, op, body) = frames.get(1).expect("a close after hello-required");
+            assert_eq!(*op, 0x8);
+            assert_eq!(&body[..2], &1008u16.to_be_bytes(), "close code 1008");
+        }
+    }
+});

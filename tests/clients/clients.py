@@ -1,0 +1,865 @@
+#!/usr/bin/env python3
+"""End-to-end tests of aep-relay with the clients people already use (issue 9 §1, §2).
+
+Each check starts the real `aep-relay` binary on 127.0.0.1 and drives it with an
+unmodified client:
+
+- browser-eventsource: a page in headless Chromium, served from another origin, whose
+  EventSource consumes /stream with ?access_token= and a filter across two relay drops
+  (SIGTERM, then SIGKILL, each followed by a restart on the same port with --history),
+  resuming with Last-Event-ID; what it received is read back and compared byte-for-byte.
+- python-websockets-consumer / -emitter: the `websockets` package on /socket, as a
+  consumer with two subscriptions (replay, filters, single delivery) and as an emitter
+  whose Events arrive on SSE byte-identical.
+- curl-readme: the curl commands of README.md, run as the README shows them.
+- status-page: GET /?access_token= in headless Chromium: the numbers, the session table
+  and the live tail update when Events are posted; screenshots before and after.
+
+Chromium is driven over the DevTools protocol (--remote-debugging-port) with the same
+`websockets` client. Every wait is bounded; every process started is stopped on exit.
+Prints one PASS/FAIL line per check, then `N passed, N failed`; exits 1 on any failure.
+
+Usage: clients.py --bin target/debug/aep-relay [--out DIR] [--only NAME,...]
+Run through tests/clients/run.sh, which installs what this needs.
+"""
+
+import argparse
+import base64
+import http.server
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from websockets.sync.client import connect as ws_connect
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+WAIT = 15.0  # the bound of any single wait, seconds
+
+ARGS = None
+PROCS = []  # every child process started, stopped at exit
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def wait_until(pred, what, timeout=WAIT, interval=0.05):
+    """Polls `pred` until it returns a truthy value (returned) or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            v = pred()
+            if v:
+                return v
+        except Failure:
+            raise
+        except Exception as e:  # a transient error while polling: keep trying
+            last_exc = e
+        time.sleep(interval)
+    raise Failure(f"timed out after {timeout:.0f}s waiting for {what}"
+                  + (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+def log(msg):
+    print(f"  {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def spawn(cmd, logfile, **kw):
+    """Starts `cmd` in a process group of its own (so its children stop with it)."""
+    f = open(logfile, "wb")
+    with f:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=kw.pop("stdout", f),
+                             stderr=f, start_new_session=True, **kw)
+    PROCS.append(p)
+    return p
+
+
+def stop(p, sig=signal.SIGTERM, timeout=10.0):
+    """Signals `p`'s process group and waits (bounded); SIGKILL past the bound."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+    else:
+        # The leader is gone; make sure nothing of its group is left.
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return p.returncode
+
+
+def stop_all():
+    for p in reversed(PROCS):
+        try:
+            stop(p, signal.SIGKILL, 5)
+        except Exception:
+            pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Relay:
+    """The aep-relay binary on 127.0.0.1:`port` (0: ephemeral)."""
+
+    def __init__(self, name, *args, port=0):
+        self.log = Path(ARGS.out) / f"relay-{name}.log"
+        self.proc = spawn([ARGS.bin, "--listen", f"127.0.0.1:{port}", *args], self.log)
+        self.addr = wait_until(self._addr, f"the start-up line of relay {name}")
+        self.base = f"http://{self.addr}"
+
+    def _addr(self):
+        text = self.log.read_text(errors="replace")
+        m = re.search(r"^aep-relay listening on (\S+) \(", text, re.M)
+        if m:
+            return m.group(1)
+        if self.proc.poll() is not None:
+            raise Failure(f"the relay exited at start-up: {text}")
+        return None
+
+    @property
+    def port(self):
+        return int(self.addr.rsplit(":", 1)[1])
+
+    def stop(self, sig=signal.SIGTERM):
+        return stop(self.proc, sig)
+
+    def post(self, lines, token=None, content_type=None):
+        """POSTs Events (a list of str) to /events; returns (status, JSON body)."""
+        if content_type is None:
+            content_type = "application/json" if len(lines) == 1 else "application/x-ndjson"
+        body = "\n".join(lines).encode() + (b"\n" if len(lines) > 1 else b"")
+        return http_request("POST", self.base + "/events", body, token=token,
+                            headers={"AEP-Version": "0.1", "Content-Type": content_type})
+
+    def post_ok(self, lines, token=None):
+        status, doc = self.post(lines, token)
+        check(status == 202 and doc == {"accepted": len(lines)},
+              f"POST /events answered {status} {doc}")
+
+    def status(self, token=None):
+        status, doc = http_request("GET", self.base + "/status", token=token)
+        check(status == 200, f"GET /status answered {status} {doc}")
+        return doc
+
+
+def http_request(method, url, body=None, token=None, headers=None):
+    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=WAIT) as r:
+            status, data = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, data = e.code, e.read()
+    try:
+        return status, json.loads(data) if data else None
+    except ValueError:
+        return status, data.decode(errors="replace")
+
+
+class Sse:
+    """A minimal SSE client on a raw socket: every message with its exact data bytes."""
+
+    def __init__(self, base, query):
+        host, port = urllib.parse.urlsplit(base).netloc.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=WAIT)
+        self.sock.sendall(f"GET /stream?{query} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                          "Accept: text/event-stream\r\n\r\n".encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        check(head.startswith(b"HTTP/1.1 200 "), f"GET /stream answered {head[:200]!r}")
+
+    def _fill(self):
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise Failure("the SSE stream ended early")
+        self.buf += chunk
+
+    def next(self):
+        """The next message that has data: {event, id, data (bytes)}."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            while b"\n\n" not in self.buf:
+                if time.monotonic() > deadline:
+                    raise Failure("no SSE message in time")
+                self._fill()
+            block, self.buf = self.buf.split(b"\n\n", 1)
+            msg = {}
+            for line in block.split(b"\n"):
+                if line.startswith(b":") or not line:
+                    continue
+                field, _, value = line.partition(b":")
+                value = value[1:] if value.startswith(b" ") else value
+                if field == b"data":
+                    msg["data"] = msg["data"] + b"\n" + value if "data" in msg else value
+                else:
+                    msg[field.decode()] = value.decode()
+            if "data" in msg:
+                return msg
+
+    def close(self):
+        self.sock.close()
+
+
+# ---------------------------------------------------------------- Events
+
+
+NOTE = 'naïve ✓ 𝄞 \\u00e9 \\/ \\"quoted\\"'
+
+
+def ev(session, seq, typ, agent="clients", epoch=0):
+    """A valid sequenced Event as exact text. Its data holds non-ASCII characters,
+    escapes and spaces that any re-serialization would change."""
+    return ('{"aep":"0.1","id":"%s-%d-%d","type":"%s","time":"2026-07-03T10:15:04.221Z",'
+            '"source":"aep://127.0.0.1/agent/%s/session/%s","agent":"%s","session":"%s",'
+            '"seq":%d,"epoch":%d,"data":{"note":"%s", "n": %d}}'
+            % (session, epoch, seq, typ, agent, session, agent, session, seq, epoch, NOTE, seq))
+
+
+def tokens_file(lines):
+    path = Path(ARGS.out) / f"tokens-{len(os.listdir(ARGS.out))}.txt"
+    path.write_text("".join(f"{t} {s}\n" for t, s in lines))
+    return str(path)
+
+
+# ---------------------------------------------------------------- Chromium over CDP
+
+
+class Browser:
+    """Headless Chromium with one page, driven over the DevTools protocol."""
+
+    def __init__(self, name):
+        self.profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=ARGS.out)
+        cmd = [ARGS.chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+               "--disable-quic", "--no-first-run", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--disable-extensions",
+               "--hide-scrollbars", "--window-size=1280,1000",
+               f"--user-data-dir={self.profile}", "--remote-debugging-port=0", "about:blank"]
+        self.proc = spawn(cmd, Path(ARGS.out) / f"chromium-{name}.log")
+        port_file = Path(self.profile) / "DevToolsActivePort"
+
+        def port():
+            if self.proc.poll() is not None:
+                raise Failure(f"chromium exited at start-up (see chromium-{name}.log)")
+            return port_file.exists() and port_file.read_text().split("\n")[0].strip()
+
+        self.port = wait_until(port, "chromium's DevTools port", timeout=30)
+
+        def page():
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/list",
+                                        timeout=5) as r:
+                targets = json.load(r)
+            return next((t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page"),
+                        None)
+
+        self._ws = ws_connect(wait_until(page, "chromium's page target"), max_size=None,
+                              open_timeout=WAIT)
+        self.ws = self._ws.__enter__()
+        self.next_id = 0
+        self.events = []  # DevTools events received while waiting for answers
+
+    def call(self, method, params=None, timeout=WAIT):
+        self.next_id += 1
+        mid = self.next_id
+        self.ws.send(json.dumps({"id": mid, "method": method, "params": params or {}}))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Failure(f"no answer to {method} within {timeout:.0f}s")
+            msg = json.loads(self.ws.recv(timeout=left))
+            if msg.get("id") == mid:
+                if "error" in msg:
+                    raise Failure(f"{method}: {msg['error']}")
+                return msg["result"]
+            if "method" in msg:
+                self.events.append(msg)
+
+    def sent_headers(self, path):
+        """The headers of every request the page sent whose URL path is `path`, as
+        Chromium put them on the wire (needs Network.enable before the requests)."""
+        urls = {e["params"]["requestId"]: e["params"]["request"]["url"] for e in self.events
+                if e["method"] == "Network.requestWillBeSent"}
+        return [{k.lower(): v for k, v in e["params"]["headers"].items()} for e in self.events
+                if e["method"] == "Network.requestWillBeSentExtraInfo"
+                and urllib.parse.urlsplit(urls.get(e["params"]["requestId"], "")).path == path]
+
+    def console_problems(self):
+        """Console errors and uncaught exceptions (needs Runtime.enable, Log.enable)."""
+        return [e["params"] for e in self.events
+                if e["method"] == "Runtime.exceptionThrown"
+                or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+                or (e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")]
+
+    def eval(self, expr):
+        r = self.call("Runtime.evaluate", {"expression": expr, "returnByValue": True,
+                                           "awaitPromise": True})
+        if "exceptionDetails" in r:
+            raise Failure(f"page script failed: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def goto(self, url):
+        self.call("Page.navigate", {"url": url})
+        wait_until(lambda: self.eval("document.readyState === 'complete' && location.href")
+                   == url, f"the page {url} to load")
+
+    def screenshot(self, path, selector=None):
+        params = {"format": "png"}
+        if selector:
+            r = self.eval("(() => { const r = document.querySelector(%s)"
+                          ".getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })()"
+                          % json.dumps(selector))
+            params["clip"] = {"x": r[0], "y": r[1], "width": r[2], "height": r[3], "scale": 1}
+        data = base64.b64decode(self.call("Page.captureScreenshot", params)["data"])
+        Path(path).write_bytes(data)
+        return data
+
+    def close(self):
+        try:
+            self.ws.close()
+        except Exception:
+            pass
+        stop(self.proc)
+
+
+class PageServer:
+    """Serves tests/clients/ on its own 127.0.0.1 port: an origin other than the relay's."""
+
+    def __init__(self):
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, directory=str(HERE), **kw)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---------------------------------------------------------------- checks
+
+
+def test_browser_eventsource():
+    """EventSource in Chromium, cross-origin, ?access_token=, a filter, and Last-Event-ID
+    resume across a graceful shutdown and a kill, each followed by a restart on the same
+    port with --history; the Events posted while the page was cut off arrive after it
+    reconnects, none twice, byte-for-byte."""
+    history = tempfile.mkdtemp(prefix="history-", dir=ARGS.out)
+    pages = PageServer()
+    browser = None
+    relays = []
+    try:
+        tokens = tokens_file([("page-watch-7f3a", "watch"), ("poster-emit-91c2", "emit")])
+        port = free_port()
+        args = ["--tokens-file", tokens, "--history", history, "--cors-origin", pages.origin]
+
+        def start(name, on_port=port):
+            r = Relay(name, *args, port=on_port)
+            relays.append(r)
+            return r
+
+        def post(relay, lines):
+            relay.post_ok(lines, token="poster-emit-91c2")
+
+        relay = start("es-1")
+        flt = '{"session":["es-a"],"type":["tool.*","run.finished"]}'
+        types = ["tool.started", "tool.completed", "run.started", "run.finished"]
+        frag = urllib.parse.urlencode({"relay": relay.base, "token": "page-watch-7f3a",
+                                       "filter": flt, "types": ",".join(types)})
+        browser = Browser("eventsource")
+        browser.call("Network.enable")  # to read the Last-Event-ID headers sent
+        browser.goto(f"{pages.origin}/eventsource.html#{frag}")
+        wait_until(lambda: browser.eval("window.aep.opens") >= 1, "the EventSource to open")
+
+        expected = []  # the Events the page must receive, in order
+        seq = [0]
+
+        def batch(relay, kinds):
+            """Posts one Event per kind in session es-a (plus a non-matching session);
+            returns the ones the filter selects."""
+            lines, want = [], []
+            for k in kinds:
+                seq[0] += 1
+                e = ev("es-a", seq[0], k)
+                lines.append(e)
+                lines.append(ev("es-b", seq[0], k))  # filtered out by session
+                if k.startswith("tool.") or k == "run.finished":
+                    want.append(e)
+            post(relay, lines)
+            return want
+
+        def received():
+            return browser.eval("window.aep.received")
+
+        def wait_received(n, what):
+            wait_until(lambda: len(received()) >= n, f"{what}: {n} Events on the page")
+
+        # Live, before any drop.
+        expected += batch(relay, ["tool.started", "run.started", "tool.completed"])
+        wait_received(len(expected), "live delivery")
+
+        # Drop 1: a graceful shutdown (SIGTERM ends the stream with `: shutting-down`).
+        resumed_from = [received()[-1]["id"]]
+        check(relay.stop(signal.SIGTERM) == 0, "the relay exits 0 on SIGTERM")
+        wait_until(lambda: browser.eval("window.aep.errors") >= 1,
+                   "the page to see the stream end")
+        # While the page is cut off, Events are posted to the same history by a relay
+        # on another port, which the page cannot reach. Its URL has no `from`, so these
+        # reach it only by resuming from its Last-Event-ID.
+        side = start("es-side-1", on_port=0)
+        missed = batch(side, ["tool.started", "run.finished", "run.started"])
+        expected += missed
+        check(side.stop() == 0, "the side relay exits 0")
+        relay = start("es-2")
+        wait_received(len(expected), "resume after a graceful restart")
+        check(browser.eval("window.aep.opens") >= 2, "the page reconnected")
+        expected += batch(relay, ["tool.completed"])
+        wait_received(len(expected), "live delivery after the restart")
+
+        # Drop 2: the relay is killed (the connection is cut without a word).
+        resumed_from.append(received()[-1]["id"])
+        relay.stop(signal.SIGKILL)
+        side = start("es-side-2", on_port=0)
+        missed += batch(side, ["tool.started", "tool.completed"])
+        expected += missed[-2:]
+        side.stop()
+        relay = start("es-3")
+        wait_received(len(expected), "resume after a kill and restart")
+        expected += batch(relay, ["run.finished"])
+        wait_received(len(expected), "live delivery after the second restart")
+
+        time.sleep(0.5)  # anything extra (a duplicate) would have arrived by now
+        browser.screenshot(Path(ARGS.out) / "eventsource.png")
+        got = received()
+        state = browser.eval("window.aep")
+        log(f"page: {len(got)} Events, {state['opens']} opens, {state['errors']} errors")
+        check(state["unnamed"] == [], f"no unnamed messages: {state['unnamed']}")
+        ids = [g["id"] for g in got]
+        check(len(set(ids)) == len(ids), f"no duplicate: {ids}")
+        check(len(got) == len(expected),
+              f"received {len(got)} Events, expected {len(expected)}: {ids}")
+        for g, e in zip(got, expected):
+            doc = json.loads(e)
+            check(g["data"].encode("utf-8") == e.encode("utf-8"),
+                  f"byte-for-byte: got {g['data']!r}, posted {e!r}")
+            check(g["type"] == doc["type"], f"event name {g['type']} for {doc['type']}")
+            check(g["id"] == f"es-a:0:{doc['seq']}", f"lastEventId {g['id']}")
+            check(g["origin"] == relay.base, f"origin {g['origin']}")
+        sent = [h.get("last-event-id") for h in browser.sent_headers("/stream")]
+        check(sent and sent[0] is None, f"the first request has no Last-Event-ID: {sent}")
+        check(all(i in sent for i in resumed_from),
+              f"the reconnects sent Last-Event-ID {resumed_from}: {sent}")
+        log(f"{len(expected)} Events byte-identical in order, {len(missed)} of them posted "
+            f"while the page was cut off; Last-Event-ID sent: {[i for i in sent if i]}")
+    finally:
+        if browser:
+            browser.close()
+        for r in relays:
+            r.stop(signal.SIGKILL)
+        pages.close()
+
+
+def ws_hello(ws, role, agent=None):
+    hello = {"type": "hello", "versions": ["0.1"], "role": role}
+    if agent:
+        hello["identity"] = {"agent": agent, "instance": "clients/1"}
+    ws.send(json.dumps(hello))
+    answer = json.loads(ws.recv(timeout=WAIT))
+    check(answer.get("type") == "hello" and answer.get("versions") == ["0.1"],
+          f"hello answered {answer}")
+    return answer
+
+
+def ws_frames(ws, until, what):
+    """Receives text frames until `until(frame_text)`; returns them (pings dropped)."""
+    out = []
+    deadline = time.monotonic() + WAIT
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Failure(f"timed out waiting for {what}; got {out}")
+        try:
+            text = ws.recv(timeout=left)
+        except TimeoutError:
+            raise Failure(f"timed out waiting for {what}; got {out}")
+        check(isinstance(text, str), f"a text frame: {text!r}")
+        if json.loads(text).get("type") == "ping":
+            continue
+        out.append(text)
+        if until(text):
+            return out
+
+
+def is_event(text):
+    return "." in json.loads(text).get("type", "")
+
+
+def test_python_websockets_consumer():
+    """`websockets` as a consumer: two subscriptions with replay from positions, filters,
+    one delivery of an Event matching both, unsubscribe."""
+    tokens = tokens_file([("dash-watch-1", "watch"), ("agent-emit-1", "emit")])
+    relay = Relay("ws-consumer", "--tokens-file", tokens)
+    try:
+        history = [ev("ws-a", i, t) for i, t in
+                   enumerate(["session.started", "tool.started", "tool.completed",
+                              "run.started", "tool.started"])]
+        history += [ev("ws-b", i, "run.started") for i in range(3)]
+        relay.post_ok(history, token="agent-emit-1")
+        url = f"ws://{relay.addr}/socket?access_token=dash-watch-1"
+        with ws_connect(url, open_timeout=WAIT, max_size=None) as ws:
+            ws_hello(ws, "consumer")
+            # s1: tool.* after ws-a:0:1 replays ws-a seq 2 and 4.
+            ws.send(json.dumps({"type": "subscribe", "id": "s1", "filter": {"type": ["tool.*"]},
+                                "from": [{"session": "ws-a", "epoch": 0, "seq": 1}]}))
+            want1 = [history[2], history[4]]
+            got = ws_frames(ws, lambda t: t == want1[-1], "the replay of s1")
+            check(json.loads(got[0]) == {"type": "subscribed", "id": "s1"}, f"s1: {got[0]}")
+            check(got[1:] == want1, f"s1 replays tool.* after seq 1: {got[1:]}")
+            # s2: session ws-b after ws-b:0:0 replays seq 1 and 2.
+            ws.send(json.dumps({"type": "subscribe", "id": "s2",
+                                "filter": {"session": ["ws-b"]},
+                                "from": [{"session": "ws-b", "seq": 0}]}))
+            want2 = history[6:8]
+            got = ws_frames(ws, lambda t: t == want2[-1], "the replay of s2")
+            check(json.loads(got[0]) == {"type": "subscribed", "id": "s2"}, f"s2: {got[0]}")
+            check(got[1:] == want2, f"s2 replays ws-b after seq 0: {got[1:]}")
+            # Live: one Event matching both subscriptions, one each, one neither, a fence.
+            both = ev("ws-b", 3, "tool.started")
+            only1 = ev("ws-c", 1, "tool.completed")
+            only2 = ev("ws-b", 4, "run.finished")
+            neither = ev("ws-c", 2, "run.started")
+            fence = ev("ws-c", 3, "tool.started")
+            relay.post_ok([both, only1, only2, neither, fence], token="agent-emit-1")
+            got = ws_frames(ws, lambda t: t == fence, "the live Events")
+            check(got == [both, only1, only2, fence],
+                  f"live: each matching Event once, byte-identical, in order: {got}")
+            check(got.count(both) == 1, "the Event matching both subscriptions came once")
+            # After unsubscribing s1, tool Events of other sessions stop.
+            ws.send(json.dumps({"type": "unsubscribe", "id": "s1"}))
+            got = ws_frames(ws, lambda t: json.loads(t).get("type") == "unsubscribed",
+                            "unsubscribed")
+            check(json.loads(got[-1]).get("id") == "s1", f"unsubscribed: {got}")
+            fence2 = ev("ws-b", 5, "run.finished")
+            relay.post_ok([ev("ws-c", 4, "tool.started"), fence2], token="agent-emit-1")
+            got = ws_frames(ws, lambda t: t == fence2, "the fence after unsubscribe")
+            check(got == [fence2], f"only s2 delivers after unsubscribe: {got}")
+        log("replay 2 + 2, live 4 of 5 (one matching both, delivered once), unsubscribe")
+    finally:
+        relay.stop()
+
+
+def test_python_websockets_emitter():
+    """`websockets` as an emitter (Authorization header): its Events arrive on SSE
+    byte-identical with their ids; an invalid one is answered with an error frame."""
+    tokens = tokens_file([("dash-watch-2", "watch"), ("agent-emit-2", "emit")])
+    relay = Relay("ws-emitter", "--tokens-file", tokens)
+    sse = None
+    try:
+        flt = urllib.parse.quote('{"agent":["py-emitter"]}')
+        sse = Sse(relay.base, f"access_token=dash-watch-2&filter={flt}")
+        sent = [ev("ws-e", i, t, agent="py-emitter") for i, t in
+                enumerate(["session.started", "tool.started", "tool.completed", "run.finished"])]
+        with ws_connect(f"ws://{relay.addr}/socket", open_timeout=WAIT,
+                        additional_headers={"Authorization": "Bearer agent-emit-2"}) as ws:
+            ws_hello(ws, "emitter", agent="py-emitter")
+            for e in sent[:2]:
+                ws.send(e)
+            bad = '{"aep":"0.1","id":"bad-1","type":"tool.started","agent":"py-emitter"}'
+            ws.send(bad)
+            got = ws_frames(ws, lambda t: True, "the refusal of an invalid Event")
+            err = json.loads(got[0])
+            check(err.get("type") == "error" and err.get("id") == "bad-1"
+                  and err.get("code") == "invalid-event", f"invalid Event answered {err}")
+            for e in sent[2:]:
+                ws.send(e)
+            for e in sent:
+                m = sse.next()
+                doc = json.loads(e)
+                check(m["data"] == e.encode(), f"SSE data byte-identical: {m['data']!r}")
+                check(m.get("event") == doc["type"] and m.get("id") == f"ws-e:0:{doc['seq']}",
+                      f"SSE event/id: {m}")
+        status = relay.status(token="dash-watch-2")
+        check(status["ingested"] == len(sent), f"ingested {status['ingested']}")
+        log(f"{len(sent)} Events over WebSocket arrived on SSE byte-identical; "
+            "the invalid one got an error frame")
+    finally:
+        if sse:
+            sse.close()
+        relay.stop()
+
+
+def readme_commands():
+    """The curl commands of README.md: fenced ```sh blocks and inline `curl ...` spans."""
+    text = (ROOT / "README.md").read_text()
+    cmds = [b.strip() for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "curl" in b]
+    cmds += re.findall(r"`(curl [^`]+)`", text)
+    return text, cmds
+
+
+def one(cmds, pred, what):
+    found = [c for c in cmds if pred(c)]
+    check(len(found) == 1, f"README.md shows exactly one {what}: found {len(found)}")
+    return found[0]
+
+
+def test_curl_readme():
+    """The README's curl commands, with only its address replaced by the test relay's."""
+    text, cmds = readme_commands()
+    readme_base = "http://127.0.0.1:8787"
+    relay = Relay("curl")
+    stream_proc = None
+    try:
+        def run(cmd, timeout=WAIT):
+            cmd = cmd.replace(readme_base, relay.base)
+            r = subprocess.run(["bash", "-c", "set -o pipefail\n" + cmd], cwd=ROOT,
+                               capture_output=True, timeout=timeout)
+            check(r.returncode == 0, f"{cmd!r} exited {r.returncode}: {r.stderr[-500:]!r}")
+            return r.stdout
+
+        stream_cmd = one(cmds, lambda c: c.startswith("curl -N ") and "-G" not in c,
+                         "live stream command")
+        post_cmd = one(cmds, lambda c: "application/json" in c and "-d " in c,
+                       "single-Event POST")
+        batch_cmd = one(cmds, lambda c: "x-ndjson" in c, "batch POST")
+        filtered_cmd = one(cmds, lambda c: c.startswith("curl -N -G "), "filtered stream")
+        discovery_cmd = one(cmds, lambda c: c.rstrip().endswith("/events") and "-X" not in c,
+                            "discovery command")
+
+        out = Path(ARGS.out) / "curl-stream.txt"
+        with open(out, "wb") as f:
+            stream_proc = spawn(["bash", "-c", stream_cmd.replace(readme_base, relay.base)],
+                                Path(ARGS.out) / "curl-stream.err", stdout=f)
+        wait_until(lambda: relay.status()["connections"]["sse"] == 1, "curl -N to connect")
+
+        answer = run(post_cmd)
+        check(json.loads(answer) == {"accepted": 1}, f"POST answered {answer!r}")
+        posted = shlex.split(post_cmd.replace("\\\n", " "))
+        payload = posted[posted.index("-d") + 1].encode()
+        shown = re.search(r"```text\n(event: .*?\nid: .*?\n)data: ", text, re.S).group(1)
+        first = shown.encode() + b"data: " + payload + b"\n\n"
+        wait_until(lambda: first in out.read_bytes(), "the posted Event on curl -N")
+        check(out.read_bytes() == b": aep-relay stream open\n\n" + first,
+              f"the stream shows the Event exactly as the README does: {out.read_bytes()!r}")
+        log("curl -N shows the posted Event as the README says, data byte-identical")
+
+        corpus = ROOT.parent / "shared/aep-fixtures/golden/golden.jsonl"
+        if corpus.exists():
+            lines = [l for l in corpus.read_bytes().split(b"\n") if l and not re.search(
+                rb'"type":"control\.(cancel|pause|resume|attention\.respond)"', l)]
+            said = re.search(r"post the other (\d+) lines", text)
+            check(said and int(said.group(1)) == len(lines),
+                  f"the README says 'post the other {said and said.group(1)} lines'; "
+                  f"the grep leaves {len(lines)}")
+            answer = run(batch_cmd)
+            check(json.loads(answer) == {"accepted": len(lines)}, f"batch answered {answer!r}")
+
+            def datas():
+                return [l[6:] for l in out.read_bytes().split(b"\n") if l.startswith(b"data: ")]
+            wait_until(lambda: len(datas()) == 1 + len(lines), "the batch on curl -N")
+            check(datas() == [payload] + lines, "the batch arrives in order, byte-identical")
+            log(f"the batch command: {len(lines)} golden Events accepted and streamed")
+        else:
+            log(f"the batch command: skipped, {corpus} is absent")
+
+        # The filtered replay (live=0) must end by itself; what it prints matches.
+        shown = run(filtered_cmd)
+        check(shown.startswith(b": aep-relay stream open\n\n"), f"filtered: {shown[:200]!r}")
+        # The same shape from the start of the session shows what the filter selects.
+        from_start = filtered_cmd.replace('"seq":100', '"seq":0')
+        msgs = [json.loads(l[6:]) for l in run(from_start).split(b"\n")
+                if l.startswith(b"data: ")]
+        rank = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+
+        def selected(m):
+            return (re.match(r"(attention|error)\.", m["type"]) and m.get("seq", -1) > 0
+                    and rank.index(m.get("severity", "info")) >= 2 and m["session"] == "s_8f2c")
+        held = [json.loads(payload)] + ([json.loads(l) for l in lines] if corpus.exists() else [])
+        want = [m["id"] for m in held if selected(m)]
+        check([m["id"] for m in msgs] == want, f"the filter selects {want}: {msgs}")
+        log(f"the filtered replay ends by itself; {len(msgs)} Events from seq 0, all matching")
+
+        doc = json.loads(run(discovery_cmd))
+        check(doc.get("endpoints", {}).get("stream") == "/stream", f"discovery: {doc}")
+        log("the discovery command answers the discovery document")
+    finally:
+        if stream_proc:
+            stop(stream_proc)
+        relay.stop()
+
+
+def test_status_page():
+    """GET /?access_token= in headless Chromium: the counters, the sessions table and the
+    live tail update as Events are posted; the filter typed into the page applies."""
+    tokens = tokens_file([("ops-watch-22de", "watch"), ("agent-emit-3", "emit")])
+    relay = Relay("status", "--tokens-file", tokens)
+    browser = Browser("status")
+    out = Path(ARGS.out)
+    try:
+        page_url = f"{relay.base}/?access_token=ops-watch-22de"
+        status, _ = http_request("GET", page_url)
+        check(status == 200, f"GET / answered {status} (a build without `status-page`?)")
+        browser.call("Runtime.enable")
+        browser.call("Log.enable")
+        browser.call("Network.enable")
+        browser.goto(page_url)
+        numbers_js = ("(() => Object.fromEntries(['sessions','subscriptions','connections',"
+                      "'ingested','ingest_rate','deliveries','delivery_rate','dropped','refused']"
+                      ".map((k) => [k, document.getElementById(k).textContent])))()")
+        wait_until(lambda: browser.eval(numbers_js)["ingested"] == "0"
+                   and browser.eval("document.getElementById('subscriptions').textContent")
+                   == "1", "the page's first numbers (its own tail subscribed)")
+        before = browser.eval(numbers_js)
+        check(browser.eval("document.getElementById('err').textContent") == "",
+              "the page shows no error")
+        check(before["refused"] == "0", "loading the page caused no refusal (no favicon 404)")
+        shot_before = browser.screenshot(out / "status-before.png")
+        cards_before = browser.screenshot(out / "status-cards-before.png", ".cards")
+        log(f"before: {before}")
+
+        posted = [ev("st-a", i, t) for i, t in
+                  enumerate(["session.started", "run.started", "tool.started"])]
+        posted += [ev("st-b", 7, "run.started"), ev("st-b", 8, "run.finished")]
+        relay.post_ok(posted, token="agent-emit-3")
+        status, _ = relay.post(['{"aep":"0.1","id":"x","type":"tool.started"}'],
+                               token="agent-emit-3")
+        check(status == 400, f"an invalid Event is refused: {status}")
+        rates = []
+
+        def updated():
+            n = browser.eval(numbers_js)
+            rates.append(n["ingest_rate"])
+            return n["ingested"] == "5" and n["sessions"] == "2" and n["refused"] == "1" and n
+        after = wait_until(updated, "the numbers to update", interval=0.1)
+        check(any(r not in ("–", "0.0") for r in rates), f"an ingest rate was shown: {rates}")
+        rows = browser.eval("[...document.querySelectorAll('#session_rows tr')]"
+                            ".map((tr) => [...tr.cells].map((td) => td.textContent))")
+        check(rows == [["st-a", "3", "0:0", "0:2"], ["st-b", "2", "0:7", "0:8"]],
+              f"the sessions table: {rows}")
+        tail_js = "[...document.querySelectorAll('#tail .ev')].map((d) => d.textContent)"
+        wait_until(lambda: len(browser.eval(tail_js)) == 5, "the live tail")
+        check(browser.eval(tail_js) == posted, "the tail shows the posted Events, in order")
+        wait_until(lambda: int(browser.eval(numbers_js)["deliveries"]) >= 5,
+                   "deliveries counted")
+        after = browser.eval(numbers_js)
+        log(f"after: {after}")
+        shot_after = browser.screenshot(out / "status-after.png")
+        cards_after = browser.screenshot(out / "status-cards-after.png", ".cards")
+        check(shot_before != shot_after and cards_before != cards_after,
+              "the screenshots differ in the counter area")
+
+        # A filter typed into the page: only matching Events reach the tail.
+        browser.eval("(() => { const f = document.getElementById('filter');"
+                     " f.focus(); f.select(); })()")
+        browser.call("Input.insertText", {"text": '{"type":["run.*"]}'})
+        browser.eval("document.querySelector('#tail_form button').click()")
+        wait_until(lambda: browser.eval(tail_js) == [], "the tail to restart")
+
+        def new_tail_open():
+            browser.eval("1")  # collects the DevTools events that came meanwhile
+            return any(e["method"] == "Network.responseReceived" and "run.*" in
+                       urllib.parse.unquote_plus(e["params"]["response"]["url"])
+                       for e in browser.events)
+        wait_until(new_tail_open, "the page's stream with the typed filter to open")
+        wait_until(lambda: relay.status(token="ops-watch-22de")["subscriptions"] == 1,
+                   "the old tail to be released")
+        more = [ev("st-c", 1, "tool.started"), ev("st-c", 2, "run.finished")]
+        relay.post_ok(more, token="agent-emit-3")
+        wait_until(lambda: browser.eval(tail_js) == [more[1]], "the filtered tail")
+        wait_until(lambda: browser.eval(numbers_js)["ingested"] == "7", "the counters again")
+        browser.screenshot(out / "status-filtered.png")
+        problems = browser.console_problems()
+        check(problems == [], f"no console errors (CSP, scripts): {problems}")
+        log("the typed filter {\"type\":[\"run.*\"]} shows only run.finished")
+    finally:
+        browser.close()
+        relay.stop()
+
+
+TESTS = {
+    "browser-eventsource": test_browser_eventsource,
+    "python-websockets-consumer": test_python_websockets_consumer,
+    "python-websockets-emitter": test_python_websockets_emitter,
+    "curl-readme": test_curl_readme,
+    "status-page": test_status_page,
+}
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", required=True, help="the aep-relay binary")
+    ap.add_argument("--chromium", default="chromium")
+    ap.add_argument("--out", default=None, help="logs and screenshots (default: a temp dir)")
+    ap.add_argument("--only", default="", help="comma-separated check names")
+    ARGS = ap.parse_args()
+    ARGS.out = ARGS.out or tempfile.mkdtemp(prefix="aep-clients-")
+    Path(ARGS.out).mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    only = [n for n in ARGS.only.split(",") if n]
+    passed = failed = 0
+    try:
+        for name, fn in TESTS.items():
+            if only and name not in only:
+                continue
+            print(f"== {name}: {' '.join(fn.__doc__.split())}", flush=True)
+            t = time.monotonic()
+            try:
+                fn()
+                passed += 1
+                print(f"PASS {name} ({time.monotonic() - t:.1f}s)", flush=True)
+            except Exception as e:
+                failed += 1
+                detail = str(e) if isinstance(e, Failure) else traceback.format_exc()
+                print(f"FAIL {name} ({time.monotonic() - t:.1f}s): {detail}", flush=True)
+    finally:
+        stop_all()
+    print(f"logs and screenshots: {ARGS.out}")
+    print(f"{passed} passed, {failed} failed", flush=True)
+    return 1 if failed or not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
