@@ -68,17 +68,24 @@ impl OutQueue {
     /// Writes as much as the socket takes.
     pub(crate) fn flush<W: Write>(&mut self, w: &mut W) -> Flush {
         while !self.bufs.is_empty() {
-            let mut iov = [IoSlice::new(&[]); 64];
-            let mut n = 0;
-            for (i, b) in self.bufs.iter().take(iov.len()).enumerate() {
-                iov[i] = if i == 0 {
-                    IoSlice::new(&b[self.front_off..])
-                } else {
-                    IoSlice::new(b)
-                };
-                n = i + 1;
-            }
-            match w.write_vectored(&iov[..n]) {
+            // One frame queued (the common case for a keeping-up consumer): a plain write,
+            // no iovec array to set up.
+            let result = if self.bufs.len() == 1 {
+                w.write(&self.bufs[0][self.front_off..])
+            } else {
+                let mut iov = [IoSlice::new(&[]); 16];
+                let mut n = 0;
+                for (i, b) in self.bufs.iter().take(iov.len()).enumerate() {
+                    iov[i] = if i == 0 {
+                        IoSlice::new(&b[self.front_off..])
+                    } else {
+                        IoSlice::new(b)
+                    };
+                    n = i + 1;
+                }
+                w.write_vectored(&iov[..n])
+            };
+            match result {
                 Ok(0) => return Flush::Closed,
                 Ok(mut written) => {
                     self.bytes -= written;

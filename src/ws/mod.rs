@@ -37,7 +37,12 @@ use std::time::Instant;
 /// arbitrary entry is forgotten, which only makes that session's resume start earlier.
 #[derive(Debug, Default)]
 pub struct Delivered {
-    last: HashMap<Box<str>, (u64, u64)>,
+    /// `(session, position)`; `index` maps a session to its slot here.
+    entries: Vec<(Box<str>, (u64, u64))>,
+    index: HashMap<Box<str>, usize>,
+    /// Slot of the last session noted: consecutive deliveries of one session (the common
+    /// case) update it with a string compare, no hashing.
+    recent: usize,
     cap: usize,
 }
 
@@ -45,30 +50,66 @@ impl Delivered {
     /// An empty record remembering at most `cap` sessions.
     pub fn new(cap: usize) -> Delivered {
         Delivered {
-            last: HashMap::new(),
             cap: cap.max(1),
+            ..Delivered::default()
         }
     }
 
     /// Records that `(epoch, seq)` of `session` was queued to the subscriber.
     pub fn note(&mut self, session: &str, pos: (u64, u64)) {
-        if let Some(p) = self.last.get_mut(session) {
-            *p = pos;
-            return;
-        }
-        if self.last.len() >= self.cap {
-            if let Some(k) = self.last.keys().next().cloned() {
-                self.last.remove(&k);
+        if let Some(e) = self.entries.get_mut(self.recent) {
+            if &*e.0 == session {
+                e.1 = pos;
+                return;
             }
         }
-        self.last.insert(session.into(), pos);
+        if let Some(&i) = self.index.get(session) {
+            self.entries[i].1 = pos;
+            self.recent = i;
+            return;
+        }
+        if self.entries.len() >= self.cap {
+            // Forget the oldest-inserted session: slot 0 (moved into by the last).
+            let (gone, _) = self.entries.swap_remove(0);
+            self.index.remove(&gone);
+            if let Some(moved) = self.entries.first() {
+                self.index.insert(moved.0.clone(), 0);
+            }
+        }
+        self.index.insert(session.into(), self.entries.len());
+        self.recent = self.entries.len();
+        self.entries.push((session.into(), pos));
     }
 
     /// `(session, (epoch, seq))` pairs, sorted by session.
     pub fn positions(&self) -> Vec<(&str, (u64, u64))> {
-        let mut v: Vec<_> = self.last.iter().map(|(s, p)| (&**s, *p)).collect();
+        let mut v: Vec<_> = self.entries.iter().map(|(s, p)| (&**s, *p)).collect();
         v.sort_unstable();
         v
+    }
+}
+
+#[cfg(test)]
+mod delivered_tests {
+    use super::Delivered;
+
+    #[test]
+    fn note_keeps_the_last_position_per_session_within_the_cap() {
+        let mut d = Delivered::new(2);
+        d.note("a", (0, 1));
+        d.note("a", (0, 2));
+        d.note("b", (0, 5));
+        d.note("a", (0, 3));
+        assert_eq!(d.positions(), vec![("a", (0, 3)), ("b", (0, 5))]);
+        d.note("c", (1, 0));
+        assert_eq!(d.positions().len(), 2, "at most cap sessions");
+        d.note("b", (0, 6));
+        d.note("c", (1, 1));
+        assert_eq!(
+            d.positions(),
+            vec![("b", (0, 6)), ("c", (1, 1))],
+            "the oldest-inserted session was forgotten"
+        );
     }
 }
 
