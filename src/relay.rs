@@ -801,6 +801,18 @@ impl Relay {
         if let Some(conn) = self.conns.get_mut(key) {
             conn.cors = cors;
         }
+        // Only `POST /events` reads a body; any other request that declares one has it
+        // skipped and is refused, never left in the buffer to parse as the next request
+        // (RFC 9112 §6.3: the framing headers delimit a body whatever the method).
+        if head.method != "POST"
+            && !matches!(
+                http::framing(&head, self.config.max_body_bytes),
+                Ok(Framing::None)
+            )
+        {
+            let d = format!("a {} request carries no body", head.method);
+            return self.reply_skipping_body(key, &head, 400, "bad-request", &d, &[], &[]);
+        }
         if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
             // A CORS preflight (Fetch standard §3.2.2).
             let close = head.wants_close();
