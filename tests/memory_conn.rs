@@ -47,3 +47,32 @@ fn a_closed_memory_connection_keeps_its_last_answer_once() {
     let out = String::from_utf8(relay.take_output(c).unwrap()).unwrap();
     assert!(out.starts_with("HTTP/1.1 404"), "{out}");
 }
+
+/// A batch larger than a connection's output bound is fanned out before the reactor's
+/// next write; a consumer whose socket takes everything must still get every Event
+/// (the queue offers its socket the backlog before dropping anything, AEP-0003 §8.4).
+#[test]
+fn a_batch_larger_than_the_output_bound_reaches_a_consumer_that_keeps_up() {
+    let mut relay = Relay::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        max_output_bytes: 64 * 1024,
+        ..Config::default()
+    })
+    .unwrap();
+    let sub = relay.connect_memory(None);
+    relay.feed(sub, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    relay.take_output(sub).unwrap();
+    let pad = "p".repeat(2000);
+    let batch: String = (0..1000)
+        .map(|i| {
+            format!(
+                r#"{{"aep":"0.1","id":"b{i}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a","session":"s","seq":{i},"severity":"info","pad":"{pad}"}}"#
+            ) + "\n"
+        })
+        .collect();
+    assert!(batch.len() > 30 * 64 * 1024);
+    assert_eq!(relay.ingest(bytes::Bytes::from(batch)).unwrap(), 1000);
+    let out = String::from_utf8(relay.take_output(sub).unwrap()).unwrap();
+    let ids = out.lines().filter(|l| l.starts_with("id: ")).count();
+    assert_eq!(ids, 1000, "nothing dropped for a consumer that keeps up");
+}

@@ -172,13 +172,21 @@ pub(crate) fn queue(
     severity: Severity,
     max_output: usize,
 ) -> Queued {
+    let full = |q: &crate::conn::OutQueue| q.len() + frame.len() > max_output && !q.is_empty();
+    if conn.replay.is_empty() && full(&conn.out) {
+        // Before counting this consumer as slow, let its socket take what it can: a
+        // large batch is fanned out before the reactor's next write, and a consumer that
+        // keeps up must not lose Events to that (the socket is non-blocking; the
+        // connection is already marked for a flush, which handles interest and errors).
+        let _ = conn.out.flush(&mut conn.sock);
+    }
     // While a replay is in progress, live frames wait behind it (same bound).
     let q = if conn.replay.is_empty() {
         &mut conn.out
     } else {
         &mut conn.backlog
     };
-    if q.len() + frame.len() > max_output && !q.is_empty() {
+    if full(q) {
         if severity <= Severity::Info {
             conn.dropped += 1;
             return Queued::Dropped;
