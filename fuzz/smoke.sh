@@ -7,7 +7,8 @@
 #   SMOKE_SECS=30 bash fuzz/smoke.sh http
 #
 # Stable Rust, no sanitizer (cargo-fuzz's AddressSanitizer needs nightly flags; see
-# fuzz/README.md). About 3-5 minutes on 2 cores from a cold cache, install included.
+# fuzz/README.md). About 2.5 minutes on 2 cores from a cold build cache, plus about 30 s
+# when cargo-fuzz has to be installed.
 set -euo pipefail
 cd "$(dirname "$0")"
 secs=${SMOKE_SECS:-5}
