@@ -9,31 +9,7 @@ use std::time::Duration;
 use criterion::Criterion;
 
 /// The AEP-0001 §5.3 worked example, verbatim (spec text, non-normative).
-pub const WORKED_EXAMPLE: &str = r#"{
-  "aep": "0.1",
-  "id": "01JX9YB3P4T9",
-  "type": "tool.completed",
-  "subject": "Bash",
-  "time": "2026-07-03T10:15:04.221Z",
-  "source": "aep://host-a/agent/claude-code/session/s_8f2c",
-  "agent": "claude-code",
-  "session": "s_8f2c",
-  "run": "r_0042",
-  "step": "turn-3",
-  "seq": 187,
-  "epoch": 0,
-  "cause": "01JX9YB2Z1QK",
-  "severity": "info",
-  "capture": "metadata",
-  "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-  "data": {
-    "tool": { "name": "Bash", "call_id": "t_91" },
-    "status": "success",
-    "duration_ms": 1240,
-    "gen_ai.usage.input_tokens": 142,
-    "gen_ai.usage.output_tokens": 87
-  }
-}"#;
+pub const WORKED_EXAMPLE: &str = aep_relay::envelope::WORKED_EXAMPLE;
 
 /// Short warm-up and measurement so the whole `cargo bench` stays within a few minutes
 /// on a 2-core machine; pass `--measurement-time` on the command line for tighter

@@ -25,6 +25,35 @@ pub use validate::{
     SUPPORTED_VERSIONS,
 };
 
+/// The AEP-0001 §5.3 worked example Event, verbatim (non-normative spec text): a valid
+/// `tool.completed` Event with every core attribute, for tests, benchmarks and docs.
+#[doc(hidden)]
+pub const WORKED_EXAMPLE: &str = r#"{
+  "aep": "0.1",
+  "id": "01JX9YB3P4T9",
+  "type": "tool.completed",
+  "subject": "Bash",
+  "time": "2026-07-03T10:15:04.221Z",
+  "source": "aep://host-a/agent/claude-code/session/s_8f2c",
+  "agent": "claude-code",
+  "session": "s_8f2c",
+  "run": "r_0042",
+  "step": "turn-3",
+  "seq": 187,
+  "epoch": 0,
+  "cause": "01JX9YB2Z1QK",
+  "severity": "info",
+  "capture": "metadata",
+  "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+  "data": {
+    "tool": { "name": "Bash", "call_id": "t_91" },
+    "status": "success",
+    "duration_ms": 1240,
+    "gen_ai.usage.input_tokens": 142,
+    "gen_ai.usage.output_tokens": 87
+  }
+}"#;
+
 /// Severity levels in their AEP-0001 §8.1 total order: `debug < info < notice < warning <
 /// error < critical`. The derived `Ord` is that order.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -665,32 +665,7 @@ mod tests {
     #[test]
     fn worked_example_of_section_5_3_is_valid() {
         // AEP-0001 §5.3, verbatim.
-        let json = r#"{
-  "aep": "0.1",
-  "id": "01JX9YB3P4T9",
-  "type": "tool.completed",
-  "subject": "Bash",
-  "time": "2026-07-03T10:15:04.221Z",
-  "source": "aep://host-a/agent/claude-code/session/s_8f2c",
-  "agent": "claude-code",
-  "session": "s_8f2c",
-  "run": "r_0042",
-  "step": "turn-3",
-  "seq": 187,
-  "epoch": 0,
-  "cause": "01JX9YB2Z1QK",
-  "severity": "info",
-  "capture": "metadata",
-  "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-  "data": {
-    "tool": { "name": "Bash", "call_id": "t_91" },
-    "status": "success",
-    "duration_ms": 1240,
-    "gen_ai.usage.input_tokens": 142,
-    "gen_ai.usage.output_tokens": 87
-  }
-}
-"#;
+        let json = crate::envelope::WORKED_EXAMPLE;
         let ev = parse(json).unwrap();
         assert_eq!(ev.seq(), Some(187));
         assert_eq!(ev.attr(Attr::Step), Some("turn-3"));
