@@ -23,8 +23,13 @@
 //!    most one body), `Config` limits included (AEP-0003 §8.4).
 //! 3. Every request ends in a response or a close: once the peer has sent EOF and every
 //!    timer has run (request timeout, linger), the connection is closed.
-//! 4. Every response the relay writes starts with an HTTP/1.1 status line (or is the SSE
-//!    stream).
+//! 4. What the relay writes (when the peer reads) is a sequence of well-formed HTTP/1.1
+//!    responses, up to a `101` (the rest is WebSocket) or an SSE stream.
+//! 5. No request smuggling: the relay never gives more final (non-1xx) responses than
+//!    there are requests in the input as a reference framer reads it (RFC 9112 §6.3:
+//!    `Transfer-Encoding: chunked`, else `Content-Length`, else no body, whatever the
+//!    method). A relay that frames a body differently, e.g. ignores the body of a `GET`
+//!    with `Content-Length` and reads it as the next request, answers more.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -71,6 +76,128 @@ fn prefill_events() -> Vec<bytes::Bytes> {
 /// request head, or one SSE message carrying one Event (at most one body) plus its
 /// `event:` / `id:` lines, which repeat the Event's type and session.
 const ONE_ANSWER: usize = 3 * MAX_HEAD + 3 * MAX_BODY + 1024;
+
+/// RFC 9112 §7.1 chunked body at the start of `b`: bytes used, or `None` when it is
+/// incomplete, malformed or refused by the size limits the relay applies (at least as
+/// permissive as the relay's decoder: any chunk extension, any trailer lines).
+fn reference_chunked(b: &[u8]) -> Option<usize> {
+    let line = |from: usize| -> Option<usize> {
+        let rel = b.get(from..)?.windows(2).position(|w| w == b"\r\n")?;
+        Some(from + rel)
+    };
+    let mut at = 0;
+    let mut total = 0usize;
+    loop {
+        let end = line(at)?;
+        let l = &b[at..end];
+        let digits = l.iter().take_while(|c| c.is_ascii_hexdigit()).count();
+        if digits == 0 || digits > 15 || l[digits..].contains(&b'\n') {
+            return None;
+        }
+        let size = usize::from_str_radix(std::str::from_utf8(&l[..digits]).ok()?, 16).ok()?;
+        at = end + 2;
+        if size == 0 {
+            // Trailer fields, then the empty line.
+            loop {
+                let end = line(at)?;
+                let empty = end == at;
+                at = end + 2;
+                if empty {
+                    return Some(at);
+                }
+            }
+        }
+        total += size;
+        if total > MAX_BODY || b.len() < at + size + 2 || &b[at + size..at + size + 2] != b"\r\n" {
+            return None;
+        }
+        at += size + 2;
+    }
+}
+
+/// How many requests a reference framer finds in `input` (RFC 9112 §6.3), counting one
+/// more for anything it cannot frame (the relay may answer that with an error) and
+/// stopping there.
+fn reference_requests(mut input: &[u8]) -> usize {
+    let mut count = 0;
+    while !input.is_empty() {
+        count += 1;
+        let mut headers = [httparse::EMPTY_HEADER; aep_relay::http::MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let Ok(httparse::Status::Complete(head)) = req.parse(input) else {
+            return count;
+        };
+        if head > MAX_HEAD {
+            return count;
+        }
+        let value = |name: &str| -> Vec<String> {
+            req.headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| String::from_utf8_lossy(h.value).trim().to_owned())
+                .collect()
+        };
+        let (te, cl) = (value("transfer-encoding"), value("content-length"));
+        let body = match (te.first(), cl.first()) {
+            (Some(t), None) if t.eq_ignore_ascii_case("chunked") => {
+                match reference_chunked(&input[head..]) {
+                    Some(n) => n,
+                    None => return count,
+                }
+            }
+            (Some(_), _) => return count,
+            (None, Some(first)) => {
+                let ok = cl.iter().all(|v| v == first)
+                    && !first.is_empty()
+                    && first.bytes().all(|b| b.is_ascii_digit());
+                match first.parse::<usize>() {
+                    Ok(n) if ok && n <= MAX_BODY && input.len() >= head + n => n,
+                    _ => return count,
+                }
+            }
+            (None, None) => 0,
+        };
+        input = &input[head + body..];
+    }
+    count
+}
+
+/// The relay's final responses in `out`, parsed one after another (asserting each is
+/// well-formed), up to a `101` or an SSE stream, and whether parsing stopped at one.
+fn final_responses(mut out: &[u8]) -> usize {
+    let mut count = 0;
+    while !out.is_empty() {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        let head = match resp.parse(out) {
+            Ok(httparse::Status::Complete(n)) => n,
+            other => panic!(
+                "not an HTTP response ({other:?}): {:?}",
+                String::from_utf8_lossy(&out[..out.len().min(200)])
+            ),
+        };
+        let code = resp.code.unwrap_or(0);
+        let header = |name: &str| {
+            resp.headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| String::from_utf8_lossy(h.value).into_owned())
+        };
+        if code == 101 || header("content-type").is_some_and(|t| t.starts_with("text/event-stream"))
+        {
+            return count + usize::from(code != 101);
+        }
+        if code >= 200 {
+            count += 1;
+        }
+        let len: usize = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(out.len() >= head + len, "a response cut short");
+        out = &out[head + len..];
+    }
+    count
+}
 
 fn bounded(relay: &Relay, key: usize, what: &str) {
     if let Some(q) = relay.queued_output(key) {
@@ -156,12 +283,17 @@ fuzz_target!(|data: &[u8]| {
         "connection still open after EOF and every timeout"
     );
     out.extend(relay.take_output(key).unwrap_or_default());
-    if !stalled && !out.is_empty() {
-        assert!(
-            out.starts_with(b"HTTP/1.1 "),
-            "not a status line: {:?}",
-            String::from_utf8_lossy(&out[..out.len().min(64)])
-        );
+    if !stalled {
+        let sent = payload.repeat(if open { repeat } else { 1 });
+        let answered = final_responses(&out);
+        if open {
+            let requests = reference_requests(&sent);
+            assert!(
+                answered <= requests,
+                "{answered} responses to {requests} requests: {:?}",
+                String::from_utf8_lossy(&sent[..sent.len().min(400)])
+            );
+        }
     }
     if let Some(sub) = sub {
         bounded(&relay, sub, "subscriber");

@@ -110,6 +110,8 @@ http_seed("pipelined-discovery-unread", "GET /events HTTP/1.1\r\n\r\n" * 4, flag
 http_seed("stream-filtered", "GET /stream?filter=%7B%22type%22%3A%5B%22attention.*%22%5D%7D&capture=metadata&from=all&live=0 HTTP/1.1\r\n\r\n")
 http_seed("stream-last-event-id", "GET /stream HTTP/1.1\r\nLast-Event-ID: s_8f2c:0:1\r\n\r\n", flags=0x04, splits=(9, 0))
 http_seed("replay-all-to-a-stalled-reader", "GET /stream?from=all HTTP/1.1\r\n\r\n", flags=0x09, limit=0)
+hidden = "GET /nope HTTP/1.1\r\n\r\n"
+http_seed("get-with-a-body-hiding-a-request", f"GET /events HTTP/1.1\r\nContent-Length: {len(hidden)}\r\n\r\n{hidden}")
 http_seed("not-found-close", "GET /nope HTTP/1.0\r\n\r\n")
 http_seed("method-not-allowed-body", "PUT /stream HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /events HTTP/1.1\r\nConnection: close\r\n\r\n")
 
