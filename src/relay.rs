@@ -729,10 +729,17 @@ impl Relay {
                 }
                 Phase::Discard(reader) => {
                     // The answer went out already: read the body to its end and drop it.
+                    // A body that turns out malformed gets no second answer (one request,
+                    // one response): the connection just closes after what is queued.
                     match reader.take(&mut conn.rbuf, &mut Vec::new(), max_body) {
                         Ok(true) => {}
                         Ok(false) => return,
-                        Err(e) => return self.chunk_error(key, e),
+                        Err(_) => {
+                            conn.close_after_flush = true;
+                            conn.phase = Phase::Closing;
+                            conn.rbuf.clear();
+                            return self.mark_dirty(key);
+                        }
                     }
                     conn.phase = Phase::Head;
                     conn.since = Instant::now();

@@ -265,3 +265,26 @@ fn repeated_subscription_parameters_are_refused() {
     let ok = sse::parse_request(&stream_request("x=1&x=2&capture=none", None), 10).unwrap();
     assert_eq!(ok.ceiling, Some(aep_relay::envelope::Capture::None));
 }
+
+/// `http` (reference framer: no more responses than requests): a POST refused early
+/// (415, its body to be skipped) whose chunked body then turned out malformed drew a
+/// second answer (400) to the same request. Now the connection closes after the one
+/// answer instead.
+#[test]
+fn a_malformed_body_after_an_early_refusal_gets_no_second_answer() {
+    let mut relay = Relay::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Config::default()
+    })
+    .unwrap();
+    let c = relay.connect_memory(None);
+    relay.feed(
+        c,
+        b"POST /events HTTP/1.1\r\nAEP-Version: 0.1\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcdXX2\r\n",
+        true,
+    );
+    let out = String::from_utf8(relay.take_output(c).unwrap()).unwrap();
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 1, "{out}");
+    assert!(out.starts_with("HTTP/1.1 415 "), "{out}");
+    assert!(!relay.is_open(c));
+}
