@@ -36,3 +36,4 @@ for t in "${targets[@]}"; do
     [ "$rc" -ne 0 ] && [ -z "$crash" ] && break
   done
 done
+exit 0
