@@ -734,12 +734,7 @@ impl Relay {
                     match reader.take(&mut conn.rbuf, &mut Vec::new(), max_body) {
                         Ok(true) => {}
                         Ok(false) => return,
-                        Err(_) => {
-                            conn.close_after_flush = true;
-                            conn.phase = Phase::Closing;
-                            conn.rbuf.clear();
-                            return self.mark_dirty(key);
-                        }
+                        Err(_) => return self.close_after_answer(key),
                     }
                     conn.phase = Phase::Head;
                     conn.since = Instant::now();
@@ -751,6 +746,20 @@ impl Relay {
                 Phase::Ws(_) => return self.ws_process(key),
             }
         }
+    }
+
+    /// Ends a connection whose current request already has its answer (a body being
+    /// discarded turned out malformed, too large or too slow): flush, then close, with no
+    /// second answer. HTTP/1.1 gives one final response per request (RFC 9112 §9.3); an
+    /// extra one is paired by a client or a proxy with its next request.
+    fn close_after_answer(&mut self, key: usize) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.close_after_flush = true;
+            conn.phase = Phase::Closing;
+            conn.rbuf.clear();
+            conn.since = Instant::now();
+        }
+        self.mark_dirty(key);
     }
 
     fn chunk_error(&mut self, key: usize, e: ChunkError) {
@@ -1502,7 +1511,7 @@ impl Relay {
                     if now.duration_since(conn.since) >= self.config.request_timeout
                         && !conn.close_after_flush
                     {
-                        slow.push(key);
+                        slow.push((key, matches!(conn.phase, Phase::Discard(_))));
                     }
                 }
                 Phase::Closing => {
@@ -1525,7 +1534,12 @@ impl Relay {
             );
             self.ws_close(key, &reason, crate::ws::frame::close_code::GOING_AWAY);
         }
-        for key in slow {
+        for (key, answered) in slow {
+            if answered {
+                // A body still arriving after its request was answered: no 408 for it.
+                self.close_after_answer(key);
+                continue;
+            }
             log::info!(
                 "closing {}: request not received in time (408)",
                 self.conns[key].peer

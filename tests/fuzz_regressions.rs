@@ -288,3 +288,68 @@ fn a_malformed_body_after_an_early_refusal_gets_no_second_answer() {
     assert!(out.starts_with("HTTP/1.1 415 "), "{out}");
     assert!(!relay.is_open(c));
 }
+
+/// Final responses in what a connection wrote (status lines at response starts; the
+/// bodies here are short JSON without CRLF).
+fn final_statuses(out: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(out)
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .map(|r| r[..3].to_owned())
+        .filter(|code| !code.starts_with('1'))
+        .collect()
+}
+
+/// `http` (reference framer: no more final responses than requests): a request answered
+/// before its body was read (here 400 `version-required`) had the body skipped, and a
+/// malformed chunk in that body drew a second 400, as did a body too large (413) or too
+/// slow (408). One request, two answers: a client or a proxy pairs the extra one with its
+/// next request. The connection now just closes after the first answer.
+#[test]
+fn a_skipped_body_never_draws_a_second_answer() {
+    let head = "POST /events HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for body in [
+        "a\u{17}\r\nc\"z,\"\0o", // the fuzzer's input, minimized to its class
+        "zz\r\n",
+        "5\r\nabcdeXY",    // no CRLF after the data
+        "fffffffffff\r\n", // over max_body_bytes
+        "1;ext\nx",        // bare LF in a chunk line
+    ] {
+        let mut r = relay();
+        let c = r.connect_memory(None);
+        r.feed(c, format!("{head}{body}").as_bytes(), false);
+        let out = r.take_output(c).unwrap();
+        assert_eq!(
+            final_statuses(&out),
+            ["400"],
+            "{body:?}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        r.feed(c, b"", true);
+        assert!(!r.is_open(c), "{body:?}");
+        assert!(final_statuses(&r.take_output(c).unwrap()).is_empty());
+    }
+    // Too slow: the rest of the skipped body never comes; no 408 for an answered request.
+    let mut r = relay();
+    let c = r.connect_memory(None);
+    r.feed(c, format!("{head}10\r\nabc").as_bytes(), false);
+    r.tick_at(Instant::now() + Duration::from_secs(3600));
+    r.tick_at(Instant::now() + Duration::from_secs(7200));
+    assert!(!r.is_open(c));
+    let out = r.take_output(c).unwrap();
+    assert_eq!(
+        final_statuses(&out),
+        ["400"],
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    // A well-formed skipped body keeps the connection for the next request.
+    let mut r = relay();
+    let c = r.connect_memory(None);
+    r.feed(
+        c,
+        format!("{head}3\r\nabc\r\n0\r\n\r\nGET /events HTTP/1.1\r\n\r\n").as_bytes(),
+        false,
+    );
+    assert_eq!(final_statuses(&r.take_output(c).unwrap()), ["400", "200"]);
+}
