@@ -247,11 +247,7 @@ fn project_attr_match_cases() {
                 continue;
             }
         };
-        match Filter::parse(&filter_bytes(case)) {
-            Ok(f) if f.matches(&ev) == want => {}
-            Ok(_) => failures.push(format!("{n}: verdict {}, expected {want}", !want)),
-            Err(e) => failures.push(format!("{n}: valid filter refused: {e}")),
-        }
+        check_verdict(case, &ev, want, &n, &mut failures);
     }
     let invalid = array(&doc, "invalid");
     for case in invalid {
@@ -620,11 +616,7 @@ fn upstream_attr_match() {
                 continue;
             }
         };
-        match Filter::parse(&filter_bytes(case)) {
-            Ok(f) if f.matches(&ev) == want => {}
-            Ok(_) => failures.push(format!("{n}: verdict {}, expected {want}", !want)),
-            Err(e) => failures.push(format!("{n}: valid filter refused: {e}")),
-        }
+        check_verdict(case, &ev, want, &n, &mut failures);
     }
     let invalid = array(&doc, "invalid");
     for case in invalid {
@@ -792,5 +784,15 @@ fn project_corpus_shape() {
             text.contains(&format!(".{c}.")),
             "no vendor x.{{vendor}}.{c}.* case"
         );
+    }
+}
+
+/// An attr-match case's verdict on `ev` (AEP-0003 §6.2): a mismatch or a refused valid
+/// filter is recorded in `failures`.
+fn check_verdict(case: &Value, ev: &Event, want: bool, n: &str, failures: &mut Vec<String>) {
+    match Filter::parse(&filter_bytes(case)) {
+        Ok(f) if f.matches(ev) == want => {}
+        Ok(_) => failures.push(format!("{n}: verdict {}, expected {want}", !want)),
+        Err(e) => failures.push(format!("{n}: valid filter refused: {e}")),
     }
 }
