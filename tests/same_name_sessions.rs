@@ -358,3 +358,68 @@ fn status_streams(relay: &binary::Relay) -> Vec<(String, Value, Value)> {
     rows.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
     rows
 }
+
+/// `--history` keeps one file per agent and session name, so two emitters of one agent
+/// that share a session name share a file. The rebuild splits it into both streams again,
+/// each with its exact tail and `replay-exhausted` answers, whether the newest lines of
+/// the file hold both streams or only one.
+#[test]
+fn one_history_file_of_two_streams_rebuilds_both_exactly() {
+    let dir = binary::temp_dir("shared-file");
+    let h = dir.join("h");
+    // Buffer 3: the rebuild reads the newest 2 × 3 + 16 = 22 lines of a file first.
+    let args = ["--history", h.to_str().unwrap(), "--buffer", "3"];
+    let mut relay = binary::Relay::spawn(&args);
+    // b's stream first and short, then a long run of a's: the newest lines miss b.
+    let mut lines = vec![of(B, 0), of(B, 1)];
+    lines.extend((0..30).map(|q| of(A, q)));
+    // And interleaved, in another session name of the same two emitters.
+    let t = |source: &str, q: u64| {
+        of(source, q)
+            .replace("\"session\":\"s\"", "\"session\":\"t\"")
+            .replace("\"id\":\"e", "\"id\":\"t-e")
+    };
+    for q in 0..10 {
+        lines.push(t(A, q));
+        lines.push(t(B, q));
+    }
+    relay.post_ok(&lines);
+    assert_eq!(binary::files_under(&h).len(), 2, "a/s.jsonl and a/t.jsonl");
+
+    let resume = |relay: &binary::Relay, session: &str, seq: u64| {
+        let msgs = relay.sse(&format!("{}&live=0", from(session, seq))).rest();
+        msgs.into_iter()
+            .map(|m| (m.comments, m.data))
+            .collect::<Vec<_>>()
+    };
+    let points = [0, 1, 5, 7, 27, 28, 29];
+    let before: Vec<_> = points
+        .iter()
+        .flat_map(|&q| [resume(&relay, "s", q), resume(&relay, "t", q)])
+        .collect();
+    let all_before = relay.replay_all();
+    // Both streams of `s` are there live, in the order they began: b's whole, then a's
+    // tail with its marker.
+    assert_eq!(
+        before[0],
+        vec![
+            (vec![], of(B, 1)),
+            (vec!["replay-exhausted s 0:27".to_string()], of(A, 27)),
+            (vec![], of(A, 28)),
+            (vec![], of(A, 29)),
+        ]
+    );
+
+    relay.kill();
+    let relay = binary::Relay::spawn(&args);
+    relay
+        .stderr
+        .wait("the rebuild report", |l| l.contains("session files read"));
+    let after: Vec<_> = points
+        .iter()
+        .flat_map(|&q| [resume(&relay, "s", q), resume(&relay, "t", q)])
+        .collect();
+    assert_eq!(after, before, "every resume answers as before the restart");
+    assert_eq!(relay.replay_all(), all_before, "replay-all order included");
+    let _ = std::fs::remove_dir_all(&dir);
+}
