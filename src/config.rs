@@ -59,9 +59,11 @@ pub struct Config {
     /// Address to listen on (`--listen`, `AEP_LISTEN`). Port 0 picks a free port; the
     /// start-up line says which.
     pub listen: SocketAddr,
-    /// Replay buffer depth in Events, per session (`AEP_BUFFER`). 0 disables buffering.
+    /// Replay buffer depth in Events, per session, i.e. per owning stream
+    /// `(source, session)` (AEP-0001 §5.2) (`AEP_BUFFER`). 0 disables buffering.
     pub buffer_per_session: usize,
-    /// Sessions held at most (`AEP_MAX_SESSIONS`); the least-recently-written is evicted.
+    /// Sessions (owning streams `(source, session)`) held at most (`AEP_MAX_SESSIONS`);
+    /// the least-recently-written is evicted.
     pub max_sessions: usize,
     /// Largest request body in bytes (`AEP_MAX_BODY`); larger answers 413 before the
     /// body is read.

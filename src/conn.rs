@@ -3,7 +3,7 @@
 use crate::envelope::Capture;
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
-use crate::store::ReplayFrom;
+use crate::store::{ReplayFrom, StreamId};
 use crate::transport::Transport;
 use bytes::Bytes;
 use std::collections::HashSet;
@@ -121,10 +121,11 @@ pub(crate) struct ReplayJob {
     pub(crate) ws_id: Option<Box<str>>,
     pub(crate) filter: Arc<Filter>,
     pub(crate) ceiling: Option<Capture>,
-    /// Sessions still to replay, in order, each with where it continues.
-    pub(crate) sessions: VecDeque<(Box<str>, ReplayFrom)>,
-    /// The same session names, for the per-Event check in fan-out.
-    pub(crate) pending: HashSet<Box<str>>,
+    /// Streams still to replay (owning streams `(source, session)`, AEP-0001 §5.2), in
+    /// order, each with where it continues.
+    pub(crate) sessions: VecDeque<(StreamId, ReplayFrom)>,
+    /// The same streams, for the per-Event check in fan-out.
+    pub(crate) pending: HashSet<StreamId>,
     /// End the stream when this replay is done (SSE `live=0`).
     pub(crate) end_after: bool,
 }
@@ -256,16 +257,16 @@ impl Conn {
         }
     }
 
-    /// Whether a live Event of `session` for subscription `sub` is to be left to that
-    /// subscription's replay in progress (it will reach it there, in order).
-    pub(crate) fn replay_covers(&self, sub: usize, session: Option<&str>) -> bool {
-        match session {
-            Some(s) if !self.replay.is_empty() => self
+    /// Whether a live Event just placed in the streams `placed` (`Store::last_placed`)
+    /// is to be left to subscription `sub`'s replay in progress: one of those streams is
+    /// still to be replayed for it, and the replay will reach the Event there, in order.
+    pub(crate) fn replay_covers(&self, sub: usize, placed: &[StreamId]) -> bool {
+        !placed.is_empty()
+            && !self.replay.is_empty()
+            && self
                 .replay
                 .iter()
-                .any(|j| j.sub == Some(sub) && j.pending.contains(s)),
-            _ => false,
-        }
+                .any(|j| j.sub == Some(sub) && placed.iter().any(|s| j.pending.contains(s)))
     }
 
     /// Queues raw bytes.

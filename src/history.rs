@@ -42,8 +42,8 @@
 //! "accepted" for an Event the history could not keep.
 //!
 //! What is written: session-scoped Events (sequenced and foreign, AEP-0001 §5.2) that the
-//! replay store does not already hold by `(source, id)` (a redelivery is not written
-//! twice; two copies within one batch neither). Agent-scoped Events have no session and
+//! replay store does not already hold by `(source, id)` where they would go (a redelivery
+//! is not written twice; two copies within one batch and session neither). Agent-scoped Events have no session and
 //! are never written. A position conflict (a different Event at a held `(epoch, seq)`,
 //! AEP-0001 §7.2) is written, as the audit record of the emitter fault; on rebuild the
 //! first one wins again, as it did live.
@@ -73,8 +73,19 @@
 //! when it is smaller), admitting them in file order as if they had just arrived. Loading
 //! more lines than the ring holds makes the store evict the oldest ones, which sets its
 //! eviction high-water, so a consumer resuming from before the kept tail is told
-//! `replay-exhausted` exactly as before the restart. (Should a window not fill the ring, for
-//! example because it is mostly duplicates, the whole file is read instead.) An
+//! `replay-exhausted` exactly as before the restart.
+//!
+//! A file is keyed by agent and session name, but the store keys buffers by owning
+//! stream `(source, session)` (AEP-0001 §5.2), so one file can hold several streams (two
+//! emitters of one agent whose session names collide); admitting its lines splits them
+//! again, each in its own order. The window must rebuild every one of them: when some
+//! stream in it has fewer than `buffer_per_session` distinct positions there (its ring
+//! would not fill, for example because the window is mostly another stream's or mostly
+//! duplicates), or the file's first line belongs to a stream the window does not hold, the
+//! whole file is read instead, in file order, so streams are created and last written in
+//! the order they were live. The one stream this cannot see is one that appears neither
+//! in the window nor on the first line (it started after another stream of the file and
+//! fell silent well before the file's end). An
 //! unterminated last line (a crash or a full disk mid-write) is ignored with a warning and
 //! cut off, so the next append starts on a fresh line; other invalid lines are skipped
 //! with a warning naming the file and line (or byte offset).
@@ -82,7 +93,8 @@
 //! Foreign-emitter Events (commands, `attention.routed`: session-scoped, no `seq`) are
 //! written to their emitter's file, not the session owner's, so their arrival order
 //! relative to the session's own Events is not on disk. They are admitted after every
-//! sequenced Event, which anchors them at their session's high-water: a consumer resuming
+//! sequenced Event, which anchors them at the high-water of every owning stream of their
+//! session name (the streams they join, see [`crate::store`]): a consumer resuming
 //! after the restart gets them (perhaps again: delivery is at-least-once and consumers
 //! dedupe on `(source, id)`, AEP-0001 §7.4), never loses them; within a session they now
 //! come after the sequenced Events, where live they came at their arrival point. The
@@ -527,7 +539,9 @@ impl History {
     ) -> Result<usize, HistoryError> {
         // Relative path -> length before this batch.
         let mut touched: HashMap<String, u64> = HashMap::new();
-        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        // Keyed like the store's admission dedupe: `(source, id)` within one session
+        // (AEP-0001 §5.2, §7 #4).
+        let mut seen: HashSet<(&str, &str, &str)> = HashSet::new();
         let mut written = 0;
         let result = (|| {
             for ev in events {
@@ -539,7 +553,7 @@ impl History {
                 else {
                     continue;
                 };
-                if store.holds(ev) || !seen.insert((ev.source(), ev.id())) {
+                if store.holds(ev) || !seen.insert((ev.source(), session, ev.id())) {
                     continue;
                 }
                 let rel = relative_key(agent, session);
@@ -833,33 +847,91 @@ fn load_file(
         }
     }
     let start = tail_start(&mut file, end, window)?;
-    let sessions = load_range(&mut file, path, start, end, store, stats, foreign)?;
-    if start > 0 {
-        // The window must make the store evict, or a resume from before it would not be
-        // told `replay-exhausted`: read the whole file when it did not.
-        let unfilled = sessions.iter().any(|s| {
-            store
-                .session(s)
-                .is_some_and(|i| i.evicted_high.is_none() && i.events < store.buffer_per_session())
-        });
-        if unfilled {
-            load_range(&mut file, path, 0, start, store, stats, foreign)?;
+    let mut lines = parse_range(&mut file, path, start, end, stats)?;
+    if start > 0 && !window_suffices(&mut file, end, &lines, store.buffer_per_session())? {
+        // Read the whole file instead, in file order, so every stream's order, its
+        // eviction high-water and the order streams were created and written come out
+        // as they were live.
+        let mut whole = parse_range(&mut file, path, 0, start, stats)?;
+        whole.append(&mut lines);
+        lines = whole;
+    }
+    for ev in lines {
+        if ev.scope() == Scope::Foreign {
+            foreign.push(ev);
+        } else {
+            store.admit(&ev);
         }
     }
     Ok(())
 }
 
-/// Admits the lines in `[start, end)`; returns the sessions seen.
-fn load_range(
+/// Whether the newest lines of a file (`window`, of a file whose lines end at `end`)
+/// rebuild every owning stream `(source, session)` the file holds exactly. One file holds
+/// every emitter of one agent and session name, so it can hold several streams
+/// (AEP-0001 §5.2). The window suffices when each stream in it has at least `buffer`
+/// distinct positions there (its ring fills, so its eviction high-water is set and a
+/// resume from before the window is told `replay-exhausted`, as live), and the file's
+/// first line belongs to one of them (a stream the window misses entirely would
+/// otherwise be lost). A stream that appears neither in the window nor on the first line
+/// (it started after another emitter's stream in that file and fell silent long before
+/// the end) is the one case it cannot see.
+fn window_suffices(
+    file: &mut File,
+    end: u64,
+    window: &[Arc<Event>],
+    buffer: usize,
+) -> io::Result<bool> {
+    let mut streams: HashMap<(&str, &str), HashSet<(u64, u64)>> = HashMap::new();
+    for ev in window {
+        if let (Scope::Sequenced, Some(session), Some(seq)) = (ev.scope(), ev.session(), ev.seq()) {
+            streams
+                .entry((ev.source(), session))
+                .or_default()
+                .insert((ev.epoch(), seq));
+        }
+    }
+    if streams.values().any(|positions| positions.len() < buffer) {
+        return Ok(false);
+    }
+    Ok(match first_line(file, end)? {
+        Some(ev) => match (ev.scope(), ev.session()) {
+            (Scope::Sequenced, Some(session)) => streams.contains_key(&(ev.source(), session)),
+            _ => true,
+        },
+        None => true,
+    })
+}
+
+/// The file's first line (of the first `end` bytes) as an Event; `None` when it is not a
+/// valid one.
+fn first_line(file: &mut File, end: u64) -> io::Result<Option<Event>> {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    let mut pos = 0u64;
+    while pos < end {
+        let n = (chunk.len() as u64).min(end - pos) as usize;
+        file.seek(SeekFrom::Start(pos))?;
+        file.read_exact(&mut chunk[..n])?;
+        if let Some(i) = memchr::memchr(b'\n', &chunk[..n]) {
+            buf.extend_from_slice(&chunk[..i]);
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        pos += n as u64;
+    }
+    Ok(Event::parse(bytes::Bytes::from(buf)).ok())
+}
+
+/// Parses the lines in `[start, end)`, in order, skipping (and reporting) invalid ones.
+fn parse_range(
     file: &mut File,
     path: &Path,
     start: u64,
     end: u64,
-    store: &mut Store<Event>,
     stats: &mut RebuildStats,
-    foreign: &mut Vec<Arc<Event>>,
-) -> io::Result<HashSet<String>> {
-    let mut sessions = HashSet::new();
+) -> io::Result<Vec<Arc<Event>>> {
+    let mut out = Vec::new();
     file.seek(SeekFrom::Start(start))?;
     let mut buf = Vec::with_capacity((end - start) as usize);
     file.take(end - start).read_to_end(&mut buf)?;
@@ -874,17 +946,8 @@ fn load_range(
             // Copy: a held Event must not pin the whole read buffer.
             match Event::parse(bytes::Bytes::copy_from_slice(slice)) {
                 Ok(ev) => {
-                    if let Some(s) = ev.session() {
-                        if !sessions.contains(s) {
-                            sessions.insert(s.to_string());
-                        }
-                    }
                     stats.events += 1;
-                    if ev.scope() == Scope::Foreign {
-                        foreign.push(Arc::new(ev));
-                    } else {
-                        store.admit(&Arc::new(ev));
-                    }
+                    out.push(Arc::new(ev));
                 }
                 Err(e) => {
                     stats.invalid += 1;
@@ -902,7 +965,7 @@ fn load_range(
         }
         at = stop + 1;
     }
-    Ok(sessions)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1032,7 +1095,10 @@ mod tests {
         let mut got = Vec::new();
         let marker = fresh.replay_after("s2", (0, 0), &mut |e| got.push(e.seq().unwrap()));
         assert_eq!(got, vec![2, 3, 4]);
-        assert_eq!(marker, Some((0, 2)));
+        assert_eq!(
+            marker.iter().map(|m| m.earliest).collect::<Vec<_>>(),
+            [(0, 2)]
+        );
         assert!(fs::read(dir.join("a/s2.jsonl")).unwrap().ends_with(b"}\n"));
         let _ = fs::remove_dir_all(&dir);
     }
@@ -1053,7 +1119,8 @@ mod tests {
         assert_eq!(stats.events, 2 * 2 + 16, "only the window is read");
         let mut got = Vec::new();
         let marker = fresh.replay_after("s", (0, 10), &mut |e| got.push(e.seq().unwrap()));
-        assert_eq!((got, marker), (vec![98, 99], Some((0, 98))));
+        let marker: Vec<_> = marker.iter().map(|m| m.earliest).collect();
+        assert_eq!((got, marker), (vec![98, 99], vec![(0, 98)]));
         let _ = fs::remove_dir_all(&dir);
     }
 

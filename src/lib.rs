@@ -16,7 +16,8 @@
 //!                      ─► the one claimant's Conn)         `data` is validated, never built)
 //!                                                            ▼
 //!                     Relay::publish ─► Store::admit (dedupe (source, id), order by
-//!                                    │                (epoch, seq), per-session ring)
+//!                                    │                (epoch, seq), a ring per owning
+//!                                    │                stream (source, session))
 //!                                    └► Hub::fanout ─► SubscriptionIndex ─► compiled
 //!                                          │            attr-match per candidate
 //!                                          ├─ ceiling ≥ capture ─► the Event's shared frame

@@ -25,10 +25,11 @@ struct Cli {
     /// Address to listen on; port 0 picks a free port (the start-up line says which).
     #[arg(long, env = "AEP_LISTEN", default_value = config::DEFAULT_LISTEN)]
     listen: SocketAddr,
-    /// Replay buffer depth, Events per session (AEP-0003 §5).
+    /// Replay buffer depth, Events per session: per owning stream (source, session)
+    /// (AEP-0001 §5.2, AEP-0003 §5).
     #[arg(long, env = "AEP_BUFFER", default_value_t = config::DEFAULT_BUFFER)]
     buffer: usize,
-    /// Sessions held before the least-recently-written is evicted.
+    /// Sessions (owning streams) held before the least-recently-written is evicted.
     #[arg(long, env = "AEP_MAX_SESSIONS", default_value_t = config::DEFAULT_MAX_SESSIONS)]
     max_sessions: usize,
     /// Largest request body in bytes (413 above).

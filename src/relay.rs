@@ -12,7 +12,7 @@ use crate::fanout::{Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
-use crate::store::{Admission, ReplayFrom, Store};
+use crate::store::{Admission, ReplayFrom, Store, StreamId};
 #[cfg(feature = "tls")]
 use crate::tls::TlsStream;
 use crate::transport::{MemoryPipe, Transport};
@@ -21,7 +21,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::json;
 use slab::Slab;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,24 +42,44 @@ const FIRST_CONN: usize = 3;
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
 
-/// The sessions a subscription's `from` replays, each with where it starts.
-fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(Box<str>, ReplayFrom)> {
+/// The streams a subscription's `from` replays, each with where it starts.
+///
+/// `all`: every held stream, least-recently-written first (AEP-0003 §5). Positions: a
+/// position names a bare session (AEP-0001 §7 #6), so it applies to every owning stream
+/// of that name `(source, session)` (AEP-0001 §5.2), each replayed strictly after it, in
+/// the order the positions are given and, within a name, the order the streams were
+/// created. A name given more than once replays each of its streams once, after the
+/// lowest of its positions (never less than any of them asked for: at-least-once,
+/// AEP-0001 §7 #4). A name not held adds nothing.
+fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(StreamId, ReplayFrom)> {
     match from {
         sse::From::Live => VecDeque::new(),
         sse::From::All => store
-            .session_names()
+            .stream_ids()
             .into_iter()
             .map(|s| (s, ReplayFrom::Start))
             .collect(),
-        sse::From::Positions(ps) => ps
-            .iter()
-            .map(|p| {
-                (
-                    p.session.as_str().into(),
-                    ReplayFrom::After((p.epoch, p.seq)),
-                )
-            })
-            .collect(),
+        sse::From::Positions(ps) => {
+            let mut out: VecDeque<(StreamId, ReplayFrom)> = VecDeque::new();
+            let mut at: HashMap<StreamId, usize> = HashMap::new();
+            for p in ps {
+                let pos = (p.epoch, p.seq);
+                for stream in store.streams(&p.session) {
+                    match at.get(&stream.id) {
+                        Some(&i) => {
+                            if let ReplayFrom::After(q) = &mut out[i].1 {
+                                *q = (*q).min(pos);
+                            }
+                        }
+                        None => {
+                            at.insert(stream.id, out.len());
+                            out.push_back((stream.id, ReplayFrom::After(pos)));
+                        }
+                    }
+                }
+            }
+            out
+        }
     }
 }
 
@@ -994,8 +1014,13 @@ impl Relay {
             .sessions()
             .skip(count.saturating_sub(100))
             .map(|s| {
+                // One row per owning stream `(source, session)` (AEP-0001 §5.2): two
+                // emitters sharing a name are two rows; `source` and `agent` say whose
+                // (`null` for a name's stream of foreign Events only).
                 json!({
                     "session": s.name,
+                    "source": s.source,
+                    "agent": s.agent,
                     "events": s.events,
                     "earliest": pos(s.earliest),
                     "latest": pos(s.latest),
@@ -1124,7 +1149,7 @@ impl Relay {
         x.family(
             metrics::SESSIONS,
             "gauge",
-            "Sessions held in the replay store.",
+            "Sessions held in the replay store, one per owning stream (source, session).",
         )
         .sample(metrics::SESSIONS, &[], self.store.session_count() as f64);
         x.family(
@@ -1412,14 +1437,16 @@ impl Relay {
         self.ingested += 1;
         if let Admission::Conflict = self.store.admit(&ev) {
             log::warn!(
-                "session {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
+                "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
                 ev.session().unwrap_or_default(),
+                ev.source(),
                 ev.epoch(),
                 ev.seq().unwrap_or_default()
             );
         }
         self.hub.fanout(
             &ev,
+            self.store.last_placed(),
             &mut self.conns,
             self.config.max_output_bytes,
             &mut self.dirty,
@@ -1465,7 +1492,7 @@ impl Relay {
             ReplayJob {
                 sub,
                 ws_id: None,
-                pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                pending: sessions.iter().map(|(s, _)| *s).collect(),
                 sessions,
                 filter: req.filter,
                 ceiling: req.ceiling,

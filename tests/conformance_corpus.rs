@@ -508,8 +508,9 @@ fn project_resume_cases_against_the_store() {
             Some(ps) => {
                 for (s, e, q) in ps {
                     let mut held = Vec::new();
-                    let marker = store.replay_after(&s, (e, q), &mut |ev| held.push(ev.clone()));
-                    if let Some((me, mq)) = marker {
+                    let markers = store.replay_after(&s, (e, q), &mut |ev| held.push(ev.clone()));
+                    for m in markers {
+                        let (me, mq) = m.earliest;
                         seen.markers.push((s.clone(), me, mq, seen.ids.len()));
                     }
                     for ev in &held {

@@ -1,11 +1,15 @@
 //! Differential test of the replay store against a naive reference model
 //! (AEP-0001 §5.2, §7; AEP-0003 §5, §7).
 //!
-//! The model keeps every session as an unsorted `Vec` with the obvious order key
-//! `(anchor: Option<(epoch, seq)>, rank)` (rank 0 for a sequenced Event, the foreign
-//! arrival counter otherwise), sorts on demand, scans linearly for duplicates and
-//! conflicts, and remembers *every* evicted key. A `replay-exhausted` marker is due when
-//! any evicted key is one `replay_after` would have delivered: that is the definition the
+//! The model keeps every stream, `(source, session)` (AEP-0001 §5.2: distinct emitters
+//! sharing a session name are distinct sessions), as an unsorted `Vec` with the obvious
+//! order key `(anchor: Option<(epoch, seq)>, rank)` (rank 0 for a sequenced Event, the
+//! stream's foreign arrival counter otherwise), sorts on demand, scans linearly for
+//! duplicates and conflicts, and remembers *every* evicted key. A foreign Event joins
+//! every owning stream of its name, or a foreign-only stream (source `None`) that the
+//! first owner of the name adopts. A resume position names a bare session and applies to
+//! each stream of that name. A `replay-exhausted` marker is due for a stream when any of
+//! its evicted keys is one `replay_after` would have delivered: that is the definition the
 //! store's `evicted_high` shortcut must match exactly.
 
 use std::sync::Arc;
@@ -43,8 +47,12 @@ impl Stored for T {
 
 type Key = (Option<Position>, u64);
 
-#[derive(Default)]
 struct MSession {
+    name: String,
+    /// The owner; `None` for a foreign-only stream.
+    source: Option<String>,
+    /// Creation serial (streams of one name are listed in creation order).
+    born: u64,
     held: Vec<(Key, Arc<T>)>,
     evicted: Vec<Key>,
     high: Option<Position>,
@@ -54,27 +62,83 @@ struct MSession {
 struct Model {
     cap: usize,
     max: usize,
+    born: u64,
     /// Least recently written first.
-    lru: Vec<(String, MSession)>,
+    lru: Vec<MSession>,
 }
 
 impl Model {
+    fn create(&mut self, name: &str, source: Option<&str>) -> usize {
+        if self.lru.len() == self.max {
+            self.lru.remove(0);
+        }
+        self.born += 1;
+        self.lru.push(MSession {
+            name: name.into(),
+            source: source.map(Into::into),
+            born: self.born,
+            held: Vec::new(),
+            evicted: Vec::new(),
+            high: None,
+            foreign_n: 0,
+        });
+        self.lru.len() - 1
+    }
+
     fn admit(&mut self, ev: &Arc<T>) -> Admission {
         if ev.scope == Scope::Agent {
             return Admission::NotBuffered;
         }
         let name = ev.session.clone().unwrap();
-        let i = match self.lru.iter().position(|(n, _)| *n == name) {
-            Some(i) => i,
+        let targets: Vec<u64> = match ev.pos {
+            Some(_) => {
+                let own = self
+                    .lru
+                    .iter()
+                    .position(|s| s.name == name && s.source.as_deref() == Some(&ev.source));
+                let foreign_only = self
+                    .lru
+                    .iter()
+                    .position(|s| s.name == name && s.source.is_none());
+                let i = match (own, foreign_only) {
+                    (Some(i), _) => i,
+                    (None, Some(i)) => {
+                        self.lru[i].source = Some(ev.source.clone());
+                        i
+                    }
+                    (None, None) => self.create(&name, Some(&ev.source)),
+                };
+                vec![self.lru[i].born]
+            }
             None => {
-                if self.lru.len() == self.max {
-                    self.lru.remove(0);
+                // Every stream of the name, in creation order (each one it joins becomes
+                // the most recently written in turn).
+                let mut named: Vec<u64> = self.named(&name).iter().map(|s| s.born).collect();
+                if named.is_empty() {
+                    let i = self.create(&name, None);
+                    named.push(self.lru[i].born);
                 }
-                self.lru.push((name, MSession::default()));
-                self.lru.len() - 1
+                named
             }
         };
-        let s = &mut self.lru[i].1;
+        let mut out = match ev.pos {
+            Some(_) => None,
+            None => Some(Admission::Duplicate),
+        };
+        for born in targets {
+            let a = self.admit_into(born, ev);
+            out = match (out, a) {
+                (None, a) => Some(a),
+                (_, Admission::Admitted) => Some(Admission::Admitted),
+                (o, _) => o,
+            };
+        }
+        out.unwrap()
+    }
+
+    fn admit_into(&mut self, born: u64, ev: &Arc<T>) -> Admission {
+        let i = self.lru.iter().position(|s| s.born == born).unwrap();
+        let s = &mut self.lru[i];
         if s.held
             .iter()
             .any(|(_, h)| (&h.source, &h.id) == (&ev.source, &ev.id))
@@ -106,8 +170,11 @@ impl Model {
         Admission::Admitted
     }
 
-    fn get(&self, name: &str) -> Option<&MSession> {
-        self.lru.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    /// The streams of a bare name, in creation order.
+    fn named(&self, name: &str) -> Vec<&MSession> {
+        let mut v: Vec<&MSession> = self.lru.iter().filter(|s| s.name == name).collect();
+        v.sort_by_key(|s| s.born);
+        v
     }
 }
 
@@ -126,6 +193,8 @@ impl Rng {
 }
 
 const OWNER: &str = "aep://h/agent/a/session/s";
+/// A second emitter using the same session names (AEP-0001 §5.2).
+const OTHER: &str = "aep://other";
 
 fn random_event(r: &mut Rng, serial: &mut u64) -> Arc<T> {
     *serial += 1;
@@ -157,12 +226,13 @@ fn random_event(r: &mut Rng, serial: &mut u64) -> Arc<T> {
                 Scope::Sequenced,
             )
         }
-        // Another emitter minting the owner's id for another position.
-        6 => {
+        // Another emitter with the same session names and the owner's id scheme: its
+        // own stream, same positions and ids as the owner's, never a conflict with it.
+        6..=8 => {
             let p = (r.below(3), r.below(40));
             (
                 Some(p),
-                "aep://other".to_string(),
+                OTHER.to_string(),
                 format!("{}.{}", p.0, p.1),
                 Scope::Sequenced,
             )
@@ -196,14 +266,18 @@ fn keys(evs: &[Arc<T>]) -> Vec<(String, String)> {
 }
 
 fn compare(st: &Store<T>, m: &Model, ctx: &str) {
-    let names: Vec<&str> = st.sessions().map(|s| s.name).collect();
-    let mnames: Vec<&str> = m.lru.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, mnames, "{ctx}: session LRU order");
-    let total: usize = m.lru.iter().map(|(_, s)| s.held.len()).sum();
+    let streams: Vec<(&str, Option<&str>)> = st.sessions().map(|s| (s.name, s.source)).collect();
+    let mstreams: Vec<(&str, Option<&str>)> = m
+        .lru
+        .iter()
+        .map(|s| (s.name.as_str(), s.source.as_deref()))
+        .collect();
+    assert_eq!(streams, mstreams, "{ctx}: stream LRU order");
+    let total: usize = m.lru.iter().map(|s| s.held.len()).sum();
     let bytes: usize = m
         .lru
         .iter()
-        .flat_map(|(_, s)| s.held.iter().map(|(_, e)| e.len))
+        .flat_map(|s| s.held.iter().map(|(_, e)| e.len))
         .sum();
     assert_eq!((st.len(), st.byte_len()), (total, bytes), "{ctx}: totals");
 
@@ -212,52 +286,61 @@ fn compare(st: &Store<T>, m: &Model, ctx: &str) {
     let mall: Vec<Arc<T>> = m
         .lru
         .iter()
-        .flat_map(|(_, s)| s.held.iter().map(|(_, e)| Arc::clone(e)))
+        .flat_map(|s| s.held.iter().map(|(_, e)| Arc::clone(e)))
         .collect();
     assert_eq!(keys(&all), keys(&mall), "{ctx}: replay_all");
 
     for s in 0..6 {
         let name = format!("s{s}");
-        let ms = m.get(&name);
+        let named = m.named(&name);
+        let sources: Vec<Option<&str>> = st.streams(&name).map(|i| i.source).collect();
+        let msources: Vec<Option<&str>> = named.iter().map(|s| s.source.as_deref()).collect();
+        assert_eq!(sources, msources, "{ctx}: streams({name})");
         for epoch in 0..3 {
             for seq in [0, 1, 5, 10, 15, 20, 25, 30, 35, 39, 40] {
                 let after = (epoch, seq);
                 let mut got = Vec::new();
-                let marker = st.replay_after(&name, after, &mut |e| got.push(Arc::clone(e)));
+                let markers = st.replay_after(&name, after, &mut |e| got.push(Arc::clone(e)));
+                let markers: Vec<(Option<&str>, Position)> = markers
+                    .iter()
+                    .map(|x| (st.stream(x.stream).unwrap().source, x.earliest))
+                    .collect();
                 let bound: Key = (Some(after), 0);
-                let (want, want_marker) = match ms {
-                    None => (vec![], None),
-                    Some(ms) => {
-                        let want: Vec<Arc<T>> = ms
-                            .held
+                let mut want: Vec<Arc<T>> = Vec::new();
+                let mut want_markers = Vec::new();
+                for ms in &named {
+                    want.extend(
+                        ms.held
                             .iter()
                             .filter(|(k, _)| *k > bound)
-                            .map(|(_, e)| Arc::clone(e))
-                            .collect();
-                        let due = ms.evicted.iter().any(|k| *k > bound);
+                            .map(|(_, e)| Arc::clone(e)),
+                    );
+                    if ms.evicted.iter().any(|k| *k > bound) {
                         let earliest = ms
                             .held
                             .iter()
                             .find(|(k, _)| k.1 == 0)
                             .map(|(k, _)| k.0.unwrap())
                             .or_else(|| ms.held.first().and_then(|(k, _)| k.0));
-                        (want, if due { earliest } else { None })
+                        if let Some(e) = earliest {
+                            want_markers.push((ms.source.as_deref(), e));
+                        }
                     }
-                };
+                }
                 assert_eq!(
                     keys(&got),
                     keys(&want),
                     "{ctx}: replay_after({name}, {after:?})"
                 );
-                assert_eq!(marker, want_marker, "{ctx}: marker({name}, {after:?})");
+                assert_eq!(markers, want_markers, "{ctx}: markers({name}, {after:?})");
             }
         }
     }
 }
 
 /// The store and the naive model agree on every admission, every replay and every
-/// marker over random workloads with backfill, redelivery, conflicts, foreign Events,
-/// ring eviction and session eviction.
+/// marker over random workloads with two emitters sharing session names, backfill,
+/// redelivery, conflicts, foreign Events, ring eviction and stream eviction.
 #[test]
 fn store_matches_naive_model() {
     for seed in 1..=300u64 {
@@ -268,13 +351,15 @@ fn store_matches_naive_model() {
         let mut m = Model {
             cap,
             max,
+            born: 0,
             lru: Vec::new(),
         };
         let mut serial = 0;
         for step in 0..400 {
             let ev = random_event(&mut r, &mut serial);
             let ctx = format!("seed {seed} step {step} cap {cap} max {max} ev {ev:?}");
-            assert_eq!(st.admit(&ev), m.admit(&ev), "{ctx}: admission");
+            let (a, b) = (st.admit(&ev), m.admit(&ev));
+            assert_eq!(a, b, "{ctx}: admission");
             if step % 10 == 0 || step == 399 {
                 compare(&st, &m, &ctx);
             }

@@ -224,7 +224,7 @@ fn a_stalled_consumer_gets_closing_with_exact_positions_then_1013() {
     }
     assert_eq!(
         closing["delivered"],
-        json!([{"sub": "n", "session": "s", "epoch": 0, "seq": last["seq"]}]),
+        json!([{"sub": "n", "session": "s", "source": last["source"], "epoch": 0, "seq": last["seq"]}]),
         "closing names exactly the last Event delivered"
     );
 }

@@ -65,9 +65,9 @@ fn a_silent_peer_is_sent_closing_with_its_positions_then_1001() {
     assert_eq!(
         closing["delivered"],
         json!([
-            {"sub": "a", "session": "s", "epoch": 1, "seq": 0},
-            {"sub": "a", "session": "t", "epoch": 2, "seq": 9},
-            {"sub": "b", "session": "t", "epoch": 2, "seq": 9},
+            {"sub": "a", "session": "s", "source": "aep://test/agent/a/session/s", "epoch": 1, "seq": 0},
+            {"sub": "a", "session": "t", "source": "aep://test/agent/a/session/t", "epoch": 2, "seq": 9},
+            {"sub": "b", "session": "t", "source": "aep://test/agent/a/session/t", "epoch": 2, "seq": 9},
         ])
     );
     assert!(

@@ -31,7 +31,8 @@ fn sigterm_sends_websockets_closing_and_1001_and_exits_0() {
     assert_eq!(
         frames,
         vec![json!({"type": "closing", "reason": "shutting down",
-                    "delivered": [{"sub": "mine", "session": "s", "epoch": 3, "seq": 14}]})]
+                    "delivered": [{"sub": "mine", "session": "s",
+                                   "source": "aep://test/agent/a/session/s", "epoch": 3, "seq": 14}]})]
     );
     drop(ws);
     let (status, stderr) = relay.wait();

@@ -253,7 +253,8 @@ fn replay_is_strictly_after_the_position_with_replay_exhausted_first() {
     );
     assert_eq!(
         ws.recv(),
-        json!({"type": "replay-exhausted", "sub": "old", "session": "s1", "earliest": {"epoch": 0, "seq": 4}})
+        json!({"type": "replay-exhausted", "sub": "old", "session": "s1", "earliest": {"epoch": 0, "seq": 4},
+               "source": "aep://test/agent/a/session/s1"})
     );
     for q in 4..=6 {
         assert_eq!(ws.recv_text(), lines[q - 1]);

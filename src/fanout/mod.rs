@@ -13,6 +13,7 @@ use crate::envelope::Scope;
 use crate::envelope::{Capture, Event, Severity};
 use crate::filter::Filter;
 use crate::sse;
+use crate::store::StreamId;
 use crate::ws::{self, Delivered};
 use bytes::Bytes;
 use index::SubscriptionIndex;
@@ -25,7 +26,8 @@ pub enum Binding {
     /// An SSE stream (one subscription per connection).
     Sse,
     /// One of the subscriptions multiplexed on a WebSocket (AEP-0003 §6.5), with the
-    /// last position delivered per session for its `closing` frame (§3.5 #4).
+    /// last position delivered per owning stream `(source, session)` for its `closing`
+    /// frame (§3.5 #4).
     Ws(Delivered),
 }
 
@@ -242,9 +244,14 @@ impl Hub {
     /// Subscriptions are a disjunction (AEP-0003 §6.5): when several subscriptions of
     /// one connection match, the Event is delivered once, at the widest of their
     /// ceilings, and every one of them records the position as delivered.
+    ///
+    /// `placed` are the replay streams the store just placed `ev` in
+    /// (`Store::last_placed`): a subscription whose replay still has one of them to go is
+    /// skipped, its replay delivers the Event in order.
     pub(crate) fn fanout(
         &mut self,
         ev: &Event,
+        placed: &[StreamId],
         conns: &mut Slab<Conn>,
         max_output: usize,
         dirty: &mut Vec<usize>,
@@ -269,7 +276,7 @@ impl Hub {
             let Some(conn) = conns.get_mut(sub.conn) else {
                 continue;
             };
-            if conn.replay_covers(key, ev.session()) {
+            if conn.replay_covers(key, placed) {
                 continue;
             }
             if conn.mark == serial {
@@ -333,7 +340,7 @@ impl Hub {
                     .get(sub.conn)
                     .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
                 if queued {
-                    delivered.note(session, pos);
+                    delivered.note(ev.source(), session, pos);
                 }
             }
         }

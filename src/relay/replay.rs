@@ -54,7 +54,7 @@ impl Relay {
                 conn.backlog.move_to(&mut conn.out);
                 return false;
             };
-            let Some((session, from)) = job.sessions.front().cloned() else {
+            let Some((stream, from)) = job.sessions.front().cloned() else {
                 let done = conn.replay.pop_front();
                 if done.is_some_and(|j| j.end_after) && conn.replay.is_empty() {
                     conn.close_after_flush = true;
@@ -64,7 +64,7 @@ impl Relay {
             };
             let filter = job.filter.clone();
             held.clear();
-            let page = self.store.replay_page(&session, from, PAGE, &mut |ev| {
+            let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
                 if filter.matches(&**ev) {
                     held.push(ev.clone());
                 }
@@ -74,10 +74,16 @@ impl Relay {
                 return false;
             };
             let next = page.and_then(|p| p.next);
-            if let Some(earliest) = page.and_then(|p| p.marker) {
+            // One marker per owning stream that no longer reaches back (AEP-0003 §5),
+            // naming the bare session the position named and that stream's earliest; the
+            // WS frame adds the stream's `source` (AEP-0001 §5.2), which SSE's comment
+            // format has no room for.
+            if let (Some(earliest), Some(info)) =
+                (page.and_then(|p| p.marker), self.store.stream(stream))
+            {
                 let marker = match &job.ws_id {
-                    Some(id) => frames::replay_exhausted(id, &session, earliest),
-                    None => sse::replay_exhausted(&session, earliest),
+                    Some(id) => frames::replay_exhausted(id, info.name, info.source, earliest),
+                    None => sse::replay_exhausted(info.name, earliest),
                 };
                 conn.out.push(marker);
             }
@@ -96,7 +102,7 @@ impl Relay {
                 }
                 None => {
                     job.sessions.pop_front();
-                    job.pending.remove(&session);
+                    job.pending.remove(&stream);
                 }
             }
             // A WS subscription remembers the last position it delivered (`closing`).
@@ -109,7 +115,7 @@ impl Relay {
                     if let (Scope::Sequenced, Some(s), Some(q)) =
                         (ev.scope(), ev.session(), ev.seq())
                     {
-                        delivered.note(s, (ev.epoch(), q));
+                        delivered.note(ev.source(), s, (ev.epoch(), q));
                     }
                 }
             }

@@ -242,9 +242,11 @@ impl Relay {
                     ..
                 }) = self.hub.get(*sub)
                 {
-                    for (session, (epoch, seq)) in d.positions() {
+                    // One entry per owning stream (AEP-0001 §5.2); `source` says whose.
+                    for (session, source, (epoch, seq)) in d.positions() {
                         delivered.push(json!({
-                            "sub": &**id, "session": session, "epoch": epoch, "seq": seq
+                            "sub": &**id, "session": session, "source": source,
+                            "epoch": epoch, "seq": seq
                         }));
                     }
                 }
@@ -547,7 +549,7 @@ impl Relay {
                 ReplayJob {
                     sub: Some(sub),
                     ws_id: Some(id.into()),
-                    pending: sessions.iter().map(|(s, _)| s.clone()).collect(),
+                    pending: sessions.iter().map(|(s, _)| *s).collect(),
                     sessions,
                     filter,
                     ceiling,

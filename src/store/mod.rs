@@ -8,33 +8,53 @@
 //!
 //! # Shape
 //!
-//! - Sessions are keyed by the bare `session` string, the key resume tokens carry
-//!   (AEP-0001 §5.2, §7 #6). Distinct emitters that happen to share a session name share
-//!   one buffer; their Events stay distinct through the `(source, id)` dedupe key, but a
-//!   position both claim is reported as [`Admission::Conflict`] (the residual ambiguity
-//!   AEP-0001 §5.2 accepts for 0.1).
-//! - Each session holds at most `buffer_per_session` Events (the advertised
-//!   `replay.buffer` depth is therefore a **per-session** count, AEP-0003 §5), in one total
-//!   order:
+//! - Buffers are kept per **owning stream**, `(source, session)`: session identity is
+//!   scoped to the emitter (AEP-0001 §5.2: "distinct emitters carrying the same `session`
+//!   string are distinct sessions that happen to share a name"; consumers "key per-session
+//!   state by `(source, session)`"). `source` is the Event's `source` attribute, compared
+//!   verbatim (AEP-0001 §5.1 #6: it identifies the emitter; the spec gives no other
+//!   emitter identity). A [`StreamId`] names one held stream. Two emitters sharing a
+//!   session name therefore never meet in one buffer: a position conflict
+//!   ([`Admission::Conflict`]) is an emitter fault within one stream only.
+//! - Resume positions name a **bare** session (AEP-0001 §7 #6, AEP-0003 §7), so the
+//!   replay surfaces ([`Store::streams`], [`Store::replay_after`]) address every owning
+//!   stream of that name, each strictly after the position in its own order. Several
+//!   streams of one name are listed in the order they were created.
+//! - Each stream holds at most `buffer_per_session` Events (the advertised
+//!   `replay.buffer` depth is therefore a count **per owning stream**, AEP-0003 §5), in one
+//!   total order:
 //!   - *sequenced* Events by `(epoch, seq)`, lexicographically (AEP-0001 §7 #3), late
 //!     backfill inserted in place (§7 #2);
 //!   - *foreign* Events (session-scoped, no `seq`: commands, `attention.routed`,
-//!     AEP-0001 §5.2) in arrival order, each **anchored** to the session's high-water
-//!     position at arrival (the highest `(epoch, seq)` admitted to the session, which is
+//!     AEP-0001 §5.2) in arrival order, each **anchored** to the stream's high-water
+//!     position at arrival (the highest `(epoch, seq)` admitted to the stream, which is
 //!     the highest position held or, once the ring has evicted it, the anchor every held
 //!     Event shares), or "before everything" when no sequenced Event has been admitted.
 //!     A foreign Event sorts after its anchor, after earlier foreign Events with the same
 //!     anchor, and before every higher position (including later backfill above the
 //!     anchor).
+//! - **Which stream a foreign Event joins.** A foreign Event is emitted by another party
+//!   than the session owner (its `source` is the sender's, AEP-0004 §2.2) and addresses
+//!   the session by bare name, which cannot say which of several owners it means. So it is
+//!   held in **every** owning stream of its name present at arrival, anchored in each at
+//!   that stream's own high-water. A resume from a position `P` of that name then still
+//!   delivers it whenever any stream it joined had reached `P` when it arrived, which is
+//!   what at-least-once needs (AEP-0001 §7 #4); when several streams share the name a
+//!   replay may carry it once per stream (consumers dedupe on `(source, id)`). With no
+//!   owning stream of the name held, it starts a *foreign-only* stream (no `source`,
+//!   [`SessionInfo::source`] `None`), which the first owning stream of that name then
+//!   adopts, so a session's early commands stay at the front of its owner's buffer as
+//!   before. A name has either one foreign-only stream or only owning streams.
 //! - *Agent-scoped* Events (`agent.*`) are never buffered (AEP-0001 §5.2).
-//! - When a session's ring is full, the lowest-ordered Event is evicted. The session
+//! - When a stream's ring is full, the lowest-ordered Event is evicted. The stream
 //!   remembers the highest order key it ever evicted (`evicted_high`), which makes the
-//!   `replay-exhausted` decision exact.
-//! - At `max_sessions` sessions, the first Event of a new session evicts the
-//!   least-recently-*written* session entirely (written = an Event was
-//!   [`Admission::Admitted`] to it; duplicates, conflicts and drops do not count). An
-//!   evicted session is forgotten, including its `evicted_high` (AEP-0003 §5 replay-all
-//!   honesty rule 1: wholly evicted sessions are absent).
+//!   `replay-exhausted` decision exact, per stream.
+//! - At `max_sessions` streams (owning and foreign-only streams count alike), the first
+//!   Event of a new stream evicts the least-recently-*written* stream entirely (written =
+//!   an Event was [`Admission::Admitted`] to it; duplicates, conflicts and drops do not
+//!   count). An evicted stream is forgotten, including its `evicted_high` (AEP-0003 §5
+//!   replay-all honesty rule 1: wholly evicted sessions are absent). Other streams of the
+//!   same name are unaffected.
 //!
 //! # Costs
 //!
@@ -42,9 +62,13 @@
 //!   any foreign Event: both append); backfill is O(log n) to find its place plus the
 //!   `VecDeque` shift (distance to the nearer end). Dedupe is one keyed hash of
 //!   `(source, id)`, computed once per admission and kept in the ring entry, so evicting
-//!   an Event from the dedupe set never reads its (by then cold) bytes. Session eviction is O(1) (intrusive LRU list over a slab) plus
-//!   dropping the evicted buffer.
-//! - `replay_after`: O(log n) to find the start, then O(delivered).
+//!   an Event from the dedupe set never reads its (by then cold) bytes. Finding the stream
+//!   is one hash of the bare name plus a compare of `source` per stream of that name
+//!   (almost always one). A foreign Event costs one append per owning stream of its name.
+//!   Stream eviction is O(1) (intrusive LRU list over a slab) plus dropping the evicted
+//!   buffer.
+//! - `replay_after`: O(log n) per stream of the name to find the start, then
+//!   O(delivered).
 //!
 //! # Memory
 //!
@@ -56,21 +80,21 @@
 //! bytes; and the `Arc`'s 16-byte reference counts. That is ≤ 124 bytes, ≤ 1.21× the raw
 //! bytes of a 600-byte Event, inside the 1.25× budget (the Event's own attribute struct is not counted: it is
 //! shared with fan-out). Ring capacity grows by doubling but is clamped to
-//! `buffer_per_session`, never beyond. Each session adds a fixed ~300 bytes (its struct,
-//! its name twice, its index slot), which is noise for buffers of ~50 Events or more.
+//! `buffer_per_session`, never beyond. Each stream adds a fixed ~350 bytes (its struct,
+//! its name twice, its `source`, its index slot), which is noise for buffers of ~50 Events or more.
 //! `tests/store_memory.rs` measures all of this with a counting allocator (about 72 to
 //! 84 bytes per Event for buffers of 100 to 1024).
 //!
 //! # Duplicates, conflicts, eviction
 //!
-//! - Buffer admission dedupes on `(source, id)` within the session (AEP-0001 §7 #4,
+//! - Buffer admission dedupes on `(source, id)` within the stream (AEP-0001 §7 #4,
 //!   AEP-0003 §5). The dedupe set holds exactly the held Events: an evicted Event leaves
 //!   it, so a redelivery of an evicted Event is treated as new. For a foreign Event that
 //!   means it is admitted again (as a new arrival, appended); for a sequenced Event it
 //!   means it is placed by its position again, which in a full ring is below everything
 //!   held, so it is dropped on arrival ([`Admission::NotBuffered`]).
-//! - Two different Events at one `(epoch, seq)` are an emitter fault (AEP-0001 §7 #2)
-//!   that consumers SHOULD surface: the store keeps the first and reports
+//! - Two different Events at one `(epoch, seq)` of one stream are an emitter fault
+//!   (AEP-0001 §7 #2) that consumers SHOULD surface: the store keeps the first and reports
 //!   [`Admission::Conflict`] for the second, which is not held (and so not in the dedupe
 //!   set: resending it reports `Conflict` again).
 
@@ -81,6 +105,7 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use slab::Slab;
+use smallvec::{smallvec, SmallVec};
 
 use crate::envelope::{Event, Scope};
 
@@ -99,6 +124,17 @@ pub trait Stored {
     fn position(&self) -> Option<Position>;
     /// The dedupe key `(source, id)` (AEP-0001 §7 #4).
     fn dedupe_key(&self) -> (&str, &str);
+    /// `source`, the emitter's identity (AEP-0001 §5.1 #6): with `session` it names the
+    /// owning stream a sequenced Event belongs to (AEP-0001 §5.2). Defaults to the first
+    /// half of [`Stored::dedupe_key`].
+    fn source(&self) -> &str {
+        self.dedupe_key().0
+    }
+    /// `agent` (AEP-0001 §5.1 #7), shown per stream in [`SessionInfo::agent`]; `None`
+    /// by default.
+    fn agent(&self) -> Option<&str> {
+        None
+    }
     /// How the Event relates to session order (AEP-0001 §5.2).
     fn scope(&self) -> Scope;
     /// Size of the Event's raw bytes, for the buffered-bytes metric.
@@ -113,7 +149,13 @@ impl Stored for Event {
         self.seq().map(|seq| (self.epoch(), seq))
     }
     fn dedupe_key(&self) -> (&str, &str) {
-        (self.source(), self.id())
+        (Event::source(self), self.id())
+    }
+    fn source(&self) -> &str {
+        Event::source(self)
+    }
+    fn agent(&self) -> Option<&str> {
+        self.attr(crate::envelope::Attr::Agent)
     }
     fn scope(&self) -> Scope {
         Event::scope(self)
@@ -127,14 +169,17 @@ impl Stored for Event {
 /// as received (AEP-0003 §5: dedupe is the terminal consumer's duty).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Admission {
-    /// The Event is now held in its session's buffer.
+    /// The Event is now held in its stream's buffer (a foreign Event: in at least one of
+    /// the streams of its name; [`Store::last_placed`] says which).
     Admitted,
-    /// An Event with the same `(source, id)` is already held in this session
-    /// (AEP-0001 §7 #4, AEP-0003 §5); nothing changed.
+    /// An Event with the same `(source, id)` is already held in this stream (a foreign
+    /// Event: in every stream of its name) (AEP-0001 §7 #4, AEP-0003 §5); nothing changed.
     Duplicate,
-    /// A *different* Event (other `(source, id)`) already holds this `(epoch, seq)`: an
-    /// emitter fault (AEP-0001 §7 #2) the caller SHOULD surface (log, metric). The first
-    /// Event is kept; this one is not held.
+    /// A *different* Event (other `(source, id)`) already holds this `(epoch, seq)` in the
+    /// same owning stream `(source, session)`: an emitter fault (AEP-0001 §7 #2) the caller
+    /// SHOULD surface (log, metric). The first Event is kept; this one is not held. Another
+    /// emitter's Event at the same position of a same-named session is no conflict: it is
+    /// another stream (AEP-0001 §5.2).
     Conflict,
     /// Not held: an agent-scoped Event (AEP-0001 §5.2), a session-scoped Event lacking
     /// `session` (or a sequenced one lacking `seq`; only possible for unvalidated Events),
@@ -144,12 +189,23 @@ pub enum Admission {
     NotBuffered,
 }
 
-/// An opaque place in one session's order, returned by [`Store::replay_page`] to
+/// One held stream: the buffer of one owning emitter's session `(source, session)`
+/// (AEP-0001 §5.2), or a name's foreign-only buffer (see the [module docs](self#shape)).
+/// Copyable and cheap to compare; valid while the stream is held. An id is never reused
+/// for another stream: once its stream is evicted every lookup with it answers `None`.
+/// An id means something only to the store that issued it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StreamId {
+    slot: usize,
+    serial: u64,
+}
+
+/// An opaque place in one stream's order, returned by [`Store::replay_page`] to
 /// continue a paged replay.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Cursor(Key);
 
-/// Where a (paged) replay of one session starts.
+/// Where a (paged) replay of one stream starts.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ReplayFrom {
     /// Strictly after a resume position (AEP-0003 §7), foreign Events anchored at it
@@ -290,9 +346,13 @@ type DedupeSet<E> = HashSet<ByKey<E>, BuildHasherDefault<PreHashed>>;
 /// Sentinel for the LRU list links.
 const NIL: usize = usize::MAX;
 
-/// One session's buffer.
+/// One stream's buffer: an owning stream `(source, session)` or a foreign-only one.
 struct Session<E> {
     name: Box<str>,
+    /// The owning emitter's `source` (AEP-0001 §5.2); `None` for a foreign-only stream.
+    source: Option<Box<str>>,
+    /// Distinguishes this stream from earlier ones in the same slot ([`StreamId`]).
+    serial: u64,
     /// Held Events, strictly increasing by key.
     ring: VecDeque<Entry<E>>,
     /// Exactly the held Events, by `(source, id)`.
@@ -311,10 +371,12 @@ struct Session<E> {
     next: usize,
 }
 
-impl<E> Session<E> {
-    fn new(name: &str) -> Session<E> {
+impl<E: Stored> Session<E> {
+    fn new(name: &str, source: Option<&str>, serial: u64) -> Session<E> {
         Session {
             name: name.into(),
+            source: source.map(Into::into),
+            serial,
             ring: VecDeque::new(),
             ids: DedupeSet::default(),
             high: None,
@@ -336,7 +398,7 @@ impl<E> Session<E> {
         self.ring.iter().rev().find_map(|e| e.key.position())
     }
 
-    /// The `earliest` a `replay-exhausted` marker names, given the session's
+    /// The `earliest` a `replay-exhausted` marker names, given the stream's
     /// `evicted_high` key `h`: the lowest held position or, when only foreign Events are
     /// held, their anchor. Every held key is above `h` and `h` is above the replay bound,
     /// so the front's anchor exists; the fallbacks only keep this total.
@@ -347,9 +409,29 @@ impl<E> Session<E> {
             .unwrap_or(after)
     }
 
-    fn info(&self) -> SessionInfo<'_> {
+    /// `Some(earliest)` when a replay strictly after `after` is owed a `replay-exhausted`
+    /// marker (something it would have delivered was evicted).
+    fn marker_after(&self, after: Position) -> Option<Position> {
+        match self.evicted_high {
+            Some(h) if Key::at(after) < h => Some(self.exhausted_earliest(h, after)),
+            _ => None,
+        }
+    }
+
+    fn info(&self, slot: usize) -> SessionInfo<'_> {
         SessionInfo {
+            id: StreamId {
+                slot,
+                serial: self.serial,
+            },
             name: &self.name,
+            source: self.source.as_deref(),
+            agent: self
+                .ring
+                .iter()
+                .rev()
+                .filter(|e| e.key.position().is_some())
+                .find_map(|e| e.ev.agent()),
             events: self.ring.len(),
             bytes: self.bytes,
             earliest: self.earliest(),
@@ -360,11 +442,20 @@ impl<E> Session<E> {
     }
 }
 
-/// Metrics view of one held session, from [`Store::sessions`] / [`Store::session`].
+/// Metrics view of one held stream, from [`Store::sessions`], [`Store::streams`],
+/// [`Store::stream`] or [`Store::session`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo<'a> {
-    /// The `session` value.
+    /// The stream's id.
+    pub id: StreamId,
+    /// The `session` value (the bare name, AEP-0001 §5.1 #8).
     pub name: &'a str,
+    /// The owning emitter's `source` (AEP-0001 §5.1 #6, §5.2); `None` for a foreign-only
+    /// stream (only foreign Events of a name no owning stream of which is held).
+    pub source: Option<&'a str>,
+    /// `agent` of the newest held sequenced Event (AEP-0001 §5.1 #7); `None` when none is
+    /// held or [`Stored::agent`] says nothing.
+    pub agent: Option<&'a str>,
     /// Number of Events held (≥ 1).
     pub events: usize,
     /// Sum of the held Events' raw byte lengths.
@@ -373,28 +464,46 @@ pub struct SessionInfo<'a> {
     pub earliest: Option<Position>,
     /// Highest held `(epoch, seq)`; `None` when only foreign Events are held.
     pub latest: Option<Position>,
-    /// Highest `(epoch, seq)` ever admitted to this session, held or not (the anchor of
+    /// Highest `(epoch, seq)` ever admitted to this stream, held or not (the anchor of
     /// the next foreign Event).
     pub high_water: Option<Position>,
-    /// Highest position ever evicted from this session: the position of the highest
+    /// Highest position ever evicted from this stream: the position of the highest
     /// evicted Event, or the anchor of an evicted foreign Event. `None` when nothing was
     /// evicted (or only foreign Events anchored "before everything").
     pub evicted_high: Option<Position>,
 }
 
-/// Bounded per-session replay buffers (AEP-0003 §5). See the [module docs](self) for the
+/// A `replay-exhausted` marker due for one stream (AEP-0003 §5, §3.3 #3), from
+/// [`Store::replay_after`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Exhausted {
+    /// The stream that no longer reaches back to the requested position.
+    pub stream: StreamId,
+    /// Its earliest held position (what the marker names).
+    pub earliest: Position,
+}
+
+/// The slots of the streams held under one bare name, in creation order.
+type Named = SmallVec<[usize; 1]>;
+
+/// Bounded per-stream replay buffers (AEP-0003 §5). See the [module docs](self) for the
 /// order, eviction and cost model.
 pub struct Store<E> {
     buffer_per_session: usize,
     max_sessions: usize,
-    index: HashMap<Box<str>, usize>,
+    /// Bare session name → its streams.
+    index: HashMap<Box<str>, Named>,
     slots: Slab<Session<E>>,
-    /// Least recently written session, or `NIL`.
+    /// Least recently written stream, or `NIL`.
     head: usize,
-    /// Most recently written session, or `NIL`.
+    /// Most recently written stream, or `NIL`.
     tail: usize,
     events: usize,
     bytes: usize,
+    /// Streams created so far (the next one's [`StreamId`] serial).
+    serial: u64,
+    /// The streams the last [`Store::admit`] placed its Event in.
+    placed: SmallVec<[StreamId; 2]>,
     /// Keys the dedupe hashes (randomly per store, so `(source, id)` values chosen by a
     /// client cannot collide on purpose).
     hasher: RandomState,
@@ -405,7 +514,7 @@ impl<E> fmt::Debug for Store<E> {
         f.debug_struct("Store")
             .field("buffer_per_session", &self.buffer_per_session)
             .field("max_sessions", &self.max_sessions)
-            .field("sessions", &self.slots.len())
+            .field("streams", &self.slots.len())
             .field("events", &self.events)
             .field("bytes", &self.bytes)
             .finish()
@@ -414,7 +523,7 @@ impl<E> fmt::Debug for Store<E> {
 
 impl<E: Stored> Store<E> {
     /// A store keeping at most `buffer_per_session` Events in each of at most
-    /// `max_sessions` sessions. Either bound at `0` makes a store that buffers nothing
+    /// `max_sessions` streams. Either bound at `0` makes a store that buffers nothing
     /// (every admission is [`Admission::NotBuffered`]). Allocates nothing up front.
     pub fn new(buffer_per_session: usize, max_sessions: usize) -> Store<E> {
         Store {
@@ -426,25 +535,32 @@ impl<E: Stored> Store<E> {
             tail: NIL,
             events: 0,
             bytes: 0,
+            serial: 0,
+            placed: SmallVec::new(),
             hasher: RandomState::new(),
         }
     }
 
-    /// The per-session depth, as advertised in `replay.buffer` (AEP-0003 §5: a count of
-    /// Events per session).
+    /// The per-stream depth, as advertised in `replay.buffer` (AEP-0003 §5: a count of
+    /// Events per session, i.e. per owning stream `(source, session)`).
     pub fn buffer_per_session(&self) -> usize {
         self.buffer_per_session
     }
 
-    /// The maximum number of sessions held at once.
+    /// The maximum number of streams held at once.
     pub fn max_sessions(&self) -> usize {
         self.max_sessions
     }
 
-    /// Offers an Event to its session's buffer. See [`Admission`] for the outcomes and
-    /// the module docs for ordering, anchoring and eviction. Never fails, never panics on
-    /// malformed input (an Event lacking what its scope requires is `NotBuffered`).
+    /// Offers an Event to its stream's buffer: a sequenced Event to the owning stream
+    /// `(source, session)` (created when new), a foreign Event to every stream of its
+    /// bare `session` (AEP-0001 §5.2; see the [module docs](self#shape)). See
+    /// [`Admission`] for the outcomes and the module docs for ordering, anchoring and
+    /// eviction; [`Store::last_placed`] then names the streams it went to. Never fails,
+    /// never panics on malformed input (an Event lacking what its scope requires is
+    /// `NotBuffered`).
     pub fn admit(&mut self, ev: &Arc<E>) -> Admission {
+        self.placed.clear();
         if self.buffer_per_session == 0 || self.max_sessions == 0 {
             return Admission::NotBuffered;
         }
@@ -459,16 +575,71 @@ impl<E: Stored> Store<E> {
         let Some(name) = ev.session() else {
             return Admission::NotBuffered;
         };
-        let sid = match self.index.get(name) {
-            Some(&sid) => sid,
-            None => self.create(name),
-        };
+        // AEP-0001 §7 #4, AEP-0003 §5: buffer admission dedupes on (source, id).
+        let hash = self.hasher.hash_one(ev.dedupe_key());
+        match pos {
+            Some(p) => {
+                let sid = self.owning_stream(name, ev.source());
+                self.admit_into(sid, ev, hash, Some(p))
+            }
+            None => {
+                let targets: Named = match self.index.get(name) {
+                    Some(named) => named.clone(),
+                    None => smallvec![self.create(name, None)],
+                };
+                let mut out = Admission::Duplicate;
+                for sid in targets {
+                    if self.admit_into(sid, ev, hash, None) == Admission::Admitted {
+                        out = Admission::Admitted;
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// The streams the most recent [`Store::admit`] placed its Event in: one for an
+    /// admitted sequenced Event, one per stream it joined for a foreign Event, none
+    /// unless it answered [`Admission::Admitted`].
+    pub fn last_placed(&self) -> &[StreamId] {
+        &self.placed
+    }
+
+    /// The slot of the owning stream `(source, name)`: held, adopted from the name's
+    /// foreign-only stream, or created.
+    fn owning_stream(&mut self, name: &str, source: &str) -> usize {
+        if let Some(named) = self.index.get(name) {
+            if let Some(&sid) = named
+                .iter()
+                .find(|&&sid| self.slots[sid].source.as_deref() == Some(source))
+            {
+                return sid;
+            }
+            if let [sid] = named[..] {
+                if self.slots[sid].source.is_none() {
+                    // The name's foreign Events so far become the front of its owner's
+                    // buffer, anchored "before everything" as they were.
+                    self.slots[sid].source = Some(source.into());
+                    return sid;
+                }
+            }
+        }
+        self.create(name, Some(source))
+    }
+
+    /// Admits `ev` (dedupe hash `hash`, position `pos`, `None` for foreign) to stream
+    /// `sid`.
+    fn admit_into(
+        &mut self,
+        sid: usize,
+        ev: &Arc<E>,
+        hash: u64,
+        pos: Option<Position>,
+    ) -> Admission {
         let cap = self.buffer_per_session;
         let s = &mut self.slots[sid];
-
-        // AEP-0001 §7 #4, AEP-0003 §5: buffer admission dedupes on (source, id).
         let probe = ByKey {
-            hash: self.hasher.hash_one(ev.dedupe_key()),
+            hash,
             ev: Arc::clone(ev),
         };
         if s.ids.contains(&probe) {
@@ -484,7 +655,7 @@ impl<E: Stored> Store<E> {
             None => 0,
             Some(last) if last.key < key => s.ring.len(),
             Some(_) => match s.ring.binary_search_by(|e| e.key.cmp(&key)) {
-                // AEP-0001 §7 #2: two Events at one position; keep the first.
+                // AEP-0001 §7 #2: two Events at one position of one stream; keep the first.
                 Ok(_) => return Admission::Conflict,
                 // Backfill (AEP-0001 §7 #2): in place.
                 Err(i) => i,
@@ -529,24 +700,53 @@ impl<E: Stored> Store<E> {
             idx,
             Entry {
                 key,
-                hash: probe.hash,
+                hash,
                 ev: Arc::clone(ev),
             },
         );
         s.ids.insert(probe);
         s.bytes += len;
+        let serial = s.serial;
         self.bytes += len;
         self.events += 1;
+        self.placed.push(StreamId { slot: sid, serial });
         self.touch(sid);
         Admission::Admitted
     }
 
-    /// Replays `session` for a consumer resuming from `after` (AEP-0003 §7: "delivers
-    /// strictly after that position"): calls `out` for every held Event ordered after
-    /// `after`, in session order.
+    /// Replays every stream of the bare name `session` for a consumer resuming from
+    /// `after` (AEP-0001 §7 #6: a resume position names a bare session; AEP-0003 §7:
+    /// "delivers strictly after that position"): for each stream of that name in creation
+    /// order, calls `out` for every held Event ordered after `after` in that stream, in
+    /// stream order ([`Store::replay_stream_after`]).
+    ///
+    /// Returns one [`Exhausted`] per stream that is owed a `replay-exhausted` marker, in
+    /// the same order; empty when none is, including when `session` is not held (never
+    /// seen, or wholly evicted: the caller decides what an unknown session means for its
+    /// binding).
+    pub fn replay_after(
+        &self,
+        session: &str,
+        after: Position,
+        out: &mut impl FnMut(&Arc<E>),
+    ) -> Vec<Exhausted> {
+        let mut markers = Vec::new();
+        for stream in self.streams(session) {
+            if let Some(earliest) = self.replay_stream_after(stream.id, after, out) {
+                markers.push(Exhausted {
+                    stream: stream.id,
+                    earliest,
+                });
+            }
+        }
+        markers
+    }
+
+    /// Replays one stream for a consumer resuming from `after`: calls `out` for every
+    /// held Event of it ordered after `after`, in stream order.
     ///
     /// Foreign Events anchored **at** `after` are included: they arrived after `after`
-    /// was the session's high-water, and a consumer that last saw `after` may or may not
+    /// was the stream's high-water, and a consumer that last saw `after` may or may not
     /// have seen them; delivery is at-least-once (AEP-0001 §7 #4), so they are redelivered
     /// rather than risk a loss.
     ///
@@ -554,59 +754,54 @@ impl<E: Stored> Store<E> {
     /// §3.3 #3): something this replay would have delivered was evicted, i.e. an evicted
     /// sequenced Event at a position `> after` or an evicted foreign Event anchored at or
     /// after `after`. Then every held Event is delivered (all are above what was
-    /// evicted), and `earliest` is the lowest held `(epoch, seq)`, or, when the session
+    /// evicted), and `earliest` is the lowest held `(epoch, seq)`, or, when the stream
     /// holds only foreign Events, the position they are anchored to. `None` otherwise,
-    /// including when `session` is not held (never seen, or wholly evicted: the caller
-    /// decides what an unknown session means for its binding).
-    pub fn replay_after(
+    /// including when the stream is no longer held.
+    pub fn replay_stream_after(
         &self,
-        session: &str,
+        stream: StreamId,
         after: Position,
         out: &mut impl FnMut(&Arc<E>),
     ) -> Option<Position> {
-        let s = self.get(session)?;
+        let s = self.get(stream)?;
         let bound = Key::at(after);
         let start = s.ring.partition_point(|e| e.key <= bound);
-        let marker = match s.evicted_high {
-            Some(h) if bound < h => Some(s.exhausted_earliest(h, after)),
-            _ => None,
-        };
         for e in s.ring.range(start..) {
             out(&e.ev);
         }
-        marker
+        s.marker_after(after)
     }
 
-    /// Replays one page of `session`: at most `max` held Events strictly after `from`, in
-    /// session order. Paging lets a consumer's replay advance only as fast as it reads
+    /// Replays one page of one stream: at most `max` held Events strictly after `from`,
+    /// in stream order. Paging lets a consumer's replay advance only as fast as it reads
     /// (bounded memory per consumer however large the store is).
     ///
-    /// - [`ReplayFrom::After`] behaves like [`Store::replay_after`] for its first page.
+    /// - [`ReplayFrom::After`] behaves like [`Store::replay_stream_after`] for its first
+    ///   page.
     /// - [`ReplayFrom::Start`] starts at the earliest held Event, with no marker.
     /// - [`ReplayFrom::Cursor`] continues a previous page. Its marker is `Some` when Events
     ///   after the cursor were evicted between pages (the consumer fell behind the ring),
     ///   so even a paged replay never hides a gap.
     ///
-    /// Returns `None` when the session is not held, otherwise the [`Page`]: the marker (as
-    /// for [`Store::replay_after`]) and the cursor to continue from (`None` when the
-    /// page reached the session's newest Event).
+    /// Returns `None` when the stream is not held, otherwise the [`Page`]: the marker (as
+    /// for [`Store::replay_stream_after`]) and the cursor to continue from (`None` when
+    /// the page reached the stream's newest Event).
     pub fn replay_page(
         &self,
-        session: &str,
+        stream: StreamId,
         from: ReplayFrom,
         max: usize,
         out: &mut impl FnMut(&Arc<E>),
     ) -> Option<Page> {
-        let s = self.get(session)?;
+        let s = self.get(stream)?;
         let (start, marker) = match from {
             ReplayFrom::Start => (0, None),
             ReplayFrom::After(after) => {
                 let bound = Key::at(after);
-                let marker = match s.evicted_high {
-                    Some(h) if bound < h => Some(s.exhausted_earliest(h, after)),
-                    _ => None,
-                };
-                (s.ring.partition_point(|e| e.key <= bound), marker)
+                (
+                    s.ring.partition_point(|e| e.key <= bound),
+                    s.marker_after(after),
+                )
             }
             ReplayFrom::Cursor(Cursor(bound)) => {
                 let marker = match s.evicted_high {
@@ -632,33 +827,46 @@ impl<E: Stored> Store<E> {
         Some(Page { marker, next })
     }
 
-    /// The names of every held session, in the [`Store::replay_all`] order.
-    pub fn session_names(&self) -> Vec<Box<str>> {
-        self.iter_lru().map(|s| s.name.clone()).collect()
+    /// Every held stream, in the [`Store::replay_all`] order (least-recently-written
+    /// first).
+    pub fn stream_ids(&self) -> Vec<StreamId> {
+        self.iter_lru()
+            .map(|(slot, s)| StreamId {
+                slot,
+                serial: s.serial,
+            })
+            .collect()
     }
 
-    /// Replays everything held for `session`, from its earliest held Event, in session
-    /// order, with no marker (the request names no position). Returns the number of
-    /// Events delivered (0 when the session is not held).
+    /// The streams held under the bare name `session`, in creation order: its owning
+    /// streams, or its foreign-only stream. Empty when the name is not held.
+    pub fn streams(&self, session: &str) -> impl Iterator<Item = SessionInfo<'_>> + '_ {
+        self.index
+            .get(session)
+            .into_iter()
+            .flatten()
+            .map(|&sid| self.slots[sid].info(sid))
+    }
+
+    /// The owning stream `(source, session)`, when held.
+    pub fn find(&self, source: &str, session: &str) -> Option<StreamId> {
+        self.streams(session)
+            .find(|s| s.source == Some(source))
+            .map(|s| s.id)
+    }
+
+    /// One held stream's metrics view; `None` once it is no longer held.
+    pub fn stream(&self, id: StreamId) -> Option<SessionInfo<'_>> {
+        self.get(id).map(|s| s.info(id.slot))
+    }
+
+    /// Replays everything held under the bare name `session`, each stream from its
+    /// earliest held Event, streams in creation order, with no marker (the request names
+    /// no position). Returns the number of Events delivered (0 when the name is not held).
     pub fn replay_session_from_start(&self, session: &str, out: &mut impl FnMut(&Arc<E>)) -> usize {
-        let Some(s) = self.get(session) else {
-            return 0;
-        };
-        for e in &s.ring {
-            out(&e.ev);
-        }
-        s.ring.len()
-    }
-
-    /// Replay-all (AEP-0003 §5, `from: "all"`): every held session from its earliest held
-    /// Event, no `replay-exhausted` (honesty rule 2). Sessions come
-    /// **least-recently-written first**, so the most recently active session is replayed
-    /// last, next to the live tail that follows; within a session, session order.
-    /// Wholly evicted sessions are absent (honesty rule 1). Returns the number of Events
-    /// delivered.
-    pub fn replay_all(&self, out: &mut impl FnMut(&Arc<E>)) -> usize {
         let mut n = 0;
-        for s in self.iter_lru() {
+        for &sid in self.index.get(session).into_iter().flatten() {
+            let s = &self.slots[sid];
             for e in &s.ring {
                 out(&e.ev);
             }
@@ -667,26 +875,49 @@ impl<E: Stored> Store<E> {
         n
     }
 
-    /// Whether an Event with `ev`'s `(source, id)` is held in `ev`'s session, i.e. whether
-    /// [`Store::admit`] would answer [`Admission::Duplicate`] (AEP-0001 §7 #4). Read-only;
-    /// the durable history uses it so a redelivered Event is not written twice.
-    pub fn holds(&self, ev: &Arc<E>) -> bool {
-        ev.session()
-            .and_then(|name| self.get(name))
-            .is_some_and(|s| {
-                s.ids.contains(&ByKey {
-                    hash: self.hasher.hash_one(ev.dedupe_key()),
-                    ev: Arc::clone(ev),
-                })
-            })
+    /// Replay-all (AEP-0003 §5, `from: "all"`): every held stream from its earliest held
+    /// Event, no `replay-exhausted` (honesty rule 2). Streams come
+    /// **least-recently-written first**, so the most recently active stream is replayed
+    /// last, next to the live tail that follows; within a stream, stream order. Wholly
+    /// evicted streams are absent (honesty rule 1). A foreign Event held in several
+    /// streams of one name comes once per stream. Returns the number of Events delivered.
+    pub fn replay_all(&self, out: &mut impl FnMut(&Arc<E>)) -> usize {
+        let mut n = 0;
+        for (_, s) in self.iter_lru() {
+            for e in &s.ring {
+                out(&e.ev);
+            }
+            n += s.ring.len();
+        }
+        n
     }
 
-    /// Number of sessions held.
+    /// Whether an Event with `ev`'s `(source, id)` is held where `ev` would go (its owning
+    /// stream; for a foreign Event, any stream of its name), so that admitting it would
+    /// add no new Event to the store's history (AEP-0001 §7 #4). Read-only; the durable
+    /// history uses it so a redelivered Event is not written twice.
+    pub fn holds(&self, ev: &Arc<E>) -> bool {
+        let Some(name) = ev.session() else {
+            return false;
+        };
+        let probe = ByKey {
+            hash: self.hasher.hash_one(ev.dedupe_key()),
+            ev: Arc::clone(ev),
+        };
+        let sequenced = ev.scope() == Scope::Sequenced;
+        self.index.get(name).into_iter().flatten().any(|&sid| {
+            let s = &self.slots[sid];
+            (!sequenced || s.source.as_deref() == Some(ev.source())) && s.ids.contains(&probe)
+        })
+    }
+
+    /// Number of streams held (owning and foreign-only; what `max_sessions` bounds).
     pub fn session_count(&self) -> usize {
         self.slots.len()
     }
 
-    /// Total Events held across sessions.
+    /// Total Events held across streams (a foreign Event held in several streams counts
+    /// once per stream).
     pub fn len(&self) -> usize {
         self.events
     }
@@ -701,40 +932,48 @@ impl<E: Stored> Store<E> {
         self.bytes
     }
 
-    /// Every held session, least-recently-written first (the [`Store::replay_all`] order).
+    /// Every held stream, least-recently-written first (the [`Store::replay_all`] order).
     pub fn sessions(&self) -> impl Iterator<Item = SessionInfo<'_>> + '_ {
-        self.iter_lru().map(Session::info)
+        self.iter_lru().map(|(sid, s)| s.info(sid))
     }
 
-    /// One held session's metrics view.
+    /// The first-created stream held under the bare name `name` (the only one unless
+    /// several emitters share the name; [`Store::streams`] lists them all).
     pub fn session(&self, name: &str) -> Option<SessionInfo<'_>> {
-        self.get(name).map(Session::info)
+        self.streams(name).next()
     }
 
-    fn get(&self, name: &str) -> Option<&Session<E>> {
-        self.index.get(name).map(|&sid| &self.slots[sid])
+    fn get(&self, id: StreamId) -> Option<&Session<E>> {
+        self.slots.get(id.slot).filter(|s| s.serial == id.serial)
     }
 
-    fn iter_lru(&self) -> impl Iterator<Item = &Session<E>> + '_ {
+    fn iter_lru(&self) -> impl Iterator<Item = (usize, &Session<E>)> + '_ {
         let mut at = self.head;
         std::iter::from_fn(move || {
             if at == NIL {
                 return None;
             }
+            let sid = at;
             let s = &self.slots[at];
             at = s.next;
-            Some(s)
+            Some((sid, s))
         })
     }
 
-    /// Creates an empty session at the most-recent end, first evicting the
-    /// least-recently-written session when at `max_sessions`.
-    fn create(&mut self, name: &str) -> usize {
+    /// Creates an empty stream at the most-recent end, first evicting the
+    /// least-recently-written stream when at `max_sessions`.
+    fn create(&mut self, name: &str, source: Option<&str>) -> usize {
         if self.slots.len() >= self.max_sessions && self.head != NIL {
             self.evict_session(self.head);
         }
-        let sid = self.slots.insert(Session::new(name));
-        self.index.insert(name.into(), sid);
+        self.serial += 1;
+        let sid = self.slots.insert(Session::new(name, source, self.serial));
+        match self.index.get_mut(name) {
+            Some(named) => named.push(sid),
+            None => {
+                self.index.insert(name.into(), smallvec![sid]);
+            }
+        }
         self.link_tail(sid);
         sid
     }
@@ -742,7 +981,12 @@ impl<E: Stored> Store<E> {
     fn evict_session(&mut self, sid: usize) {
         self.unlink(sid);
         let s = self.slots.remove(sid);
-        self.index.remove(&s.name);
+        if let Some(named) = self.index.get_mut(&s.name) {
+            named.retain(|&mut x| x != sid);
+            if named.is_empty() {
+                self.index.remove(&s.name);
+            }
+        }
         self.events -= s.ring.len();
         self.bytes -= s.bytes;
     }
@@ -798,8 +1042,13 @@ impl<E: Stored> Store<E> {
         while at != NIL {
             let s = &self.slots[at];
             assert_eq!(s.prev, prev, "LRU back link");
-            assert_eq!(self.index.get(&s.name), Some(&at), "index");
-            assert!(!s.ring.is_empty(), "held sessions are non-empty");
+            let named = self.index.get(&s.name).expect("index");
+            assert_eq!(
+                named.iter().filter(|&&x| x == at).count(),
+                1,
+                "indexed once"
+            );
+            assert!(!s.ring.is_empty(), "held streams are non-empty");
             assert!(s.ring.len() <= self.buffer_per_session, "ring bound");
             assert!(
                 s.ring.capacity() <= self.buffer_per_session,
@@ -820,6 +1069,14 @@ impl<E: Stored> Store<E> {
                 if let Some(p) = e.key.anchor() {
                     assert!(Some(p) <= s.high, "high-water");
                 }
+                if e.key.position().is_some() {
+                    assert_eq!(
+                        s.source.as_deref(),
+                        Some(e.ev.source()),
+                        "a sequenced Event is held in its own (source, session) stream"
+                    );
+                }
+                assert_eq!(e.ev.session(), Some(&*s.name), "held under its name");
             }
             let b: usize = s.ring.iter().map(|e| e.ev.byte_len()).sum();
             assert_eq!(b, s.bytes, "session bytes");
@@ -829,10 +1086,36 @@ impl<E: Stored> Store<E> {
             prev = at;
             at = s.next;
         }
+        for (name, named) in &self.index {
+            assert!(!named.is_empty(), "no empty index entry");
+            let sources: Vec<_> = named
+                .iter()
+                .map(|&sid| {
+                    assert_eq!(&self.slots[sid].name, name, "index name");
+                    self.slots[sid].source.as_deref()
+                })
+                .collect();
+            if sources.contains(&None) {
+                assert_eq!(
+                    sources.len(),
+                    1,
+                    "a foreign-only stream is alone under its name"
+                );
+            }
+            let distinct: HashSet<_> = sources.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                sources.len(),
+                "one stream per (source, session)"
+            );
+            let serials: Vec<_> = named.iter().map(|&sid| self.slots[sid].serial).collect();
+            assert!(serials.windows(2).all(|w| w[0] < w[1]), "creation order");
+        }
         assert_eq!(self.tail, prev, "LRU tail");
-        assert_eq!(seen, self.slots.len(), "every session linked");
-        assert_eq!(self.index.len(), self.slots.len(), "index size");
-        assert!(self.slots.len() <= self.max_sessions, "session bound");
+        assert_eq!(seen, self.slots.len(), "every stream linked");
+        let indexed: usize = self.index.values().map(|v| v.len()).sum();
+        assert_eq!(indexed, self.slots.len(), "index size");
+        assert!(self.slots.len() <= self.max_sessions, "stream bound");
         assert_eq!(events, self.events, "event total");
         assert_eq!(bytes, self.bytes, "byte total");
     }

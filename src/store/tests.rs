@@ -84,11 +84,12 @@ fn admit_all(st: &mut Store<T>, evs: impl IntoIterator<Item = Arc<T>>) {
     }
 }
 
-/// `replay_after` as (ids delivered, marker).
+/// `replay_after` of a name held by one stream, as (ids delivered, marker).
 fn after(st: &Store<T>, session: &str, pos: Position) -> (Vec<String>, Option<Position>) {
     let mut got = Vec::new();
     let m = st.replay_after(session, pos, &mut |e| got.push(e.id.clone()));
-    (got, m)
+    assert!(m.len() <= 1, "one stream, at most one marker: {m:?}");
+    (got, m.first().map(|x| x.earliest))
 }
 
 fn from_start(st: &Store<T>, session: &str) -> Vec<String> {
@@ -96,6 +97,11 @@ fn from_start(st: &Store<T>, session: &str) -> Vec<String> {
     let n = st.replay_session_from_start(session, &mut |e| got.push(e.id.clone()));
     assert_eq!(n, got.len());
     got
+}
+
+/// The id of the one stream held under `name`.
+fn sid(st: &Store<T>, name: &str) -> StreamId {
+    st.session(name).expect("held").id
 }
 
 fn strs(v: &[&str]) -> Vec<String> {
@@ -208,21 +214,24 @@ fn dedupe_on_source_and_id() {
         admit(&mut st, sq_id("s", (0, 2), "A", "x")),
         Admission::Duplicate
     );
-    // Another emitter may mint the same id.
+    // Another emitter may mint the same id (and is another stream, AEP-0001 §5.2).
     assert_eq!(
         admit(&mut st, sq_id("s", (0, 3), "B", "x")),
         Admission::Admitted
     );
-    // Foreign redelivery is a duplicate too.
+    // Foreign redelivery is a duplicate too (the Event joined both streams of `s`).
     assert_eq!(admit(&mut st, fo("s", "cmd")), Admission::Admitted);
+    assert_eq!(st.last_placed().len(), 2);
     assert_eq!(admit(&mut st, fo("s", "cmd")), Admission::Duplicate);
+    assert!(st.last_placed().is_empty());
     // Dedupe is per session.
     assert_eq!(
         admit(&mut st, sq_id("t", (0, 1), "A", "x")),
         Admission::Admitted
     );
-    assert_eq!(st.len(), 4);
-    assert_eq!(st.session("s").unwrap().events, 3);
+    assert_eq!(st.len(), 5);
+    let per: Vec<_> = st.streams("s").map(|i| (i.source, i.events)).collect();
+    assert_eq!(per, [(Some("A"), 2), (Some("B"), 2)]);
 }
 
 /// AEP-0001 §7 #2: two different Events at one position are an emitter fault; the first
@@ -528,7 +537,10 @@ fn introspection() {
         infos,
         [
             SessionInfo {
+                id: sid(&st, "b"),
                 name: "b",
+                source: Some(OWNER),
+                agent: None,
                 events: 1,
                 bytes: 100,
                 earliest: Some((1, 7)),
@@ -537,7 +549,10 @@ fn introspection() {
                 evicted_high: None,
             },
             SessionInfo {
+                id: sid(&st, "a"),
                 name: "a",
+                source: Some(OWNER),
+                agent: None,
                 events: 3,
                 bytes: 250,
                 earliest: Some((0, 1)),
@@ -629,7 +644,7 @@ fn pages_concatenate_to_the_whole_replay() {
         let mut from = ReplayFrom::After((0, 1));
         loop {
             let page = st
-                .replay_page("s", from, max, &mut |e| got.push(e.id.clone()))
+                .replay_page(sid(&st, "s"), from, max, &mut |e| got.push(e.id.clone()))
                 .unwrap();
             assert_eq!(page.marker, None);
             match page.next {
@@ -640,10 +655,18 @@ fn pages_concatenate_to_the_whole_replay() {
         assert_eq!(got, whole, "page size {max}");
     }
     let mut all = Vec::new();
-    st.replay_page("s", ReplayFrom::Start, 100, &mut |e| all.push(e.id.clone()));
+    st.replay_page(sid(&st, "s"), ReplayFrom::Start, 100, &mut |e| {
+        all.push(e.id.clone())
+    });
     assert_eq!(all, from_start(&st, "s"));
-    assert!(st
-        .replay_page("nope", ReplayFrom::Start, 1, &mut |_| {})
+    // A stream no longer held answers `None`, even once its slot is reused.
+    let mut one: Store<T> = Store::new(4, 1);
+    admit_all(&mut one, [sq("gone", 0, 0)]);
+    let gone = sid(&one, "gone");
+    admit_all(&mut one, [sq("next", 0, 0)]);
+    assert!(one.stream(gone).is_none());
+    assert!(one
+        .replay_page(gone, ReplayFrom::Start, 1, &mut |_| {})
         .is_none());
 }
 
@@ -655,12 +678,14 @@ fn eviction_overtaking_a_cursor_marks_the_next_page() {
     admit_all(&mut st, (0..4).map(|i| sq("s", 0, i)));
     let mut got = Vec::new();
     let page = st
-        .replay_page("s", ReplayFrom::Start, 1, &mut |e| got.push(e.id.clone()))
+        .replay_page(sid(&st, "s"), ReplayFrom::Start, 1, &mut |e| {
+            got.push(e.id.clone())
+        })
         .unwrap();
     let cursor = page.next.unwrap();
     admit_all(&mut st, (4..8).map(|i| sq("s", 0, i)));
     let page = st
-        .replay_page("s", ReplayFrom::Cursor(cursor), 10, &mut |e| {
+        .replay_page(sid(&st, "s"), ReplayFrom::Cursor(cursor), 10, &mut |e| {
             got.push(e.id.clone())
         })
         .unwrap();
@@ -671,4 +696,180 @@ fn eviction_overtaking_a_cursor_marks_the_next_page() {
     );
     assert_eq!(page.next, None);
     assert_eq!(got, strs(&["e0.0", "e0.4", "e0.5", "e0.6", "e0.7"]));
+}
+
+const ALPHA: &str = "aep://host-c/agent/alpha-agent/session/s_shared";
+const BETA: &str = "aep://host-d/agent/beta-agent/session/s_shared";
+
+/// A sequenced Event of `source`'s stream of `session`, id `{source}#{epoch}.{seq}`.
+fn of(source: &str, session: &str, seq: u64) -> Arc<T> {
+    sq_id(session, (0, seq), source, &format!("{source}#0.{seq}"))
+}
+
+/// AEP-0001 §5.2: two emitters carrying one `session` string are two sessions. Both
+/// are held, each in its own stream, even at the same position (the golden corpus's
+/// `s_shared` pair), and a resume position of the bare name applies to both.
+#[test]
+fn same_name_from_two_emitters_is_two_streams() {
+    let mut st = Store::new(10, 10);
+    assert_eq!(
+        admit(&mut st, of(ALPHA, "s_shared", 0)),
+        Admission::Admitted
+    );
+    assert_eq!(admit(&mut st, of(BETA, "s_shared", 0)), Admission::Admitted);
+    admit_all(&mut st, [of(ALPHA, "s_shared", 1), of(BETA, "s_shared", 1)]);
+    assert_eq!(st.session_count(), 2);
+    let streams: Vec<_> = st
+        .streams("s_shared")
+        .map(|i| (i.source, i.events, i.latest))
+        .collect();
+    assert_eq!(
+        streams,
+        [
+            (Some(ALPHA), 2, Some((0, 1))),
+            (Some(BETA), 2, Some((0, 1)))
+        ],
+        "creation order"
+    );
+    assert_eq!(
+        st.find(BETA, "s_shared"),
+        Some(st.streams("s_shared").nth(1).unwrap().id)
+    );
+    assert_eq!(st.find("aep://nobody", "s_shared"), None);
+    let mut got = Vec::new();
+    let markers = st.replay_after("s_shared", (0, 0), &mut |e| got.push(e.id.clone()));
+    assert!(markers.is_empty());
+    assert_eq!(got, [format!("{ALPHA}#0.1"), format!("{BETA}#0.1")]);
+    let mut all = Vec::new();
+    assert_eq!(st.replay_all(&mut |e| all.push(e.id.clone())), 4);
+}
+
+/// AEP-0001 §7 #2: a position conflict is an emitter fault within one stream; the
+/// other emitter's stream at that position is untouched.
+#[test]
+fn a_conflict_is_within_one_stream_only() {
+    let mut st = Store::new(10, 10);
+    admit_all(&mut st, [of(ALPHA, "s", 3), of(BETA, "s", 3)]);
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 3), ALPHA, "alpha-other")),
+        Admission::Conflict
+    );
+    assert!(st.last_placed().is_empty());
+    assert_eq!(
+        admit(&mut st, sq_id("s", (0, 3), BETA, "beta-other")),
+        Admission::Conflict
+    );
+    assert_eq!(
+        from_start(&st, "s"),
+        [format!("{ALPHA}#0.3"), format!("{BETA}#0.3")]
+    );
+}
+
+/// Ring eviction and `replay-exhausted` are per stream: a busy emitter's evictions
+/// never mark (or shorten) the quiet one's replay of the same name.
+#[test]
+fn ring_eviction_and_markers_are_per_stream() {
+    let mut st = Store::new(2, 10);
+    admit_all(&mut st, (0..5).map(|q| of(ALPHA, "s", q)));
+    admit_all(&mut st, (0..2).map(|q| of(BETA, "s", q)));
+    let mut got = Vec::new();
+    let markers = st.replay_after("s", (0, 0), &mut |e| got.push(e.id.clone()));
+    let alpha = st.find(ALPHA, "s").unwrap();
+    assert_eq!(
+        markers,
+        [Exhausted {
+            stream: alpha,
+            earliest: (0, 3)
+        }]
+    );
+    assert_eq!(
+        got,
+        [
+            format!("{ALPHA}#0.3"),
+            format!("{ALPHA}#0.4"),
+            format!("{BETA}#0.1")
+        ]
+    );
+}
+
+/// `max_sessions` counts owning streams: a new stream evicts the least-recently-written
+/// stream, which may be one of two sharing a name; the other stays whole.
+#[test]
+fn session_eviction_counts_streams() {
+    let mut st = Store::new(10, 2);
+    admit_all(
+        &mut st,
+        [of(ALPHA, "s", 0), of(BETA, "s", 0), of(ALPHA, "s", 1)],
+    );
+    admit_all(&mut st, [sq("t", 0, 0)]);
+    assert_eq!(st.session_count(), 2);
+    let held: Vec<_> = st.sessions().map(|i| (i.name, i.source)).collect();
+    assert_eq!(held, [("s", Some(ALPHA)), ("t", Some(OWNER))]);
+    // The evicted stream comes back empty of its past, as a new stream.
+    admit_all(&mut st, [of(BETA, "s", 1)]);
+    let held: Vec<_> = st.sessions().map(|i| (i.name, i.source)).collect();
+    assert_eq!(held, [("t", Some(OWNER)), ("s", Some(BETA))]);
+}
+
+/// Foreign Events (AEP-0001 §5.2) join every owning stream of their name, anchored at
+/// each stream's own high-water, so a resume from a position of any of them delivers
+/// the Event when it arrived after that position (at-least-once, AEP-0001 §7 #4).
+#[test]
+fn foreign_events_join_every_stream_of_their_name() {
+    let mut st = Store::new(10, 10);
+    admit_all(&mut st, (0..3).map(|q| of(ALPHA, "s", q)));
+    admit_all(&mut st, (0..6).map(|q| of(BETA, "s", q)));
+    assert_eq!(admit(&mut st, fo("s", "routed")), Admission::Admitted);
+    let placed: Vec<_> = st.last_placed().to_vec();
+    let ids: Vec<_> = st.streams("s").map(|i| i.id).collect();
+    assert_eq!(placed, ids);
+    assert_eq!(st.len(), 11, "held once per stream");
+    let delivered = |after: u64| {
+        let mut got = Vec::new();
+        st.replay_after("s", (0, after), &mut |e| got.push(e.id.clone()));
+        got.iter().filter(|id| *id == "routed").count()
+    };
+    // Beta's high-water was 5, alpha's 2: after 4 only beta's copy is due; after 1 both.
+    assert_eq!(delivered(5), 1);
+    assert_eq!(delivered(4), 1);
+    assert_eq!(delivered(2), 2);
+    assert_eq!(delivered(1), 2);
+    assert_eq!(delivered(6), 0);
+    // Whole-store questions see it once per stream; the history asks whether it is held.
+    assert!(st.holds(&fo("s", "routed")));
+    assert!(!st.holds(&fo("s", "other")));
+    assert!(!st.holds(&of(ALPHA, "s", 3)));
+    assert!(st.holds(&of(BETA, "s", 5)));
+    assert!(
+        !st.holds(&sq_id("s", (0, 5), ALPHA, &format!("{BETA}#0.5"))),
+        "a sequenced Event is looked for in its own stream only"
+    );
+}
+
+/// A foreign Event of a name with no owning stream starts a foreign-only stream, which
+/// the first owner of that name adopts; a second owner starts a stream of its own.
+#[test]
+fn a_foreign_only_stream_is_adopted_by_the_first_owner() {
+    let mut st = Store::new(10, 10);
+    admit_all(&mut st, [fo("s", "early")]);
+    let early = st.session("s").unwrap();
+    assert_eq!((early.source, early.earliest), (None, None));
+    let id = early.id;
+    admit_all(&mut st, [of(ALPHA, "s", 0)]);
+    assert_eq!(st.session_count(), 1, "adopted, not a new stream");
+    assert_eq!(st.stream(id).unwrap().source, Some(ALPHA));
+    admit_all(&mut st, [of(BETA, "s", 0), fo("s", "late")]);
+    assert_eq!(st.session_count(), 2);
+    let per: Vec<_> = st.streams("s").map(|i| (i.source, i.events)).collect();
+    assert_eq!(per, [(Some(ALPHA), 3), (Some(BETA), 2)]);
+    assert_eq!(
+        from_start(&st, "s"),
+        [
+            "early".to_string(),
+            format!("{ALPHA}#0.0"),
+            "late".into(),
+            format!("{BETA}#0.0"),
+            "late".into()
+        ]
+    );
 }

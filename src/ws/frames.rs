@@ -217,15 +217,27 @@ pub fn ack(kind: &str, id: &str) -> Bytes {
     encode(&json!({ "type": kind, "id": id }))
 }
 
-/// `{"type":"replay-exhausted","sub":…,"session":…,"earliest":{"epoch":…,"seq":…}}`
-/// (AEP-0003 §5).
-pub fn replay_exhausted(sub: &str, session: &str, earliest: (u64, u64)) -> Bytes {
-    encode(&json!({
+/// `{"type":"replay-exhausted","sub":…,"session":…,"earliest":{"epoch":…,"seq":…},"source":…}`
+/// (AEP-0003 §5): one per owning stream `(source, session)` that no longer reaches back
+/// (AEP-0001 §5.2). `session` is the bare name the resume position named; `source`, an
+/// extra member peers ignore unless they know it, says which emitter's stream it is
+/// (absent for a stream of foreign Events only).
+pub fn replay_exhausted(
+    sub: &str,
+    session: &str,
+    source: Option<&str>,
+    earliest: (u64, u64),
+) -> Bytes {
+    let mut f = json!({
         "type": "replay-exhausted",
         "sub": sub,
         "session": session,
         "earliest": { "epoch": earliest.0, "seq": earliest.1 },
-    }))
+    });
+    if let Some(source) = source {
+        f["source"] = source.into();
+    }
+    encode(&f)
 }
 
 /// `{"type":"ping","t":…}` with `t` in milliseconds since the Unix epoch (AEP-0003 §3.5
@@ -242,7 +254,8 @@ pub fn pong(t: Option<&Value>) -> Bytes {
     }
 }
 
-/// `{"type":"closing","reason":…,"delivered":[{"sub","session","epoch","seq"}…]}`, plus
+/// `{"type":"closing","reason":…,"delivered":[{"sub","session","source","epoch","seq"}…]}`
+/// (one entry per subscription and owning stream `(source, session)`, AEP-0001 §5.2), plus
 /// `dropped` (a count) and a `detail` when backpressure dropped Events toward it
 /// (AEP-0003 §3.5 #4).
 pub fn closing(reason: &str, delivered: Vec<Value>, dropped: u64) -> Bytes {

@@ -30,24 +30,29 @@ use frames::Declaration;
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// The last position delivered per session on one subscription, for the `closing`
-/// frame (AEP-0003 §3.5 #4). Updating an entry for a session already seen does not
-/// allocate; a session's first delivery allocates its key once. At most `cap` sessions
-/// are remembered (the relay holds no more than `max_sessions` anyway); past that an
-/// arbitrary entry is forgotten, which only makes that session's resume start earlier.
+/// One stream's last delivered position: `(session, source, (epoch, seq))`.
+type Noted = (Box<str>, Box<str>, (u64, u64));
+
+/// The last position delivered per owning stream `(source, session)` on one
+/// subscription, for the `closing` frame (AEP-0003 §3.5 #4): session identity is scoped
+/// to the emitter (AEP-0001 §5.2), so two emitters sharing a session name get one entry
+/// each. Updating an entry for a stream already seen does not allocate; a stream's first
+/// delivery allocates its key once. At most `cap` streams are remembered (the relay holds
+/// no more than `max_sessions` anyway); past that an arbitrary entry is forgotten, which
+/// only makes that stream's resume start earlier.
 #[derive(Debug, Default)]
 pub struct Delivered {
-    /// `(session, position)`; `index` maps a session to its slot here.
-    entries: Vec<(Box<str>, (u64, u64))>,
-    index: HashMap<Box<str>, usize>,
-    /// Slot of the last session noted: consecutive deliveries of one session (the common
-    /// case) update it with a string compare, no hashing.
+    /// `index` maps a session name to its slots here.
+    entries: Vec<Noted>,
+    index: HashMap<Box<str>, Vec<usize>>,
+    /// Slot of the last stream noted: consecutive deliveries of one stream (the common
+    /// case) update it with two string compares, no hashing.
     recent: usize,
     cap: usize,
 }
 
 impl Delivered {
-    /// An empty record remembering at most `cap` sessions.
+    /// An empty record remembering at most `cap` streams.
     pub fn new(cap: usize) -> Delivered {
         Delivered {
             cap: cap.max(1),
@@ -55,35 +60,62 @@ impl Delivered {
         }
     }
 
-    /// Records that `(epoch, seq)` of `session` was queued to the subscriber.
-    pub fn note(&mut self, session: &str, pos: (u64, u64)) {
+    /// Records that `(epoch, seq)` of the stream `(source, session)` was queued to the
+    /// subscriber.
+    pub fn note(&mut self, source: &str, session: &str, pos: (u64, u64)) {
         if let Some(e) = self.entries.get_mut(self.recent) {
-            if &*e.0 == session {
-                e.1 = pos;
+            if &*e.0 == session && &*e.1 == source {
+                e.2 = pos;
                 return;
             }
         }
-        if let Some(&i) = self.index.get(session) {
-            self.entries[i].1 = pos;
-            self.recent = i;
-            return;
-        }
-        if self.entries.len() >= self.cap {
-            // Forget the oldest-inserted session: slot 0 (moved into by the last).
-            let (gone, _) = self.entries.swap_remove(0);
-            self.index.remove(&gone);
-            if let Some(moved) = self.entries.first() {
-                self.index.insert(moved.0.clone(), 0);
+        if let Some(slots) = self.index.get(session) {
+            if let Some(&i) = slots.iter().find(|&&i| &*self.entries[i].1 == source) {
+                self.entries[i].2 = pos;
+                self.recent = i;
+                return;
             }
         }
-        self.index.insert(session.into(), self.entries.len());
-        self.recent = self.entries.len();
-        self.entries.push((session.into(), pos));
+        if self.entries.len() >= self.cap {
+            // Forget the oldest-inserted stream: slot 0 (moved into by the last).
+            let (gone, _, _) = self.entries.swap_remove(0);
+            self.unindex(&gone, 0);
+            let last = self.entries.len();
+            if let Some(moved) = self.entries.first() {
+                if let Some(slots) = self.index.get_mut(&moved.0) {
+                    for i in slots.iter_mut().filter(|i| **i == last) {
+                        *i = 0;
+                    }
+                }
+            }
+        }
+        let i = self.entries.len();
+        match self.index.get_mut(session) {
+            Some(slots) => slots.push(i),
+            None => {
+                self.index.insert(session.into(), vec![i]);
+            }
+        }
+        self.recent = i;
+        self.entries.push((session.into(), source.into(), pos));
     }
 
-    /// `(session, (epoch, seq))` pairs, sorted by session.
-    pub fn positions(&self) -> Vec<(&str, (u64, u64))> {
-        let mut v: Vec<_> = self.entries.iter().map(|(s, p)| (&**s, *p)).collect();
+    fn unindex(&mut self, session: &str, slot: usize) {
+        if let Some(slots) = self.index.get_mut(session) {
+            slots.retain(|&i| i != slot);
+            if slots.is_empty() {
+                self.index.remove(session);
+            }
+        }
+    }
+
+    /// `(session, source, (epoch, seq))` triples, sorted by session, then source.
+    pub fn positions(&self) -> Vec<(&str, &str, (u64, u64))> {
+        let mut v: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(s, src, p)| (&**s, &**src, *p))
+            .collect();
         v.sort_unstable();
         v
     }
@@ -93,22 +125,49 @@ impl Delivered {
 mod delivered_tests {
     use super::Delivered;
 
+    const X: &str = "aep://x";
+    const Y: &str = "aep://y";
+
     #[test]
     fn note_keeps_the_last_position_per_session_within_the_cap() {
         let mut d = Delivered::new(2);
-        d.note("a", (0, 1));
-        d.note("a", (0, 2));
-        d.note("b", (0, 5));
-        d.note("a", (0, 3));
-        assert_eq!(d.positions(), vec![("a", (0, 3)), ("b", (0, 5))]);
-        d.note("c", (1, 0));
+        d.note(X, "a", (0, 1));
+        d.note(X, "a", (0, 2));
+        d.note(X, "b", (0, 5));
+        d.note(X, "a", (0, 3));
+        assert_eq!(d.positions(), vec![("a", X, (0, 3)), ("b", X, (0, 5))]);
+        d.note(X, "c", (1, 0));
         assert_eq!(d.positions().len(), 2, "at most cap sessions");
-        d.note("b", (0, 6));
-        d.note("c", (1, 1));
+        d.note(X, "b", (0, 6));
+        d.note(X, "c", (1, 1));
         assert_eq!(
             d.positions(),
-            vec![("b", (0, 6)), ("c", (1, 1))],
+            vec![("b", X, (0, 6)), ("c", X, (1, 1))],
             "the oldest-inserted session was forgotten"
+        );
+    }
+
+    /// AEP-0001 §5.2: two emitters sharing a session name are two streams, each with its
+    /// own last position; forgetting one (the cap) keeps the other's index right.
+    #[test]
+    fn note_keeps_one_position_per_owning_stream() {
+        let mut d = Delivered::new(3);
+        d.note(X, "s", (0, 4));
+        d.note(Y, "s", (0, 1));
+        d.note(X, "s", (0, 5));
+        assert_eq!(d.positions(), vec![("s", X, (0, 5)), ("s", Y, (0, 1))]);
+        d.note(X, "t", (0, 9));
+        d.note(Y, "u", (0, 2)); // forgets (X, s); (Y, u) moves into its slot
+        assert_eq!(
+            d.positions(),
+            vec![("s", Y, (0, 1)), ("t", X, (0, 9)), ("u", Y, (0, 2))]
+        );
+        d.note(Y, "s", (0, 3));
+        d.note(Y, "u", (0, 7));
+        d.note(X, "t", (0, 10));
+        assert_eq!(
+            d.positions(),
+            vec![("s", Y, (0, 3)), ("t", X, (0, 10)), ("u", Y, (0, 7))]
         );
     }
 }
@@ -165,12 +224,12 @@ mod tests {
     #[test]
     fn delivered_keeps_the_last_position_per_session_within_its_cap() {
         let mut d = Delivered::new(2);
-        d.note("a", (0, 1));
-        d.note("a", (0, 2));
-        d.note("b", (1, 0));
-        assert_eq!(d.positions(), vec![("a", (0, 2)), ("b", (1, 0))]);
-        d.note("c", (0, 9));
+        d.note("x", "a", (0, 1));
+        d.note("x", "a", (0, 2));
+        d.note("x", "b", (1, 0));
+        assert_eq!(d.positions(), vec![("a", "x", (0, 2)), ("b", "x", (1, 0))]);
+        d.note("x", "c", (0, 9));
         assert_eq!(d.positions().len(), 2);
-        assert!(d.positions().contains(&("c", (0, 9))));
+        assert!(d.positions().contains(&("c", "x", (0, 9))));
     }
 }
