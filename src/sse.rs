@@ -144,9 +144,13 @@ fn decimal(s: &str) -> Option<u64> {
 /// Whether byte `b` of a session (at byte offset `at`) is written `%XX` in an SSE line:
 /// `%` (the escape itself), every C0 control and DEL (CR and LF end an SSE line, a NUL
 /// makes the WHATWG parser drop the whole `id:`, and none of them can travel back in a
-/// `Last-Event-ID` header, RFC 9110 §5.5), every non-ASCII byte (browsers send header
-/// values as Latin-1, so UTF-8 would not come back as sent) and a leading space (HTTP
-/// strips leading whitespace from a header value).
+/// `Last-Event-ID` header, RFC 9110 §5.5), every non-ASCII byte and a leading space
+/// (HTTP strips leading whitespace from a header value). Browsers send a non-ASCII
+/// `lastEventId` back as UTF-8, but many SSE clients cannot: Node's `http` and the
+/// Fetch `Headers` behind most `EventSource` polyfills refuse characters beyond
+/// Latin-1, and clients that write header strings as Latin-1 (Python's `http.client`)
+/// garble them; an ASCII `id:` resumes from all of them. A raw UTF-8 `Last-Event-ID`
+/// is still read as itself.
 fn escaped_byte(b: u8, at: usize) -> bool {
     b == b'%' || !(0x20..0x7f).contains(&b) || (at == 0 && b == b' ')
 }
