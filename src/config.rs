@@ -24,8 +24,14 @@ pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_BATCH: usize = 10_000;
 /// Default most resume positions in one `from` (`AEP_MAX_FROM`).
 pub const DEFAULT_MAX_FROM: usize = 1_000;
-/// Default largest HTTP request head in bytes (`AEP_MAX_HEAD`): 16 KiB.
-pub const DEFAULT_MAX_HEAD: usize = 16 * 1024;
+/// Default largest HTTP request head in bytes (`AEP_MAX_HEAD`): 192 KiB, so that a
+/// `GET /stream` naming [`DEFAULT_MAX_FROM`] positions fits and gets the `from` limit's
+/// own answer (400 `limit-exceeded`) rather than 431. One position URL-encoded is
+/// `%7B%22session%22%3A%22{session}%22%2C%22epoch%22%3A{epoch}%2C%22seq%22%3A{seq}%7D%2C`:
+/// 63 bytes plus its session and numbers, so 167 bytes for a 64-byte session with
+/// 20-digit (`u64::MAX`) epoch and seq; 1 000 of them are 167 000 bytes, and 16 KiB are
+/// left for the request line, a filter and the other headers (183 384 bytes in all).
+pub const DEFAULT_MAX_HEAD: usize = 192 * 1024;
 /// Default heartbeat interval (`AEP_HEARTBEAT_SECS`): 15 seconds (AEP-0003 §3.3.4 asks
 /// for at least one `: ping` every 30 s).
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);

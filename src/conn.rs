@@ -196,6 +196,10 @@ pub(crate) struct Conn {
     pub(crate) sock: Transport,
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
+    /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
+    /// without completing the head (`Relay::process` parses again only once a line
+    /// feed arrives after them: linear work for a head trickled in byte by byte).
+    pub(crate) head_scanned: usize,
     pub(crate) out: OutQueue,
     pub(crate) phase: Phase,
     /// Whether WRITABLE interest is registered.
@@ -238,6 +242,7 @@ impl Conn {
             sock,
             peer,
             rbuf: Vec::new(),
+            head_scanned: 0,
             out: OutQueue::default(),
             phase: Phase::Head,
             want_write: false,

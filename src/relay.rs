@@ -411,7 +411,7 @@ impl Relay {
             match conn.phase {
                 Phase::Sse { sub } => {
                     self.hub.remove(sub);
-                    conn.send(&b": shutting-down\n\n"[..]);
+                    conn.send(sse::SHUTTING_DOWN);
                     conn.phase = Phase::Closing;
                     conn.close_after_flush = true;
                     self.mark_dirty(key);
@@ -704,8 +704,26 @@ impl Relay {
                     let Some(conn) = self.conns.get_mut(key) else {
                         return;
                     };
+                    // A head ends with a line feed, so it can only have completed if one
+                    // arrived since the last parse. Without this, a head of `max_head`
+                    // bytes (192 KiB by default) trickled in a byte at a time would be
+                    // parsed from its start once per byte: quadratic work on the reactor.
+                    // The first bytes are always parsed, so garbage is refused at once.
+                    let fresh = match conn.rbuf.get(conn.head_scanned..) {
+                        Some(new) => conn.head_scanned == 0 || memchr::memchr(b'\n', new).is_some(),
+                        None => true,
+                    };
+                    if !fresh {
+                        conn.head_scanned = conn.rbuf.len();
+                        if conn.rbuf.len() > max_head {
+                            let d = format!("the request head exceeds {max_head} bytes");
+                            self.reply_error(key, 431, "head-too-large", &d, true);
+                        }
+                        return;
+                    }
                     match http::parse_head(&conn.rbuf) {
                         Ok(None) => {
+                            conn.head_scanned = conn.rbuf.len();
                             if conn.rbuf.len() > max_head {
                                 let d = format!("the request head exceeds {max_head} bytes");
                                 self.reply_error(key, 431, "head-too-large", &d, true);
@@ -719,6 +737,7 @@ impl Relay {
                                 return;
                             }
                             conn.rbuf.drain(..n);
+                            conn.head_scanned = 0;
                             self.on_head(key, head);
                         }
                         Err(HeadError::TooManyHeaders) => {

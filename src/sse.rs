@@ -141,30 +141,134 @@ fn decimal(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-/// Parses a `Last-Event-ID` value `{session}:{epoch}:{seq}` (AEP-0003 §3.3.2). The
-/// session may itself contain `:`, so the two numbers are taken from the right; each is
-/// decimal digits only, within `u64`.
+/// Whether byte `b` of a session (at byte offset `at`) is written `%XX` in an SSE line:
+/// `%` (the escape itself), every C0 control and DEL (CR and LF end an SSE line, a NUL
+/// makes the WHATWG parser drop the whole `id:`, and none of them can travel back in a
+/// `Last-Event-ID` header, RFC 9110 §5.5), every non-ASCII byte and a leading space
+/// (HTTP strips leading whitespace from a header value). Browsers send a non-ASCII
+/// `lastEventId` back as UTF-8, but many SSE clients cannot: Node's `http` and the
+/// Fetch `Headers` behind most `EventSource` polyfills refuse characters beyond
+/// Latin-1, and clients that write header strings as Latin-1 (Python's `http.client`)
+/// garble them; an ASCII `id:` resumes from all of them. A raw UTF-8 `Last-Event-ID`
+/// is still read as itself.
+fn escaped_byte(b: u8, at: usize) -> bool {
+    b == b'%' || !(0x20..0x7f).contains(&b) || (at == 0 && b == b' ')
+}
+
+/// A session (or any producer string) as written in an SSE `id:` or comment line
+/// (AEP-0003 §3.3.2, §3.3.3): printable ASCII other than `%` stays as it is, so ordinary
+/// sessions (`s_8f2c`, `a:b`, `run 7`) are written unchanged; `%`, C0 controls (CR, LF,
+/// NUL, TAB, ESC, …), DEL, each byte of a non-ASCII character and a leading space are
+/// written `%XX` (two upper-case hex digits of the UTF-8 byte). The result is printable
+/// ASCII without CR, LF or NUL; [`unescape`] reverses it exactly.
+///
+/// Borrows when nothing needs escaping (no allocation for ordinary sessions).
+///
+/// ```
+/// use aep_relay::sse::escape;
+/// assert_eq!(escape("s_8f2c"), "s_8f2c");
+/// assert_eq!(escape("a%b\nc"), "a%25b%0Ac");
+/// assert_eq!(escape(" é"), "%20%C3%A9");
+/// ```
+pub fn escape(s: &str) -> std::borrow::Cow<'_, str> {
+    let b = s.as_bytes();
+    let Some(first) = b.iter().enumerate().position(|(i, &c)| escaped_byte(c, i)) else {
+        return std::borrow::Cow::Borrowed(s);
+    };
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(b.len() + 16);
+    out.push_str(&s[..first]);
+    for (i, &c) in b.iter().enumerate().skip(first) {
+        if escaped_byte(c, i) {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(c >> 4)]));
+            out.push(char::from(HEX[usize::from(c & 0xf)]));
+        } else {
+            out.push(char::from(c));
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Reverses [`escape`]: each `%XX` (two hex digits, either case) becomes the byte `XX`,
+/// everything else is kept. `None` when a `%` is not followed by two hex digits or the
+/// bytes are not UTF-8. Lenient in what it takes: `%41` reads as `A`, as an unescaped
+/// non-ASCII character reads as itself.
+///
+/// ```
+/// use aep_relay::sse::unescape;
+/// assert_eq!(unescape("a%25b%0ac").as_deref(), Some("a%b\nc"));
+/// assert_eq!(unescape("50%"), None);
+/// ```
+pub fn unescape(s: &str) -> Option<String> {
+    if !s.contains('%') {
+        return Some(s.to_string());
+    }
+    let hex = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hi = hex(*b.get(i + 1)?)?;
+            let lo = hex(*b.get(i + 2)?)?;
+            out.push(hi << 4 | lo);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The SSE `id:` value of a position: `{escaped session}:{epoch}:{seq}` (AEP-0003
+/// §3.3.2; the session as [`escape`] writes it). [`parse_last_event_id`] reads it back.
+///
+/// ```
+/// use aep_relay::sse::{event_id, parse_last_event_id};
+/// assert_eq!(event_id("s_8f2c", 0, 187), "s_8f2c:0:187");
+/// let p = parse_last_event_id(&event_id("a:\n%", 2, 9)).unwrap();
+/// assert_eq!((p.session.as_str(), p.epoch, p.seq), ("a:\n%", 2, 9));
+/// ```
+pub fn event_id(session: &str, epoch: u64, seq: u64) -> String {
+    format!("{}:{epoch}:{seq}", escape(session))
+}
+
+/// Parses a `Last-Event-ID` value `{session}:{epoch}:{seq}` (AEP-0003 §3.3.2), the form
+/// [`event_id`] writes. The session may itself contain `:`, so the two numbers are taken
+/// from the right; each is decimal digits only, within `u64`. The session is then
+/// [`unescape`]d. `None` for anything else (an empty session, a `%` not followed by two
+/// hex digits, bytes that are not UTF-8).
 pub fn parse_last_event_id(v: &str) -> Option<Position> {
     let mut it = v.rsplitn(3, ':');
     let seq = decimal(it.next()?)?;
     let epoch = decimal(it.next()?)?;
-    let session = it.next()?;
+    let session = unescape(it.next()?)?;
     if session.is_empty() {
         return None;
     }
     Some(Position {
-        session: session.to_string(),
+        session,
         epoch,
         seq,
     })
 }
 
+/// What `GET /stream` takes, for the refusal of anything else.
+const STREAM_PARAMS: &str =
+    "/stream takes filter, capture, from, live (0 or 1) and access_token (AEP-0003 §3.3)";
+
 /// Reads the SSE subscription out of a `GET /stream` request (AEP-0003 §3.3): query
-/// `filter`, `capture`, `from`, `live`, and the `Last-Event-ID` header (`from` takes
-/// precedence).
+/// `filter`, `capture`, `from`, `live` (`0` or `1`), and the `Last-Event-ID` header
+/// (`from` takes precedence). `access_token` is left to auth.
 ///
 /// # Errors
-/// [`RequestError`]; the HTTP layer answers it with 400 before any stream header.
+/// [`RequestError`] (`invalid-filter`, or `limit-exceeded` for a long `from`); the HTTP
+/// layer answers it with 400 before any stream header. Any other query parameter is
+/// `invalid-filter` naming the known ones: a misspelled `filter` must not widen the
+/// stream (fail closed, AEP-0003 §6.2, §11). A `Last-Event-ID` that
+/// [`parse_last_event_id`] does not read is `invalid-filter` too.
 pub fn parse_request(
     head: &RequestHead,
     max_from: usize,
@@ -208,20 +312,29 @@ pub fn parse_request(
             }
             "live" => {
                 live = match v.as_str() {
-                    "0" | "false" => false,
-                    "1" | "true" => true,
-                    _ => return Err(invalid("`live` must be 0 or 1")),
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(invalid(format!("`live` must be 0 or 1, got {v:?}"))),
                 }
             }
-            // access_token is read by auth; unknown parameters are ignored.
-            _ => {}
+            // Read by auth (AEP-0003 §8.1, the EventSource fallback).
+            "access_token" => {}
+            // A misspelled parameter (`fliter=`) must not leave the consumer with an
+            // unfiltered stream: refuse it, fail closed (AEP-0003 §6.2, §11).
+            _ => {
+                return Err(invalid(format!(
+                    "unknown subscription parameter {k:?}; {STREAM_PARAMS}"
+                )))
+            }
         }
     }
     let from = match from {
         Some(f) => f,
         None => match head.header("last-event-id") {
             Some(id) => From::Positions(vec![parse_last_event_id(id).ok_or_else(|| {
-                invalid("`Last-Event-ID` must be {session}:{epoch}:{seq} (AEP-0003 §3.3.2)")
+                invalid(
+                    "`Last-Event-ID` must be {session}:{epoch}:{seq}, the session with `%XX` escapes as the relay writes it in `id:` (AEP-0003 §3.3.2)",
+                )
             })?]),
             None => From::Live,
         },
@@ -244,24 +357,33 @@ pub const STREAM_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-str
 /// The heartbeat comment (AEP-0003 §3.3.4).
 pub const PING: &[u8] = b": ping\n\n";
 
+/// The comment that ends every SSE stream at a graceful shutdown.
+pub const SHUTTING_DOWN: &[u8] = b": shutting-down\n\n";
+
 /// Builds one SSE message for `ev` carrying `payload` (the Event's original bytes, or a
 /// down-leveled copy): `event: <type>`, `id: {session}:{epoch}:{seq}` for sequenced
-/// Events, `data: <payload>` (AEP-0003 §3.3.2).
+/// Events (the session [`escape`]d, as [`event_id`] writes it), `data: <payload>`
+/// (AEP-0003 §3.3.2).
 ///
-/// JSON cannot hold a raw CR or LF inside a string, so any CR/LF in `payload` is
-/// insignificant whitespace between tokens; each is written as a space so the payload
-/// stays on one `data:` line with its length and meaning unchanged.
+/// No line carries a raw CR, LF or NUL, so a producer string cannot add a field or a
+/// message to any consumer's stream: the session is escaped, the `type` too (a valid
+/// type is `[a-z0-9_.-]` and unchanged). JSON cannot hold a raw CR or LF inside a
+/// string, so any CR/LF in `payload` is insignificant whitespace between tokens; each is
+/// written as a space so the payload stays on one `data:` line with its length and
+/// meaning unchanged.
 pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
-    let t = ev.event_type();
-    let mut b = BytesMut::with_capacity(payload.len() + t.len() + 64);
+    use std::fmt::Write as _;
+    let t = escape(ev.event_type());
+    let mut b = BytesMut::with_capacity(payload.len() + t.len() + 96);
     b.put_slice(b"event: ");
     b.put_slice(t.as_bytes());
     b.put_u8(b'\n');
     if ev.scope() == Scope::Sequenced {
         if let (Some(s), Some(q)) = (ev.session(), ev.seq()) {
             b.put_slice(b"id: ");
-            b.put_slice(s.as_bytes());
-            b.put_slice(format!(":{}:{}\n", ev.epoch(), q).as_bytes());
+            b.put_slice(escape(s).as_bytes());
+            // Writing into a `BytesMut` cannot fail.
+            let _ = writeln!(b, ":{}:{q}", ev.epoch());
         }
     }
     b.put_slice(b"data: ");
@@ -276,18 +398,16 @@ pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
     b.freeze()
 }
 
-/// The `: replay-exhausted {session} {epoch}:{seq}` comment (AEP-0003 §3.3.3).
+/// The `: replay-exhausted {session} {epoch}:{seq}` comment (AEP-0003 §3.3.3), the
+/// session [`escape`]d as in `id:` (so it names exactly the session a consumer resumes
+/// with, and the line holds no CR, LF or NUL).
 pub fn replay_exhausted(session: &str, earliest: (u64, u64)) -> Bytes {
-    let mut s = String::from(": replay-exhausted ");
-    // A session containing CR/LF would break the comment line; such bytes cannot appear
-    // in a valid JSON string unescaped, but may after decoding, so neutralise them.
-    s.extend(
-        session
-            .chars()
-            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c }),
-    );
-    s.push_str(&format!(" {}:{}\n\n", earliest.0, earliest.1));
-    Bytes::from(s)
+    Bytes::from(format!(
+        ": replay-exhausted {} {}:{}\n\n",
+        escape(session),
+        earliest.0,
+        earliest.1
+    ))
 }
 
 #[cfg(test)]
@@ -301,6 +421,54 @@ mod tests {
         assert!(parse_last_event_id("s:x:1").is_none());
         assert!(parse_last_event_id(":1:2").is_none());
         assert!(parse_last_event_id("12").is_none());
+    }
+
+    #[test]
+    fn escape_round_trips_and_keeps_ordinary_sessions() {
+        for s in ["s_8f2c", "a:b", "run 7", "x-y.z~!*'()", "a\\b"] {
+            assert_eq!(escape(s), s);
+        }
+        let hostile = [
+            "%",
+            "%25",
+            "a%b",
+            "\r",
+            "\n",
+            "\0",
+            "a\r\nb",
+            " lead",
+            "  ",
+            "\t\u{1b}[31m\u{7f}",
+            "é",
+            "会话",
+            "𝄞",
+            "s1\ndata: {\"fake\":true}\n\nid: x",
+            "a:0:1",
+        ];
+        let long = "é%\n:".repeat(256);
+        for s in hostile.iter().copied().chain([long.as_str()]) {
+            let e = escape(s);
+            assert!(
+                e.bytes()
+                    .all(|b| (0x20..0x7f).contains(&b) && b != b'\r' && b != b'\n'),
+                "{e:?}"
+            );
+            assert!(!e.starts_with(' '), "{e:?}");
+            assert_eq!(unescape(&e).as_deref(), Some(s), "{e:?}");
+            let p = parse_last_event_id(&event_id(s, 3, 17)).unwrap();
+            assert_eq!((p.session.as_str(), p.epoch, p.seq), (s, 3, 17));
+        }
+        assert_eq!(escape("a%b"), "a%25b");
+        assert_eq!(escape("\r\n\0"), "%0D%0A%00");
+        for bad in ["%", "a%2", "%zz", "50%", "%g0", "%C3"] {
+            assert_eq!(unescape(bad), None, "{bad}");
+            assert_eq!(parse_last_event_id(&format!("{bad}:0:1")), None, "{bad}");
+        }
+        assert_eq!(
+            unescape("%41%c3%a9").as_deref(),
+            Some("Aé"),
+            "lenient: any hex case"
+        );
     }
 
     #[test]

@@ -261,9 +261,13 @@ fn repeated_subscription_parameters_are_refused() {
         assert_eq!(e.code, "invalid-filter", "{q}");
         assert!(e.detail.contains("more than once"), "{q}: {}", e.detail);
     }
-    // Unknown parameters (and `access_token`, read by auth) may repeat.
-    let ok = sse::parse_request(&stream_request("x=1&x=2&capture=none", None), 10).unwrap();
+    // `access_token` is read by auth, not here; any other parameter is refused
+    // (`sse_hostile::unknown_stream_parameters_are_refused_naming_the_known_ones`).
+    let q = "access_token=a&access_token=b&capture=none";
+    let ok = sse::parse_request(&stream_request(q, None), 10).unwrap();
     assert_eq!(ok.ceiling, Some(aep_relay::envelope::Capture::None));
+    let e = sse::parse_request(&stream_request("x=1&capture=none", None), 10).unwrap_err();
+    assert_eq!(e.code, "invalid-filter");
 }
 
 /// `http` (reference framer: no more responses than requests): a POST refused early

@@ -183,3 +183,98 @@ fn a_refused_request_exits_2_with_the_relays_answer() {
     bad.err
         .wait("the reason", |l| l.contains("only http:// URLs"));
 }
+
+/// A sequenced Event in a hostile `session` (serde_json escapes it in the JSON text).
+fn hostile_ev(tag: usize, session: &str, seq: u64) -> String {
+    serde_json::json!({
+        "aep": "0.1", "id": format!("h{tag}-{seq}"), "type": "tool.completed",
+        "time": "2026-07-03T10:00:00Z", "source": "aep://test/agent/a/session/h",
+        "agent": "a", "session": session, "seq": seq
+    })
+    .to_string()
+}
+
+/// `tail` reads each position from the SSE `id:` the relay escaped (`%XX`) and resumes
+/// with exactly that session, whatever its bytes: an injected `data:` in a session is
+/// not printed as an Event, and the Events posted while `tail` was away arrive once
+/// (AEP-0003 §3.3.2, §7; `sse::parse_last_event_id`).
+#[test]
+fn tail_resumes_hostile_sessions_exactly() {
+    let sessions: Vec<String> = [
+        "s1\ndata: {\"fake\":true}\n\nid: x",
+        "a:b:0:1",
+        "50%",
+        "%0A",
+        "back\\slash",
+        "cr\rx",
+        "nul\0x",
+        "séance 会话 𝄞",
+        " lead",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["\r\n%:é".repeat(171)])
+    .collect();
+    let dir = temp_dir("tail-hostile");
+    let h = dir.join("h");
+    let hist = ["--history", h.to_str().unwrap()];
+    let mut relay = Relay::spawn(&hist);
+    let addr = relay.addr.to_string();
+    let tail = Tail::spawn(&[&format!("http://{addr}")]);
+    tail.err.wait("the subscription", |l| {
+        l.contains("aep-relay tail: following")
+    });
+    let batch = |seqs: std::ops::Range<u64>| -> Vec<String> {
+        sessions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| seqs.clone().map(move |q| hostile_ev(i, s, q)))
+            .collect()
+    };
+    let first = batch(0..3);
+    relay.post_ok(&first);
+    assert_eq!(tail.out.wait_count(first.len(), "live Events"), first);
+
+    relay.kill();
+    tail.err.wait("the disconnection", |l| {
+        l.contains("aep-relay tail: disconnected")
+    });
+    // While tail is away, a relay it cannot reach keeps more Events in the same history.
+    let missed = batch(3..5);
+    let side = Relay::spawn(&hist);
+    side.post_ok(&missed);
+    drop(side);
+    let relay = Relay::spawn_with(&hist, false, &addr);
+    let line = tail.err.wait("the reconnection", |l| {
+        l.contains("aep-relay tail: reconnected; resuming from ")
+    });
+    let from: serde_json::Value =
+        serde_json::from_str(line.split("resuming from ").nth(1).unwrap()).unwrap();
+    let mut named: Vec<(String, u64)> = from
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["session"].as_str().unwrap().to_string(),
+                p["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    named.sort();
+    let mut want_from: Vec<(String, u64)> = sessions.iter().map(|s| (s.clone(), 2)).collect();
+    want_from.sort();
+    assert_eq!(named, want_from, "the resume names every session exactly");
+
+    let sentinel = hostile_ev(99, "sentinel", 0);
+    relay.post_ok(std::slice::from_ref(&sentinel));
+    let n = first.len() + missed.len() + 1;
+    let lines = tail.out.wait_count(n, "the resumed stream");
+    assert_eq!(lines[n - 1], sentinel, "nothing else before the sentinel");
+    assert_no_duplicates(&lines);
+    let (mut got, mut want) = (lines[first.len()..n - 1].to_vec(), missed);
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "the missed Events, once each");
+    let _ = std::fs::remove_dir_all(&dir);
+}

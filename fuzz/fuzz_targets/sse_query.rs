@@ -8,8 +8,10 @@
 //! Invariants asserted:
 //! 1. `parse_request`, `parse_last_event_id`, `parse_from_value` never panic.
 //! 2. `parse_last_event_id` accepts exactly `{session}:{epoch}:{seq}` with a non-empty
-//!    session (which may itself hold `:`) and two decimal integers in `u64` (AEP-0003
-//!    §3.3.2, the form the relay itself writes in `id:`), and round-trips what it accepts.
+//!    session (which may itself hold `:`, and `%XX` escapes: each `%` followed by two hex
+//!    digits, the unescaped bytes UTF-8) and two decimal integers in `u64` (AEP-0003
+//!    §3.3.2, the form the relay itself writes in `id:`), and round-trips what it accepts
+//!    through `sse::event_id`, whose output holds no CR, LF, NUL or other control.
 //! 3. `parse_request` agrees with a reference reading of the parameters, in order, each
 //!    at most once (a repeated `filter`, `capture`, `from` or `live` is refused, like a
 //!    duplicated JSON member, rather than resolved first- or last-wins): `filter` is a
@@ -17,8 +19,10 @@
 //!    (compared as compiled), `capture` one of the four levels (§6.4), `from` the string
 //!    `all` or a JSON array of at most `max_from` objects `{session, epoch?, seq}` with
 //!    nothing else and no duplicate member (`limit-exceeded` beyond the limit, §6.5),
-//!    `live` one of `0 1 true false`; `from` takes precedence over `Last-Event-ID`
-//!    (§3.3.3). Refusals carry a code from the closed set of §6.5.
+//!    `live` `0` or `1`; `access_token` is left to auth and any other parameter is
+//!    refused (a misspelled `filter` must not widen the stream, §6.2, §11); `from` takes
+//!    precedence over `Last-Event-ID` (§3.3.3). Refusals carry a code from the closed
+//!    set of §6.5.
 #![no_main]
 
 use aep_relay::envelope::Capture;
@@ -41,11 +45,21 @@ fn reference_last_event_id(v: &str) -> Option<Position> {
     };
     let (rest, seq) = v.rsplit_once(':')?;
     let (session, epoch) = rest.rsplit_once(':')?;
+    // `%XX` escapes (the relay writes `%`, controls, non-ASCII and a leading space so).
+    let mut bytes = Vec::new();
+    let mut parts = session.split('%');
+    bytes.extend_from_slice(parts.next()?.as_bytes());
+    for part in parts {
+        let hex = part.get(..2).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))?;
+        bytes.push(u8::from_str_radix(hex, 16).ok()?);
+        bytes.extend_from_slice(&part.as_bytes()[2..]);
+    }
+    let session = String::from_utf8(bytes).ok()?;
     if session.is_empty() {
         return None;
     }
     Some(Position {
-        session: session.to_owned(),
+        session,
         epoch: num(epoch)?,
         seq: num(seq)?,
     })
@@ -131,12 +145,13 @@ fn reference(head: &RequestHead) -> Result<Want, Refused> {
             "from" => from = Some(reference_from(&v)?),
             "live" => {
                 want.live = match v.as_str() {
-                    "0" | "false" => false,
-                    "1" | "true" => true,
+                    "0" => false,
+                    "1" => true,
                     _ => return Err(bad(v)),
                 }
             }
-            _ => {}
+            "access_token" => {}
+            _ => return Err(bad(format!("unknown parameter {k}"))),
         }
     }
     want.from = match (from, head.header("last-event-id")) {
@@ -162,7 +177,11 @@ fuzz_target!(|data: &[u8]| {
         let got = sse::parse_last_event_id(id);
         assert_eq!(got, reference_last_event_id(id), "Last-Event-ID {id:?}");
         if let Some(p) = got {
-            let again = format!("{}:{}:{}", p.session, p.epoch, p.seq);
+            let again = sse::event_id(&p.session, p.epoch, p.seq);
+            assert!(
+                again.bytes().all(|b| (0x20..0x7f).contains(&b)) && !again.starts_with(' '),
+                "{again:?}"
+            );
             assert_eq!(sse::parse_last_event_id(&again), Some(p));
         }
     }

@@ -163,7 +163,8 @@ fn short(s: &str) -> String {
 }
 
 /// Checks that SSE `items` carry exactly `want` (the posted lines, in order): each
-/// `data:` byte-identical, `event:` its type, `id:` `{session}:{epoch}:{seq}`.
+/// `data:` byte-identical, `event:` its type, `id:` `{session}:{epoch}:{seq}` (the
+/// session escaped as [`crate::sse::event_id`] writes it).
 fn expect_sse_lines(items: &[SseItem], want: &[&String]) -> Result<(), Verdict> {
     let got = messages(items);
     for (i, line) in want.iter().enumerate() {
@@ -188,7 +189,7 @@ fn expect_sse_lines(items: &[SseItem], want: &[&String]) -> Result<(), Verdict> 
             "message {} has event: {event:?}, expected {ty:?} (AEP-0003 §3.3 #2)",
             i + 1
         );
-        let want_id = format!("{session}:{epoch}:{seq}");
+        let want_id = crate::sse::event_id(&session, epoch, seq);
         ensure!(
             id == Some(want_id.as_str()),
             "message {} has id: {id:?}, expected {want_id:?} (AEP-0003 §3.3 #2)",
@@ -895,7 +896,7 @@ impl Ctx {
         };
         let items = self.replay_after(&s, 0, 3)?;
         check(&items, 3, "from (0, 3)")?;
-        let id = format!("{s}:0:8");
+        let id = crate::sse::event_id(&s, 0, 8);
         let items = self.replay(&[], &[("Last-Event-ID", &id)])?;
         check(&items, 8, "Last-Event-ID (0, 8)")?;
         let items = self.replay_after(&s, 0, 4)?;

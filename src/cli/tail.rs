@@ -4,7 +4,8 @@
 //! # Resume
 //!
 //! `tail` remembers, per session, the highest `(epoch, seq)` it printed (from the SSE
-//! `id:`). When the stream ends or fails (relay restart, network, no byte for
+//! `id:`, its session `%XX`-unescaped by `sse::parse_last_event_id`, so a resume names
+//! exactly the session the Event carried, whatever its bytes). When the stream ends or fails (relay restart, network, no byte for
 //! `--idle-timeout-secs` although the relay sends a heartbeat every 15 s), it reconnects
 //! with a growing pause (0.1 s doubling to 2 s) and asks for what follows:
 //!

@@ -4,6 +4,8 @@
 Each check starts the real `aep-relay` binary on 127.0.0.1 and drives it with an
 unmodified client:
 
+- browser-eventsource-hostile: the same page against sessions holding LF, CR, NUL, %,
+  non-ASCII and 1 KiB: one message per Event, exact lastEventId, exact resume.
 - browser-eventsource: a page in headless Chromium, served from another origin, whose
   EventSource consumes /stream with ?access_token= and a filter across two relay drops
   (SIGTERM, then SIGKILL, each followed by a restart on the same port with --history),
@@ -502,6 +504,119 @@ def test_browser_eventsource():
         pages.close()
 
 
+# Hostile sessions (issue 12 §1) and the session part of the `id:` the relay writes for
+# each: `%`, C0 controls, DEL, non-ASCII bytes and a leading space become %XX.
+HOSTILE_SESSIONS = [
+    ('s1\ndata: {"fake":true}\n\nid: x', 's1%0Adata: {"fake":true}%0A%0Aid: x'),
+    ("a:b:0:1", "a:b:0:1"),
+    ("50%", "50%25"),
+    ("%0A", "%250A"),
+    ("back\\slash", "back\\slash"),
+    ("cr\rx", "cr%0Dx"),
+    ("lf\nx", "lf%0Ax"),
+    ("nul\0x", "nul%00x"),
+    ("séance 会话 𝄞", "s%C3%A9ance %E4%BC%9A%E8%AF%9D %F0%9D%84%9E"),
+    (" lead", "%20lead"),
+    ("k" * 1024, "k" * 1024),
+    ("\r\n%:é" * 171, "%0D%0A%25:%C3%A9" * 171),
+]
+
+
+def hostile_ev(n, session, seq):
+    """A sequenced Event in `session` as exact JSON text (control characters escaped)."""
+    return json.dumps({"aep": "0.1", "id": f"h{n}-{seq}", "type": "tool.completed",
+                       "time": "2026-07-03T10:15:04.221Z",
+                       "source": "aep://127.0.0.1/agent/clients/session/h",
+                       "agent": "clients", "session": session, "seq": seq},
+                      ensure_ascii=False, separators=(",", ":"))
+
+
+def test_browser_eventsource_hostile_sessions():
+    """EventSource in Chromium against sessions holding LF, CR, NUL, %, :, \\, non-ASCII,
+    a leading space, 1 KiB: one message per Event (no phantom message from an injected
+    `data:`), lastEventId the escaped id, and the Last-Event-ID resume after a restart
+    delivers exactly the Events of that session posted meanwhile."""
+    pages = PageServer()
+    browser = None
+    relays = []
+    try:
+        tokens = tokens_file([("page-watch-h", "watch"), ("poster-emit-h", "emit")])
+        browser = Browser("eventsource-hostile")
+        browser.call("Network.enable")
+        total = 0
+        per_page = 4  # one EventSource each, within Chromium's 6 connections per host
+        for first in range(0, len(HOSTILE_SESSIONS), per_page):
+            cases = list(enumerate(HOSTILE_SESSIONS))[first:first + per_page]
+            history = tempfile.mkdtemp(prefix="history-", dir=ARGS.out)
+            args = ["--tokens-file", tokens, "--history", history,
+                    "--cors-origin", pages.origin]
+            port = free_port()
+
+            def start(name, on_port=port):
+                r = Relay(name, *args, port=on_port)
+                relays.append(r)
+                return r
+
+            def post(relay, seqs):
+                relay.post_ok([hostile_ev(n, s, q) for n, (s, _) in cases for q in seqs],
+                              token="poster-emit-h")
+
+            relay = start(f"hostile-{first}")
+            filters = [json.dumps({"session": s}) for _, (s, _) in cases]
+            frag = urllib.parse.urlencode({"relay": relay.base, "token": "page-watch-h",
+                                           "filters": json.dumps(filters),
+                                           "types": "tool.completed"})
+            browser.events.clear()
+            # A query of its own per round: a fresh document (a fragment change alone
+            # would keep the previous round's EventSources).
+            browser.goto(f"{pages.origin}/eventsource.html?round={first}#{frag}")
+            wait_until(lambda: browser.eval("window.aep.opens") >= len(cases),
+                       "every EventSource to open")
+
+            def received():
+                return browser.eval("window.aep.received")
+
+            post(relay, [1, 2])
+            wait_until(lambda: len(received()) >= 2 * len(cases), "the live Events")
+            check(relay.stop(signal.SIGTERM) == 0, "the relay exits 0 on SIGTERM")
+            side = start(f"hostile-side-{first}", on_port=0)
+            post(side, [3, 4])
+            check(side.stop() == 0, "the side relay exits 0")
+            relay = start(f"hostile-{first}-again")
+            wait_until(lambda: len(received()) >= 4 * len(cases),
+                       "the Events posted while the pages were cut off, by Last-Event-ID")
+            post(relay, [5])
+            wait_until(lambda: len(received()) >= 5 * len(cases), "live after the restart")
+            time.sleep(0.5)  # anything extra (a duplicate, a phantom) would be here by now
+
+            state = browser.eval("window.aep")
+            check(state["unnamed"] == [], f"no unnamed (phantom) messages: {state['unnamed']}")
+            got = state["received"]
+            check(len(got) == 5 * len(cases), f"{len(got)} messages for {5 * len(cases)} "
+                  f"Events: {[(g['stream'], g['data'][:80]) for g in got]}")
+            for k, (n, (session, escaped)) in enumerate(cases):
+                mine = [g for g in got if g["stream"] == k]
+                want = [hostile_ev(n, session, q) for q in range(1, 6)]
+                check([g["data"] for g in mine] == want,
+                      f"session {session[:40]!r}: got {[g['data'][:120] for g in mine]}")
+                ids = [g["id"] for g in mine]
+                check(ids == [f"{escaped}:0:{q}" for q in range(1, 6)],
+                      f"session {session[:40]!r}: lastEventId {[i[:80] for i in ids]}")
+            sent = {h.get("last-event-id") for h in browser.sent_headers("/stream")} - {None}
+            want_sent = {f"{e}:0:2" for _, (_, e) in cases}
+            check(sent == want_sent, f"Last-Event-ID sent {sorted(i[:60] for i in sent)}, "
+                  f"expected {sorted(i[:60] for i in want_sent)}")
+            total += len(cases)
+            relay.stop()
+        log(f"{total} hostile sessions: one message per Event, exact ids, exact resume")
+    finally:
+        if browser:
+            browser.close()
+        for r in relays:
+            r.stop(signal.SIGKILL)
+        pages.close()
+
+
 def ws_hello(ws, role, agent=None):
     hello = {"type": "hello", "versions": ["0.1"], "role": role}
     if agent:
@@ -820,6 +935,7 @@ def test_status_page():
 
 TESTS = {
     "browser-eventsource": test_browser_eventsource,
+    "browser-eventsource-hostile": test_browser_eventsource_hostile_sessions,
     "python-websockets-consumer": test_python_websockets_consumer,
     "python-websockets-emitter": test_python_websockets_emitter,
     "curl-readme": test_curl_readme,

@@ -3,7 +3,8 @@
 # the clients from the registries, and runs tests/clients/clients.py, which drives the
 # real binary on 127.0.0.1 with
 #   - an EventSource page in headless Chromium (another origin, ?access_token=, a filter,
-#     Last-Event-ID resume across a SIGTERM and a SIGKILL restart with --history),
+#     Last-Event-ID resume across a SIGTERM and a SIGKILL restart with --history; and
+#     against hostile sessions: LF, CR, NUL, %, non-ASCII, 1 KiB),
 #   - Python `websockets` as a consumer (two subscriptions) and as an emitter,
 #   - the README's curl commands as the README shows them,
 #   - the status page (GET /) in headless Chromium, with screenshots before and after.

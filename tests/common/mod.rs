@@ -2,6 +2,8 @@
 //! client over TCP, ureq for ordinary requests, and an SSE reader.
 #![allow(dead_code)]
 
+pub mod whatwg;
+
 use aep_relay::{Config, Relay, StopHandle};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
