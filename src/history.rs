@@ -871,9 +871,11 @@ fn load_range(
         line += 1;
         let slice = &buf[at..stop];
         if !slice.iter().all(u8::is_ascii_whitespace) {
-            // Copy: a held Event must not pin the whole read buffer.
+            // Copy: a held Event must not pin the whole read buffer (nor, `compact`,
+            // the whitespace around it).
             match Event::parse(bytes::Bytes::copy_from_slice(slice)) {
-                Ok(ev) => {
+                Ok(mut ev) => {
+                    ev.compact(slice.len());
                     if let Some(s) = ev.session() {
                         if !sessions.contains(s) {
                             sessions.insert(s.to_string());

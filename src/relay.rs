@@ -63,6 +63,20 @@ fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(Box<str>
     }
 }
 
+/// An Event about to be published, made fit to be held in a replay buffer (AEP-0003 §5):
+/// when it may be held (it is session-scoped) and its bytes are only part of the
+/// `backing`-byte buffer it was read into (a batch body, a message with whitespace
+/// around the Event), its bytes are copied into an allocation of their own
+/// ([`Event::compact`]), so what the store keeps, and what `aep_buffered_bytes` counts,
+/// is the Event and not its batch. One copy per held Event at ingest, never per
+/// delivery; agent-scoped Events are never held and are not copied.
+pub(crate) fn keepable(mut ev: Event, backing: usize) -> Event {
+    if ev.scope() != envelope::Scope::Agent {
+        ev.compact(backing);
+    }
+    ev
+}
+
 fn cors_lines(origin: &str) -> String {
     format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
 }
@@ -1015,6 +1029,9 @@ impl Relay {
             "subscriptions": self.hub.len(),
             "sessions": {"count": count, "recent": recent},
             "buffered_events": self.store.len(),
+            // The bytes the held Events retain: each has an allocation of its own
+            // (`keepable`), so this is the sum of their sizes.
+            "buffered_bytes": self.store.byte_len(),
             "ingested": self.ingested,
             "deliveries": st.deliveries,
             "dropped": st.dropped,
@@ -1136,7 +1153,7 @@ impl Relay {
         x.family(
             metrics::BUFFERED_BYTES,
             "gauge",
-            "Bytes of Events held in the replay store.",
+            "Bytes the Events held in the replay store retain (each Event's own bytes: a held Event never keeps its batch body alive).",
         )
         .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
         x.family(
@@ -1285,7 +1302,10 @@ impl Relay {
     fn on_request(&mut self, key: usize, head: RequestHead, body: Vec<u8>) {
         let close = head.wants_close();
         let batch = head.media_type().as_deref() == Some("application/x-ndjson");
-        let resp = match self.ingest_body(Bytes::from(body), batch) {
+        // The allocation the body's Bytes keep alive: its capacity (a chunked body grew
+        // by doubling), not its length.
+        let backing = body.capacity();
+        let resp = match self.ingest_body(Bytes::from(body), backing, batch) {
             Ok(n) => http::response(
                 202,
                 "application/json",
@@ -1303,7 +1323,10 @@ impl Relay {
     }
 
     /// Validates every Event of a body, then ingests them all in order, or none.
-    fn ingest_body(&mut self, body: Bytes, batch: bool) -> Result<usize, Refusal> {
+    /// `backing` is the size of the allocation `body` is part of (`usize::MAX` when
+    /// unknown): every Event that may be held is given bytes of its own when it is only
+    /// part of it (see [`keepable`]).
+    fn ingest_body(&mut self, body: Bytes, backing: usize, batch: bool) -> Result<usize, Refusal> {
         let mut events = Vec::new();
         if batch {
             let count = memchr::memchr_iter(b'\n', &body).count() + 1;
@@ -1341,7 +1364,7 @@ impl Relay {
                         event_type: ev.event_type().to_string(),
                     })
                 }
-                Ok(ev) => ok.push(Arc::new(ev)),
+                Ok(ev) => ok.push(Arc::new(keepable(ev, backing))),
                 Err(e) => {
                     return Err(Refusal::InvalidEvent {
                         line,
@@ -1401,8 +1424,12 @@ impl Relay {
     ///
     /// # Errors
     /// [`Refusal`] as for the HTTP binding.
+    ///
+    /// The relay does not know what allocation `ndjson` is a slice of, so every Event it
+    /// keeps in a replay buffer is copied out of it (one copy of the Event's bytes):
+    /// the caller's buffer is never kept alive by the relay.
     pub fn ingest(&mut self, ndjson: Bytes) -> Result<usize, Refusal> {
-        let n = self.ingest_body(ndjson, true)?;
+        let n = self.ingest_body(ndjson, usize::MAX, true)?;
         self.settle();
         Ok(n)
     }

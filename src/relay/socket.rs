@@ -274,7 +274,9 @@ impl Relay {
         // Events are the hot path: scan them as on every ingest path. Only what is not a
         // valid Event is parsed as JSON, to tell a frame from an invalid Event.
         let err = match Event::parse(text.clone()) {
-            Ok(ev) => return self.ws_event(key, ev),
+            // The decoder hands out each message in an allocation of its own and exact
+            // size; only the whitespace around the Event can make it larger.
+            Ok(ev) => return self.ws_event(key, super::keepable(ev, text.len())),
             Err(e) => e,
         };
         let obj = match serde_json::from_slice::<Value>(&text) {
