@@ -3,7 +3,7 @@
 //! a slow or dead peer never blocks anyone else (all sockets are non-blocking and output
 //! is queued per connection).
 
-use crate::auth::{self, Scopes};
+use crate::auth::Scopes;
 use crate::config::{Config, ConfigError};
 use crate::conn::{BodyReader, Conn, Flush, Phase, ReplayJob};
 use crate::control::Claims;
@@ -33,6 +33,10 @@ mod socket;
 /// The status page served at `GET /` (one self-contained file, no external assets).
 #[cfg(feature = "status-page")]
 const STATUS_PAGE: &str = include_str!("status.html");
+
+/// The code of a 404 answer: counted in `/metrics`, but not among the `/status`
+/// refusals (see `Relay::status_json`).
+const NOT_FOUND: &str = "not-found";
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -75,6 +79,31 @@ pub(crate) fn keepable(mut ev: Event, backing: usize) -> Event {
         ev.compact(backing);
     }
     ev
+}
+
+/// `METHOD /path` of a request for the log: never its query string (it may carry
+/// `access_token`, AEP-0003 §8.1).
+fn request_line(head: &RequestHead) -> String {
+    format!("{} {}", head.method, head.path)
+}
+
+/// A peer-influenced text made fit for one log line: control characters escaped, cut
+/// after 300 characters.
+fn loggable(s: &str) -> String {
+    const MAX: usize = 300;
+    let mut out = String::with_capacity(s.len().min(MAX + 8));
+    for (i, c) in s.chars().enumerate() {
+        if i == MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn cors_lines(origin: &str) -> String {
@@ -512,6 +541,8 @@ impl Relay {
         let _ = sock.set_nodelay(true);
         if self.conns.len() >= self.config.max_connections {
             self.metrics.refused_connections += 1;
+            // Counted under its code too, like every refusal (it is logged just below).
+            self.metrics.reject("too-many-connections");
             log::warn!(
                 "refused connection from {peer}: {} connections open (max_connections)",
                 self.conns.len()
@@ -642,6 +673,9 @@ impl Relay {
         }
     }
 
+    /// Refuses what was read on `key` before it was a request with a head (a head too
+    /// large or malformed, a request too slow) or a body that cannot be read: counted,
+    /// logged (see [`Relay::refused`]) and answered.
     fn reply_error(
         &mut self,
         key: usize,
@@ -650,9 +684,39 @@ impl Relay {
         detail: &str,
         close: bool,
     ) {
-        self.metrics.reject(code);
+        self.refused(key, "request", Some(status), code, detail);
         let body = http::error_response(status, code, detail, &[], &[], close);
         self.reply(key, body, close);
+    }
+
+    /// The one place every refusal the relay answers passes through, once, whatever
+    /// the binding: it is counted under `code` (`aep_events_rejected_total{reason}`,
+    /// `/status`) and logged at `info` as
+    /// `refused {what} from {peer}: {status} {code}: {detail}` (README, "Logging").
+    /// `what` is the method and path of a request (`POST /events`) or the kind of
+    /// WebSocket unit (`WebSocket hello`); `status` the HTTP status or the close code,
+    /// `None` for an in-band `error` frame that leaves the connection open. Query strings
+    /// and credentials are never part of it; control characters in `detail` are escaped
+    /// and a long detail is cut.
+    pub(crate) fn refused(
+        &mut self,
+        key: usize,
+        what: &str,
+        status: Option<u16>,
+        code: &'static str,
+        detail: &str,
+    ) {
+        self.metrics.reject(code);
+        if !log::log_enabled!(log::Level::Info) {
+            return;
+        }
+        let peer = self.conns.get(key).map(|c| c.peer);
+        let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+        let status = status.map(|s| format!("{s} ")).unwrap_or_default();
+        log::info!(
+            "refused {what} from {peer}: {status}{code}: {}",
+            loggable(detail)
+        );
     }
 
     /// Runs the HTTP state machine over the connection's read buffer.
@@ -804,7 +868,8 @@ impl Relay {
         more: &[(&str, serde_json::Value)],
         extra: &[(&str, &str)],
     ) {
-        self.metrics.reject(code);
+        let what = request_line(head);
+        self.refused(key, &what, Some(resp_status), code, detail);
         let framing = http::framing(head, self.config.max_body_bytes);
         let expect = head.header("expect").is_some();
         let close = head.wants_close()
@@ -882,7 +947,7 @@ impl Relay {
             "/" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
-                return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
+                return self.reply_skipping_body(key, &head, 404, NOT_FOUND, &d, &[], &[]);
             }
         };
         let method_ok = allow.split(", ").any(|m| m == head.method);
@@ -904,16 +969,6 @@ impl Relay {
         let grant = match self.config.auth.check(&head) {
             Ok(g) => g,
             Err(e) => {
-                log::info!(
-                    "refused {} {} from {}: 401 ({:?})",
-                    head.method,
-                    auth::scrub_query(&head.target()),
-                    self.conns
-                        .get(key)
-                        .map(|c| c.peer.to_string())
-                        .unwrap_or_default(),
-                    e
-                );
                 let extra = [("WWW-Authenticate", "Bearer")];
                 return self.reply_skipping_body(
                     key,
@@ -1016,12 +1071,22 @@ impl Relay {
                 })
             })
             .collect();
+        // A 404 is an unknown path (a browser's `/favicon.ico`, a scanner), not a refused
+        // Event or request of the protocol: `/metrics` counts it under `not-found`, the
+        // status page's refusals leave it out and show it as `not_found`.
         let rejected: serde_json::Map<String, serde_json::Value> = self
             .metrics
             .rejected
             .iter()
+            .filter(|(c, _)| *c != NOT_FOUND)
             .map(|(c, n)| (c.to_string(), json!(n)))
             .collect();
+        let not_found = self
+            .metrics
+            .rejected
+            .iter()
+            .find(|(c, _)| *c == NOT_FOUND)
+            .map_or(0, |(_, n)| *n);
         let st = &self.hub.stats;
         let doc = json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
@@ -1037,6 +1102,7 @@ impl Relay {
             "dropped": st.dropped,
             "backpressure_disconnects": st.backpressure_disconnects,
             "rejected": rejected,
+            "not_found": not_found,
         });
         serde_json::to_vec(&doc).unwrap_or_default()
     }
@@ -1223,15 +1289,16 @@ impl Relay {
     fn begin_ingest(&mut self, key: usize, head: RequestHead) {
         let framing = match http::framing(&head, self.config.max_body_bytes) {
             Ok(f) => f,
+            // Unreadable framing: `reply_skipping_body` closes after the answer.
             Err(FramingError::TooLarge(n)) => {
                 let d = format!(
                     "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
                     self.config.max_body_bytes
                 );
-                return self.reply_error(key, 413, "body-too-large", &d, true);
+                return self.reply_skipping_body(key, &head, 413, "body-too-large", &d, &[], &[]);
             }
             Err(FramingError::Bad(why)) => {
-                return self.reply_error(key, 400, "bad-request", why, true);
+                return self.reply_skipping_body(key, &head, 400, "bad-request", why, &[], &[]);
             }
         };
         match head.header("aep-version") {
@@ -1314,8 +1381,13 @@ impl Relay {
                 close,
             ),
             Err(r) => {
-                self.metrics.reject(r.code());
-                log::debug!("refused POST /events: {r}");
+                self.refused(
+                    key,
+                    "POST /events",
+                    Some(r.status()),
+                    r.code(),
+                    &r.to_string(),
+                );
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
         };
@@ -1458,9 +1530,7 @@ impl Relay {
         let req = match sse::parse_request(&head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {
-                let close = head.wants_close();
-                let body = http::error_response(400, e.code, &e.detail, &[], &[], close);
-                return self.reply(key, body, close);
+                return self.reply_skipping_body(key, &head, 400, e.code, &e.detail, &[], &[]);
             }
         };
         let Some(conn) = self.conns.get_mut(key) else {
@@ -1567,10 +1637,6 @@ impl Relay {
                 self.close_after_answer(key);
                 continue;
             }
-            log::info!(
-                "closing {}: request not received in time (408)",
-                self.conns[key].peer
-            );
             let d = format!(
                 "the request did not arrive within {} s",
                 self.config.request_timeout.as_secs_f64()

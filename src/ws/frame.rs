@@ -61,6 +61,19 @@ pub struct Violation {
     pub reason: &'static str,
 }
 
+impl Violation {
+    /// The code `/metrics` counts this refusal under (`aep_events_rejected_total`): the
+    /// RFC 6455 §7.4.1 name of the close code, prefixed `ws-`.
+    pub fn metric_code(&self) -> &'static str {
+        match self.code {
+            close_code::UNSUPPORTED => "ws-unsupported-data",
+            close_code::INVALID_PAYLOAD => "ws-invalid-payload",
+            close_code::TOO_BIG => "ws-message-too-big",
+            _ => "ws-protocol-error",
+        }
+    }
+}
+
 fn violation(code: u16, reason: &'static str) -> Violation {
     Violation { code, reason }
 }
