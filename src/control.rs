@@ -43,9 +43,9 @@ impl RouteRefusal {
     /// The `error` frame's `code`.
     pub fn code(self) -> &'static str {
         match self {
-            RouteRefusal::NoRoute => "no-route",
-            RouteRefusal::Ambiguous(_) => "ambiguous",
-            RouteRefusal::Unsupported => "unsupported",
+            RouteRefusal::NoRoute => crate::ws::frames::code::NO_ROUTE,
+            RouteRefusal::Ambiguous(_) => crate::ws::frames::code::AMBIGUOUS,
+            RouteRefusal::Unsupported => crate::ws::frames::code::UNSUPPORTED,
         }
     }
 

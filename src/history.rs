@@ -943,9 +943,11 @@ fn parse_range(
         line += 1;
         let slice = &buf[at..stop];
         if !slice.iter().all(u8::is_ascii_whitespace) {
-            // Copy: a held Event must not pin the whole read buffer.
+            // Copy: a held Event must not pin the whole read buffer (nor, `compact`,
+            // the whitespace around it).
             match Event::parse(bytes::Bytes::copy_from_slice(slice)) {
-                Ok(ev) => {
+                Ok(mut ev) => {
+                    ev.compact(slice.len());
                     stats.events += 1;
                     out.push(Arc::new(ev));
                 }

@@ -264,9 +264,13 @@ pub fn classify(line: &[u8]) -> LineKind {
         return LineKind::Blank;
     }
     // Each Event gets its own allocation: a buffered Event must not pin a read chunk.
+    // `compact`: whitespace around the Event would otherwise stay allocated with it.
     match Event::parse(Bytes::copy_from_slice(line)) {
         Ok(ev) if ev.is_command() => LineKind::Command(ev.event_type().to_string()),
-        Ok(ev) => LineKind::Event(Box::new(ev)),
+        Ok(mut ev) => {
+            ev.compact(line.len());
+            LineKind::Event(Box::new(ev))
+        }
         Err(e) => match unsupported_version(line) {
             Some(v) => LineKind::Unsupported(v),
             None => LineKind::Invalid(e.detail),

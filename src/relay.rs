@@ -3,7 +3,7 @@
 //! a slow or dead peer never blocks anyone else (all sockets are non-blocking and output
 //! is queued per connection).
 
-use crate::auth::{self, Scopes};
+use crate::auth::Scopes;
 use crate::config::{Config, ConfigError};
 use crate::conn::{BodyReader, Conn, Flush, Phase, ReplayJob};
 use crate::control::Claims;
@@ -33,6 +33,10 @@ mod socket;
 /// The status page served at `GET /` (one self-contained file, no external assets).
 #[cfg(feature = "status-page")]
 const STATUS_PAGE: &str = include_str!("status.html");
+
+/// The code of a 404 answer: counted in `/metrics`, but not among the `/status`
+/// refusals (see `Relay::status_json`).
+const NOT_FOUND: &str = "not-found";
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -81,6 +85,45 @@ fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(StreamId
             out
         }
     }
+}
+
+/// An Event about to be published, made fit to be held in a replay buffer (AEP-0003 §5):
+/// when it may be held (it is session-scoped) and its bytes are only part of the
+/// `backing`-byte buffer it was read into (a batch body, a message with whitespace
+/// around the Event), its bytes are copied into an allocation of their own
+/// ([`Event::compact`]), so what the store keeps, and what `aep_buffered_bytes` counts,
+/// is the Event and not its batch. One copy per held Event at ingest, never per
+/// delivery; agent-scoped Events are never held and are not copied.
+pub(crate) fn keepable(mut ev: Event, backing: usize) -> Event {
+    if ev.scope() != envelope::Scope::Agent {
+        ev.compact(backing);
+    }
+    ev
+}
+
+/// `METHOD /path` of a request for the log: never its query string (it may carry
+/// `access_token`, AEP-0003 §8.1).
+fn request_line(head: &RequestHead) -> String {
+    format!("{} {}", head.method, head.path)
+}
+
+/// A peer-influenced text made fit for one log line: control characters escaped, cut
+/// after 300 characters.
+fn loggable(s: &str) -> String {
+    const MAX: usize = 300;
+    let mut out = String::with_capacity(s.len().min(MAX + 8));
+    for (i, c) in s.chars().enumerate() {
+        if i == MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn cors_lines(origin: &str) -> String {
@@ -518,6 +561,8 @@ impl Relay {
         let _ = sock.set_nodelay(true);
         if self.conns.len() >= self.config.max_connections {
             self.metrics.refused_connections += 1;
+            // Counted under its code too, like every refusal (it is logged just below).
+            self.metrics.reject("too-many-connections");
             log::warn!(
                 "refused connection from {peer}: {} connections open (max_connections)",
                 self.conns.len()
@@ -648,6 +693,9 @@ impl Relay {
         }
     }
 
+    /// Refuses what was read on `key` before it was a request with a head (a head too
+    /// large or malformed, a request too slow) or a body that cannot be read: counted,
+    /// logged (see [`Relay::refused`]) and answered.
     fn reply_error(
         &mut self,
         key: usize,
@@ -656,9 +704,39 @@ impl Relay {
         detail: &str,
         close: bool,
     ) {
-        self.metrics.reject(code);
+        self.refused(key, "request", Some(status), code, detail);
         let body = http::error_response(status, code, detail, &[], &[], close);
         self.reply(key, body, close);
+    }
+
+    /// The one place every refusal the relay answers passes through, once, whatever
+    /// the binding: it is counted under `code` (`aep_events_rejected_total{reason}`,
+    /// `/status`) and logged at `info` as
+    /// `refused {what} from {peer}: {status} {code}: {detail}` (README, "Logging").
+    /// `what` is the method and path of a request (`POST /events`) or the kind of
+    /// WebSocket unit (`WebSocket hello`); `status` the HTTP status or the close code,
+    /// `None` for an in-band `error` frame that leaves the connection open. Query strings
+    /// and credentials are never part of it; control characters in `detail` are escaped
+    /// and a long detail is cut.
+    pub(crate) fn refused(
+        &mut self,
+        key: usize,
+        what: &str,
+        status: Option<u16>,
+        code: &'static str,
+        detail: &str,
+    ) {
+        self.metrics.reject(code);
+        if !log::log_enabled!(log::Level::Info) {
+            return;
+        }
+        let peer = self.conns.get(key).map(|c| c.peer);
+        let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+        let status = status.map(|s| format!("{s} ")).unwrap_or_default();
+        log::info!(
+            "refused {what} from {peer}: {status}{code}: {}",
+            loggable(detail)
+        );
     }
 
     /// Runs the HTTP state machine over the connection's read buffer.
@@ -829,7 +907,8 @@ impl Relay {
         more: &[(&str, serde_json::Value)],
         extra: &[(&str, &str)],
     ) {
-        self.metrics.reject(code);
+        let what = request_line(head);
+        self.refused(key, &what, Some(resp_status), code, detail);
         let framing = http::framing(head, self.config.max_body_bytes);
         let expect = head.header("expect").is_some();
         let close = head.wants_close()
@@ -907,7 +986,7 @@ impl Relay {
             "/" => "GET",
             _ => {
                 let d = format!("no resource at {}", head.path);
-                return self.reply_skipping_body(key, &head, 404, "not-found", &d, &[], &[]);
+                return self.reply_skipping_body(key, &head, 404, NOT_FOUND, &d, &[], &[]);
             }
         };
         let method_ok = allow.split(", ").any(|m| m == head.method);
@@ -929,16 +1008,6 @@ impl Relay {
         let grant = match self.config.auth.check(&head) {
             Ok(g) => g,
             Err(e) => {
-                log::info!(
-                    "refused {} {} from {}: 401 ({:?})",
-                    head.method,
-                    auth::scrub_query(&head.target()),
-                    self.conns
-                        .get(key)
-                        .map(|c| c.peer.to_string())
-                        .unwrap_or_default(),
-                    e
-                );
                 let extra = [("WWW-Authenticate", "Bearer")];
                 return self.reply_skipping_body(
                     key,
@@ -1046,12 +1115,22 @@ impl Relay {
                 })
             })
             .collect();
+        // A 404 is an unknown path (a browser's `/favicon.ico`, a scanner), not a refused
+        // Event or request of the protocol: `/metrics` counts it under `not-found`, the
+        // status page's refusals leave it out and show it as `not_found`.
         let rejected: serde_json::Map<String, serde_json::Value> = self
             .metrics
             .rejected
             .iter()
+            .filter(|(c, _)| *c != NOT_FOUND)
             .map(|(c, n)| (c.to_string(), json!(n)))
             .collect();
+        let not_found = self
+            .metrics
+            .rejected
+            .iter()
+            .find(|(c, _)| *c == NOT_FOUND)
+            .map_or(0, |(_, n)| *n);
         let st = &self.hub.stats;
         let doc = json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
@@ -1059,11 +1138,15 @@ impl Relay {
             "subscriptions": self.hub.len(),
             "sessions": {"count": count, "recent": recent},
             "buffered_events": self.store.len(),
+            // The bytes the held Events retain: each has an allocation of its own
+            // (`keepable`), so this is the sum of their sizes.
+            "buffered_bytes": self.store.byte_len(),
             "ingested": self.ingested,
             "deliveries": st.deliveries,
             "dropped": st.dropped,
             "backpressure_disconnects": st.backpressure_disconnects,
             "rejected": rejected,
+            "not_found": not_found,
         });
         serde_json::to_vec(&doc).unwrap_or_default()
     }
@@ -1180,7 +1263,7 @@ impl Relay {
         x.family(
             metrics::BUFFERED_BYTES,
             "gauge",
-            "Bytes of Events held in the replay store.",
+            "Bytes the Events held in the replay store retain (each Event's own bytes: a held Event never keeps its batch body alive).",
         )
         .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
         x.family(
@@ -1250,15 +1333,16 @@ impl Relay {
     fn begin_ingest(&mut self, key: usize, head: RequestHead) {
         let framing = match http::framing(&head, self.config.max_body_bytes) {
             Ok(f) => f,
+            // Unreadable framing: `reply_skipping_body` closes after the answer.
             Err(FramingError::TooLarge(n)) => {
                 let d = format!(
                     "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
                     self.config.max_body_bytes
                 );
-                return self.reply_error(key, 413, "body-too-large", &d, true);
+                return self.reply_skipping_body(key, &head, 413, "body-too-large", &d, &[], &[]);
             }
             Err(FramingError::Bad(why)) => {
-                return self.reply_error(key, 400, "bad-request", why, true);
+                return self.reply_skipping_body(key, &head, 400, "bad-request", why, &[], &[]);
             }
         };
         match head.header("aep-version") {
@@ -1329,7 +1413,10 @@ impl Relay {
     fn on_request(&mut self, key: usize, head: RequestHead, body: Vec<u8>) {
         let close = head.wants_close();
         let batch = head.media_type().as_deref() == Some("application/x-ndjson");
-        let resp = match self.ingest_body(Bytes::from(body), batch) {
+        // The allocation the body's Bytes keep alive: its capacity (a chunked body grew
+        // by doubling), not its length.
+        let backing = body.capacity();
+        let resp = match self.ingest_body(Bytes::from(body), backing, batch) {
             Ok(n) => http::response(
                 202,
                 "application/json",
@@ -1338,8 +1425,13 @@ impl Relay {
                 close,
             ),
             Err(r) => {
-                self.metrics.reject(r.code());
-                log::debug!("refused POST /events: {r}");
+                self.refused(
+                    key,
+                    "POST /events",
+                    Some(r.status()),
+                    r.code(),
+                    &r.to_string(),
+                );
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
         };
@@ -1347,7 +1439,10 @@ impl Relay {
     }
 
     /// Validates every Event of a body, then ingests them all in order, or none.
-    fn ingest_body(&mut self, body: Bytes, batch: bool) -> Result<usize, Refusal> {
+    /// `backing` is the size of the allocation `body` is part of (`usize::MAX` when
+    /// unknown): every Event that may be held is given bytes of its own when it is only
+    /// part of it (see [`keepable`]).
+    fn ingest_body(&mut self, body: Bytes, backing: usize, batch: bool) -> Result<usize, Refusal> {
         let mut events = Vec::new();
         if batch {
             let count = memchr::memchr_iter(b'\n', &body).count() + 1;
@@ -1385,7 +1480,7 @@ impl Relay {
                         event_type: ev.event_type().to_string(),
                     })
                 }
-                Ok(ev) => ok.push(Arc::new(ev)),
+                Ok(ev) => ok.push(Arc::new(keepable(ev, backing))),
                 Err(e) => {
                     return Err(Refusal::InvalidEvent {
                         line,
@@ -1445,8 +1540,12 @@ impl Relay {
     ///
     /// # Errors
     /// [`Refusal`] as for the HTTP binding.
+    ///
+    /// The relay does not know what allocation `ndjson` is a slice of, so every Event it
+    /// keeps in a replay buffer is copied out of it (one copy of the Event's bytes):
+    /// the caller's buffer is never kept alive by the relay.
     pub fn ingest(&mut self, ndjson: Bytes) -> Result<usize, Refusal> {
-        let n = self.ingest_body(ndjson, true)?;
+        let n = self.ingest_body(ndjson, usize::MAX, true)?;
         self.settle();
         Ok(n)
     }
@@ -1477,9 +1576,7 @@ impl Relay {
         let req = match sse::parse_request(&head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {
-                let close = head.wants_close();
-                let body = http::error_response(400, e.code, &e.detail, &[], &[], close);
-                return self.reply(key, body, close);
+                return self.reply_skipping_body(key, &head, 400, e.code, &e.detail, &[], &[]);
             }
         };
         let Some(conn) = self.conns.get_mut(key) else {
@@ -1586,10 +1683,6 @@ impl Relay {
                 self.close_after_answer(key);
                 continue;
             }
-            log::info!(
-                "closing {}: request not received in time (408)",
-                self.conns[key].peer
-            );
             let d = format!(
                 "the request did not arrive within {} s",
                 self.config.request_timeout.as_secs_f64()

@@ -71,23 +71,40 @@ fn no_version_in_common_gets_version_unsupported_then_close() {
     assert_eq!(code, Some(1008));
 }
 
+/// AEP-0003 §4 rules 2 and 3. A hello was sent, so the answer is not `hello-required`
+/// (issue 12 §4) but `invalid-hello`, whose detail names the member at fault; then close
+/// 1008.
 #[test]
 fn emitters_must_name_their_agent_and_roles_are_closed() {
     let relay = TestRelay::start();
-    for hello in [
-        json!({"type": "hello", "versions": ["0.1"], "role": "emitter"}),
-        json!({"type": "hello", "versions": ["0.1"], "role": "both", "identity": {"agent": ""}}),
-        json!({"type": "hello", "versions": ["0.1"], "role": "observer"}),
-        json!({"type": "hello", "versions": ["0.1"]}),
+    for (hello, member) in [
+        (
+            json!({"type": "hello", "versions": ["0.1"], "role": "emitter"}),
+            "`identity.agent`",
+        ),
+        (
+            json!({"type": "hello", "versions": ["0.1"], "role": "both", "identity": {"agent": ""}}),
+            "`identity.agent`",
+        ),
+        (
+            json!({"type": "hello", "versions": ["0.1"], "role": "emitter", "identity": {"instance": "h/1"}}),
+            "`identity.agent`",
+        ),
+        (
+            json!({"type": "hello", "versions": ["0.1"], "role": "observer"}),
+            "`role`",
+        ),
+        (json!({"type": "hello", "versions": ["0.1"]}), "`role`"),
     ] {
         let mut ws = Ws::connect(&relay, "");
         ws.send_json(&hello);
-        let (_, frames) = ws.until_close();
-        assert_eq!(frames[0]["code"], "hello-required", "{hello}");
-        assert!(frames[0]["detail"]
-            .as_str()
-            .unwrap()
-            .contains("AEP-0003 §4"));
+        let (code, frames) = ws.until_close();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert_eq!(frames[0]["code"], "invalid-hello", "{hello}");
+        let detail = frames[0]["detail"].as_str().unwrap();
+        assert!(detail.contains("AEP-0003 §4"), "{detail}");
+        assert!(detail.contains(member), "{hello}: {detail}");
+        assert_eq!(code, Some(1008));
     }
 }
 

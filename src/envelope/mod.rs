@@ -397,6 +397,26 @@ impl Event {
         &self.bytes
     }
 
+    /// Gives the Event an allocation of its own when its bytes are a strict part of the
+    /// buffer they were scanned from, `backing` bytes long (an NDJSON body, a WebSocket
+    /// message, a read chunk): a `Bytes` slice keeps its whole buffer alive, so an Event
+    /// held in a replay buffer (AEP-0003 §5) would otherwise cost the whole body. Returns
+    /// whether it copied (one copy of the Event's bytes into an exact-size allocation,
+    /// spans stay valid as they are relative to the bytes). Afterwards the memory the
+    /// Event's bytes retain is `bytes().len()`, plus the allocator's rounding.
+    ///
+    /// `backing` must be the size of the whole allocation, not only of the part given
+    /// to [`Event::parse`]; an Event already alone in its buffer (`backing ==
+    /// bytes().len()`) is left as is.
+    pub fn compact(&mut self, backing: usize) -> bool {
+        if backing <= self.bytes.len() {
+            return false;
+        }
+        self.bytes = Bytes::copy_from_slice(&self.bytes);
+        self.unescaped.shrink_to_fit();
+        true
+    }
+
     fn text(&self, t: Text) -> &str {
         let (buf, s, e) = match t {
             Text::Raw { start, end } => (&self.bytes[..], start, end),

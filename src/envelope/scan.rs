@@ -85,23 +85,25 @@ pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent>
         .map_or(start, |e| e + 1);
     if let Err(e) = std::str::from_utf8(input) {
         let at = e.valid_up_to();
-        return Err(InvalidEvent::at(
-            format!("invalid JSON at byte {at}: invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)"),
-            at,
-        ));
+        let detail =
+            format!("invalid JSON at byte {at}: invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)");
+        // Name the member whose value holds the fault: scan the valid prefix, which ends
+        // inside that value.
+        let detail = match at
+            .checked_sub(start)
+            .and_then(|n| input.get(start..start + n))
+        {
+            Some(prefix) => match Scanner::new(prefix, start).member_at_end() {
+                Some(name) => format!("`{name}`: {detail}"),
+                None => detail,
+            },
+            None => detail,
+        };
+        return Err(InvalidEvent::at(detail, at));
     }
     let object = bytes.slice(start..end);
     let (attrs, unescaped) = {
-        let mut s = Scanner {
-            b: &object[..],
-            pos: 0,
-            off: start,
-            attrs: Attrs::default(),
-            unescaped: String::new(),
-            seen: 0,
-            ext_keys: SmallVec::new(),
-            ext_set: None,
-        };
+        let mut s = Scanner::new(&object[..], start);
         s.top_object()?;
         s.skip_ws();
         if s.pos != s.b.len() {
@@ -204,6 +206,9 @@ struct Scanner<'a> {
     /// attributes costs O(n), not O(n²).
     ext_keys: SmallVec<[u128; 8]>,
     ext_set: Option<HashSet<u128>>,
+    /// The top-level member whose value is being scanned (what it is, and its name's
+    /// span, kept for extensions), so a syntax fault inside a value names the attribute.
+    member: Option<(Member, Text)>,
 }
 
 /// How many extension names are checked for duplicates by linear scan.
@@ -261,7 +266,21 @@ fn pow10(e: u32) -> f64 {
         .unwrap_or(f64::INFINITY)
 }
 
-impl Scanner<'_> {
+impl<'a> Scanner<'a> {
+    fn new(b: &'a [u8], off: usize) -> Scanner<'a> {
+        Scanner {
+            b,
+            pos: 0,
+            off,
+            attrs: Attrs::default(),
+            unescaped: String::new(),
+            seen: 0,
+            ext_keys: SmallVec::new(),
+            ext_set: None,
+            member: None,
+        }
+    }
+
     // ---- errors -------------------------------------------------------------------
 
     #[cold]
@@ -479,26 +498,35 @@ impl Scanner<'_> {
             b't' => '\t',
             b'u' => {
                 let n = self.hex4()?;
+                // An escape as written (six ASCII bytes from `i`), for the detail.
+                let b = self.b;
+                let shown = |i: usize| {
+                    String::from_utf8_lossy(b.get(i..i + 6).unwrap_or_default()).into_owned()
+                };
                 let cp = if (0xDC00..=0xDFFF).contains(&n) {
-                    return Err(self.syntax_at(at, "lone trailing surrogate in a \\u escape"));
+                    let what = format!("lone trailing surrogate {} in a \\u escape", shown(at));
+                    return Err(self.syntax_at(at, &what));
                 } else if (0xD800..=0xDBFF).contains(&n) {
                     // A leading surrogate must be followed by `\u` and a trailing one
                     // (serde_json refuses lone surrogates in strings it decodes).
                     if self.b.get(self.pos) != Some(&b'\\')
                         || self.b.get(self.pos + 1) != Some(&b'u')
                     {
-                        return Err(self.syntax_at(
-                            at,
-                            "lone leading surrogate in a \\u escape (expected a \\u trailing surrogate)",
-                        ));
+                        let what = format!(
+                            "lone leading surrogate {} in a \\u escape (expected a \\u trailing surrogate)",
+                            shown(at)
+                        );
+                        return Err(self.syntax_at(at, &what));
                     }
                     self.pos += 2;
                     let n2 = self.hex4()?;
                     if !(0xDC00..=0xDFFF).contains(&n2) {
-                        return Err(self.syntax_at(
-                            at,
-                            "lone leading surrogate in a \\u escape (the next escape is not a trailing surrogate)",
-                        ));
+                        let what = format!(
+                            "lone leading surrogate {} in a \\u escape (the next escape, {}, is not a trailing surrogate)",
+                            shown(at),
+                            shown(self.pos - 6)
+                        );
+                        return Err(self.syntax_at(at, &what));
                     }
                     0x10000 + ((n - 0xD800) << 10) + (n2 - 0xDC00)
                 } else {
@@ -825,10 +853,15 @@ impl Scanner<'_> {
                     )));
                 }
                 self.seen |= 1 << bit;
-                self.core_value(member)?;
+                self.member = Some((member, key));
+                let r = self.core_value(member);
+                self.in_member(r)?;
             } else {
-                self.extension(key)?;
+                self.member = Some((member, key));
+                let r = self.extension(key);
+                self.in_member(r)?;
             }
+            self.member = None;
             self.skip_ws();
             match self.peek() {
                 Some(b',') => {
@@ -841,6 +874,48 @@ impl Scanner<'_> {
                 }
                 _ => return Err(self.syntax("expected `,` or `}` in the Event object")),
             }
+        }
+    }
+
+    /// A syntax fault inside the value of the member being scanned (`self.member`) is
+    /// reported with the member's name in front: "`agent`: invalid JSON at byte 154: …".
+    /// Value-rule faults already name their attribute.
+    #[inline]
+    fn in_member(&self, r: Result<(), InvalidEvent>) -> Result<(), InvalidEvent> {
+        match r {
+            Err(mut e) if e.at.is_some() => {
+                if let Some(name) = self.member_name_text() {
+                    e.detail = format!("`{name}`: {}", e.detail);
+                }
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// The name of the member being scanned, fit for a detail (cut at 40 characters;
+    /// control characters escaped).
+    #[cold]
+    fn member_name_text(&self) -> Option<String> {
+        let name = match self.member? {
+            // A core name's decoded spelling is not kept: use the canonical one.
+            (Member::Extension, key) => self.text_str(key),
+            (m, _) => m.describe().0,
+        };
+        let mut shown: String = name.chars().take(40).flat_map(char::escape_debug).collect();
+        if name.chars().count() > 40 {
+            shown.push('…');
+        }
+        Some(shown)
+    }
+
+    /// For an input cut short inside a member's value: scans it and returns that
+    /// member's name (`None` when the cut is elsewhere, e.g. inside a member name).
+    #[cold]
+    fn member_at_end(mut self) -> Option<String> {
+        match self.top_object() {
+            Err(_) => self.member_name_text(),
+            Ok(()) => None,
         }
     }
 
@@ -1085,9 +1160,65 @@ mod tests {
             r#"{"id":"\"#,
         ] {
             let e = refused(bad);
-            assert!(e.detail.starts_with("invalid JSON at byte "), "{bad}: {e}");
+            // Issue 12 §4: a fault inside a member's value names the member.
+            let name = if bad.contains("data") { "data" } else { "id" };
+            assert!(
+                e.detail
+                    .starts_with(&format!("`{name}`: invalid JSON at byte ")),
+                "{bad}: {e}"
+            );
             assert!(e.at.is_some(), "{bad}");
         }
+    }
+
+    /// Issue 12 §4: every refusal names the attribute at fault, also when the fault is a
+    /// JSON syntax fault inside its value (a lone surrogate, a bad escape, invalid
+    /// UTF-8, a broken `data`, an extension's value). Faults outside any value stay
+    /// plain syntax faults.
+    #[test]
+    fn a_syntax_fault_inside_a_value_names_the_member() {
+        let e = refused(r#"{"aep":"0.1","agent":"\ud800","id":"x"}"#);
+        assert_eq!(e.at, Some(22));
+        assert_eq!(
+            e.detail,
+            "`agent`: invalid JSON at byte 22: lone leading surrogate \\ud800 in a \\u escape (expected a \\u trailing surrogate) (RFC 8259; AEP-0001 §5)"
+        );
+        for (bad, name) in [
+            (r#"{"session":"\uDC00"}"#, "session"),
+            (r#"{"ses\u0073ion":"\uDC00"}"#, "session"),
+            (r#"{"type":"a.b","seq":01}"#, "seq"),
+            (r#"{"data":{"a":[1,]}}"#, "data"),
+            (r#"{"acme":tru}"#, "acme"),
+            (r#"{"acme":"\q"}"#, "acme"),
+            (r#"{"ac\u006de":"\q"}"#, "acme"),
+            (r#"{"id":[1,]}"#, "id"),
+        ] {
+            let e = refused(bad);
+            assert!(
+                e.detail
+                    .starts_with(&format!("`{name}`: invalid JSON at byte ")),
+                "{bad}: {e}"
+            );
+        }
+        let e = refused(r#"{"type":"a.b","sev\uD800":1}"#);
+        assert!(
+            e.detail.starts_with("invalid JSON at byte"),
+            "in a name, not a value: {e}"
+        );
+        let e =
+            Event::scan(Bytes::from_static(b"{\"id\":\"x\",\"agent\":\"a\xffb\"}")).unwrap_err();
+        assert_eq!(e.at, Some(20));
+        assert!(
+            e.detail
+                .starts_with("`agent`: invalid JSON at byte 20: invalid UTF-8"),
+            "{e}"
+        );
+        let e = Event::scan(Bytes::from_static(b"{\"\xff\":1}")).unwrap_err();
+        assert!(
+            e.detail
+                .starts_with("invalid JSON at byte 2: invalid UTF-8"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1150,10 +1281,16 @@ mod tests {
             }
         }
         // Grammar faults stay syntax faults.
-        for bad in ["01", "-", "1.", ".5", "+1", "1e", "0x10", "1e400"] {
+        for bad in ["01", "-", "1.", ".5", "+1", "1e", "1e400"] {
             let e = refused(&format!(r#"{{"seq":{bad}}}"#));
-            assert!(e.detail.starts_with("invalid JSON"), "{bad}: {e}");
+            assert!(e.detail.starts_with("`seq`: invalid JSON"), "{bad}: {e}");
         }
+        // `0` is a whole value: the fault is after it, in the Event object.
+        let e = refused(r#"{"seq":0x10}"#);
+        assert!(
+            e.detail.starts_with("invalid JSON at byte 8: expected `,`"),
+            "{e}"
+        );
         let e = refused(r#"{"seq":"1"}"#);
         assert!(e.detail.contains("`seq` must be an integer >= 0"), "{e}");
     }
@@ -1290,7 +1427,7 @@ mod tests {
         }
         // A wrong-typed value with a syntax fault reports the syntax fault.
         let e = refused(r#"{"id":[1,]}"#);
-        assert!(e.detail.starts_with("invalid JSON at byte 9"), "{e}");
+        assert!(e.detail.starts_with("`id`: invalid JSON at byte 9"), "{e}");
         assert_eq!(e.at, Some(9));
 
         let ev = accepted(r#"{"severity":"w\u0061rning","capture":"full"}"#);
@@ -1325,12 +1462,14 @@ mod tests {
             r#"{"data":{"a":[,]}}"#,
             r#"{"data":{"a":"x
 "}}"#,
-            r#"{"data":{"a":1}"#,
             r#"{"data":{"a":[}]}}"#,
         ] {
             let e = refused(bad);
-            assert!(e.detail.starts_with("invalid JSON"), "{bad:?}: {e}");
+            assert!(e.detail.starts_with("`data`: invalid JSON"), "{bad:?}: {e}");
         }
+        // `data` is complete; the Event object is not.
+        let e = refused(r#"{"data":{"a":1}"#);
+        assert!(e.detail.starts_with("invalid JSON at byte 15"), "{e}");
     }
 
     /// serde_json refuses the 128th nested container; the Event object is level 1.
@@ -1449,16 +1588,7 @@ mod tests {
                 .map_or(b.len(), |k| i + k)
         };
         let find = |b: &[u8], i: usize| {
-            let s = Scanner {
-                b,
-                pos: 0,
-                off: 0,
-                attrs: Attrs::default(),
-                unescaped: String::new(),
-                seen: 0,
-                ext_keys: SmallVec::new(),
-                ext_set: None,
-            };
+            let s = Scanner::new(b, 0);
             s.find_special(i)
         };
         for len in [0, 1, 7, 8, 31, 32, 33, 40, 63, 64, 65, 100, 200] {

@@ -21,7 +21,7 @@ use crate::filter::{self, Filter};
 use crate::http::RequestHead;
 use crate::sse;
 use crate::ws::frame::{self, close_code, Incoming};
-use crate::ws::frames::{self, Ref};
+use crate::ws::frames::{self, code, Ref};
 use crate::ws::{handshake, Delivered, WsState};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -125,11 +125,14 @@ impl Relay {
                 Ok(None) => break,
                 Ok(Some(unit)) => self.ws_unit(key, unit),
                 Err(v) => {
-                    log::info!(
-                        "closing WebSocket {}: {} ({})",
-                        self.conns[key].peer,
+                    // RFC 6455 §7.1.7: fail the connection, with the close code as the
+                    // refusal (counted and logged once, like every refusal).
+                    self.refused(
+                        key,
+                        "WebSocket frame",
+                        Some(v.code),
+                        v.metric_code(),
                         v.reason,
-                        v.code
                     );
                     return self.ws_shut(key, &[frame::close(v.code, v.reason)]);
                 }
@@ -258,11 +261,32 @@ impl Relay {
         self.ws_shut(key, &last);
     }
 
-    /// Refuses something with an `error` frame (counted by code for `/metrics`); the
-    /// connection stays open.
+    /// Refuses something with an `error` frame (counted by code for `/metrics` and
+    /// logged, see `Relay::refused`); the connection stays open.
     fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
-        self.metrics.reject(code);
+        self.refused(key, "WebSocket message", None, code, detail);
         self.ws_send(key, frames::error(code, r, detail, &[]));
+    }
+
+    /// Refuses the `hello` exchange (AEP-0003 §3.5 #1, §4): the `error` frame, then a
+    /// close 1008 whose reason is the same code; counted and logged once.
+    fn ws_refuse_hello(
+        &mut self,
+        key: usize,
+        code: &'static str,
+        detail: &str,
+        more: &[(&str, Value)],
+    ) {
+        self.refused(
+            key,
+            "WebSocket hello",
+            Some(close_code::POLICY),
+            code,
+            detail,
+        );
+        let f = frames::error(code, Ref::None, detail, more);
+        let c = frame::close(close_code::POLICY, code);
+        self.ws_shut(key, &[f, c]);
     }
 
     /// One complete text message.
@@ -276,19 +300,21 @@ impl Relay {
         // Events are the hot path: scan them as on every ingest path. Only what is not a
         // valid Event is parsed as JSON, to tell a frame from an invalid Event.
         let err = match Event::parse(text.clone()) {
-            Ok(ev) => return self.ws_event(key, ev),
+            // The decoder hands out each message in an allocation of its own and exact
+            // size; only the whitespace around the Event can make it larger.
+            Ok(ev) => return self.ws_event(key, super::keepable(ev, text.len())),
             Err(e) => e,
         };
         let obj = match serde_json::from_slice::<Value>(&text) {
             Ok(Value::Object(m)) => m,
-            _ => return self.ws_refuse(key, "invalid-event", Ref::None, &err.detail),
+            _ => return self.ws_refuse(key, code::INVALID_EVENT, Ref::None, &err.detail),
         };
         match obj.get("type").and_then(Value::as_str) {
             Some(t) if !t.contains('.') => self.ws_frame(key, t, &obj, &text),
             _ => {
                 let id = obj.get("id").and_then(Value::as_str);
                 let r = id.map_or(Ref::None, Ref::Id);
-                self.ws_refuse(key, "invalid-event", r, &err.detail)
+                self.ws_refuse(key, code::INVALID_EVENT, r, &err.detail)
             }
         }
     }
@@ -298,28 +324,20 @@ impl Relay {
         let obj = match serde_json::from_slice::<Value>(text) {
             Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello") => m,
             _ => {
-                let e = frames::error(
-                    "hello-required",
-                    Ref::None,
-                    "the first frame on /socket must be a `hello` (AEP-0003 §3.5 #1)",
-                    &[],
-                );
-                let c = frame::close(close_code::POLICY, "hello required");
-                return self.ws_shut(key, &[e, c]);
+                let d = "the first frame on /socket must be a `hello` (AEP-0003 §3.5 #1)";
+                return self.ws_refuse_hello(key, code::HELLO_REQUIRED, d, &[]);
             }
         };
         let decl = match frames::parse_hello(&obj) {
             Ok(d) => d,
             Err(e) => {
                 let more = [("versions", json!(crate::envelope::SUPPORTED_VERSIONS))];
-                let more: &[(&str, Value)] = if e.code == "version-unsupported" {
+                let more: &[(&str, Value)] = if e.code == code::VERSION_UNSUPPORTED {
                     &more
                 } else {
                     &[]
                 };
-                let f = frames::error(e.code, Ref::None, &e.detail, more);
-                let c = frame::close(close_code::POLICY, e.code);
-                return self.ws_shut(key, &[f, c]);
+                return self.ws_refuse_hello(key, e.code, &e.detail, more);
             }
         };
         let version = decl.version;
@@ -373,11 +391,11 @@ impl Relay {
         let (emits, grant) = (ws.hello.as_ref().is_some_and(|d| d.role.emits()), ws.grant);
         if !emits {
             let d = "this connection's hello declared role consumer; Events need role emitter or both (AEP-0003 §4 rule 2)";
-            return self.ws_refuse(key, "unauthorized", Ref::Id(ev.id()), d);
+            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(ev.id()), d);
         }
         if !grant.scopes.contains(Scopes::EMIT) {
             let d = lacks(Scopes::EMIT, "send Events");
-            return self.ws_refuse(key, "unauthorized", Ref::Id(ev.id()), &d);
+            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(ev.id()), &d);
         }
         if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
             self.ws_claim(key, session);
@@ -385,7 +403,8 @@ impl Relay {
         let ev = Arc::new(ev);
         // Kept in the history (when configured) before it is published (issue 5).
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
-            return self.ws_refuse(key, "history-unavailable", Ref::Id(ev.id()), &r.to_string());
+            let d = r.to_string();
+            return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Id(ev.id()), &d);
         }
         self.metrics.ingested_ws += 1;
         self.publish(ev);
@@ -425,11 +444,11 @@ impl Relay {
             } else {
                 d
             };
-            return self.ws_refuse(key, "unauthorized", Ref::Cause(ev.id()), d);
+            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Cause(ev.id()), d);
         }
         if !grant.scopes.contains(Scopes::CONTROL) {
             let d = lacks(Scopes::CONTROL, "send commands");
-            return self.ws_refuse(key, "unauthorized", Ref::Cause(ev.id()), &d);
+            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Cause(ev.id()), &d);
         }
         let session = ev.session();
         let route = self.claims.route(session, |c| {
@@ -440,7 +459,6 @@ impl Relay {
             Ok(t) => t,
             Err(r) => {
                 let d = r.detail(ev.event_type(), session.unwrap_or_default());
-                log::info!("refused {} {:?}: {}", ev.event_type(), ev.id(), r.code());
                 return self.ws_refuse(key, r.code(), Ref::Cause(ev.id()), &d);
             }
         };
@@ -453,16 +471,12 @@ impl Relay {
                 close_code::TRY_AGAIN,
             );
             let d = "the only claimant of the session does not read its output; it was disconnected and the command not delivered (AEP-0003 §8.4)";
-            return self.ws_refuse(key, "no-route", Ref::Cause(ev.id()), d);
+            return self.ws_refuse(key, code::NO_ROUTE, Ref::Cause(ev.id()), d);
         }
         let ev = Arc::new(ev);
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
-            return self.ws_refuse(
-                key,
-                "history-unavailable",
-                Ref::Cause(ev.id()),
-                &r.to_string(),
-            );
+            let d = r.to_string();
+            return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Cause(ev.id()), &d);
         }
         self.conns[target].send(frame::text(ev.bytes()));
         self.mark_dirty(target);
@@ -513,7 +527,7 @@ impl Relay {
             .filter(|s| !s.is_empty())
         else {
             let d = "subscribe needs a non-empty string `id` (AEP-0003 §6.5)";
-            return self.ws_refuse(key, "invalid-filter", Ref::None, d);
+            return self.ws_refuse(key, code::INVALID_FILTER, Ref::None, d);
         };
         let req = match self.ws_subscription_request(key, id, obj, raw) {
             Ok(r) => r,
@@ -575,8 +589,8 @@ impl Relay {
         raw: &[u8],
     ) -> Result<sse::SubscriptionRequest, (&'static str, String)> {
         self.ws_may_watch(key, "subscribe")
-            .map_err(|d| ("unauthorized", d))?;
-        let invalid = |d: String| ("invalid-filter", d);
+            .map_err(|d| (code::UNAUTHORIZED, d))?;
+        let invalid = |d: String| (code::INVALID_FILTER, d);
         if let Err(e) = filter::strict_json(raw) {
             return Err(invalid(format!(
                 "the subscribe frame is not strict JSON: {e}"
@@ -585,7 +599,7 @@ impl Relay {
         if let Some(d) = obj.get("dialect") {
             if d.as_str() != Some("attr-match") {
                 return Err((
-                    "unknown-dialect",
+                    code::UNKNOWN_DIALECT,
                     format!("filter dialect {d} is not offered; this relay offers attr-match (capabilities.filters, AEP-0003 §6)"),
                 ));
             }
@@ -604,7 +618,9 @@ impl Relay {
             Some(v) => sse::parse_from_value(v, self.config.max_from_positions)
                 .map_err(|e| (e.code, e.detail))?,
         };
-        let ws = self.ws_state(key).ok_or(("unauthorized", String::new()))?;
+        let ws = self
+            .ws_state(key)
+            .ok_or((code::UNAUTHORIZED, String::new()))?;
         if ws.sub(id).is_some() {
             return Err(invalid(format!(
                 "a subscription with id {id:?} is already live on this connection; unsubscribe it first or use another id"
@@ -613,7 +629,7 @@ impl Relay {
         let max = self.config.max_subscriptions_per_conn;
         if ws.subs.len() >= max {
             return Err((
-                "limit-exceeded",
+                code::LIMIT_EXCEEDED,
                 format!("this connection already holds {max} subscriptions, the most this relay fans out per connection (AEP_MAX_SUBSCRIPTIONS)"),
             ));
         }
@@ -630,7 +646,7 @@ impl Relay {
     fn ws_unsubscribe(&mut self, key: usize, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "unsubscribe needs the string `id` of a subscription (AEP-0003 §6.5)";
-            return self.ws_refuse(key, "invalid-frame", Ref::None, d);
+            return self.ws_refuse(key, code::INVALID_FRAME, Ref::None, d);
         };
         if let Some(ws) = self.ws_state_mut(key) {
             if let Some(i) = ws.subs.iter().position(|(s, _)| &**s == id) {
@@ -650,10 +666,10 @@ impl Relay {
     fn ws_roster(&mut self, key: usize, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "roster needs a string `id` (AEP-0003 §4.1 rule 2)";
-            return self.ws_refuse(key, "invalid-frame", Ref::None, d);
+            return self.ws_refuse(key, code::INVALID_FRAME, Ref::None, d);
         };
         if let Err(d) = self.ws_may_watch(key, "read the roster") {
-            return self.ws_refuse(key, "unauthorized", Ref::Id(id), &d);
+            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(id), &d);
         }
         let mut pairs: Vec<(&str, usize)> = self
             .claims

@@ -160,6 +160,8 @@ impl Stored for Event {
     fn scope(&self) -> Scope {
         Event::scope(self)
     }
+    /// The Event's bytes; what they retain once the relay made the Event keepable
+    /// ([`Event::compact`], done on every ingest path before admission).
     fn byte_len(&self) -> usize {
         self.bytes().len()
     }

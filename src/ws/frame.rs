@@ -40,7 +40,8 @@ const MAX_CONTROL_PAYLOAD: u64 = 125;
 /// What the client sent, one complete unit at a time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming {
-    /// A complete text message (fragments reassembled), valid UTF-8.
+    /// A complete text message (fragments reassembled), valid UTF-8, in an allocation of
+    /// its own and of exactly its size (an Event held from it pins nothing more).
     Text(Bytes),
     /// A ping; answer with a pong carrying the same payload (RFC 6455 §5.5.2).
     Ping(Bytes),
@@ -58,6 +59,19 @@ pub struct Violation {
     pub code: u16,
     /// A short reason for the close frame (at most 123 bytes).
     pub reason: &'static str,
+}
+
+impl Violation {
+    /// The code `/metrics` counts this refusal under (`aep_events_rejected_total`): the
+    /// RFC 6455 §7.4.1 name of the close code, prefixed `ws-`.
+    pub fn metric_code(&self) -> &'static str {
+        match self.code {
+            close_code::UNSUPPORTED => "ws-unsupported-data",
+            close_code::INVALID_PAYLOAD => "ws-invalid-payload",
+            close_code::TOO_BIG => "ws-message-too-big",
+            _ => "ws-protocol-error",
+        }
+    }
 }
 
 fn violation(code: u16, reason: &'static str) -> Violation {
@@ -190,7 +204,11 @@ impl Decoder {
                     if header.is_final {
                         let msg = std::mem::take(&mut self.partial);
                         return match String::from_utf8(msg) {
-                            Ok(s) => Ok(Some(Incoming::Text(Bytes::from(s.into_bytes())))),
+                            // Exact size (the buffer grew by doubling): an Event
+                            // held from this message must not keep the slack alive.
+                            Ok(s) => Ok(Some(Incoming::Text(Bytes::from(
+                                s.into_bytes().into_boxed_slice(),
+                            )))),
                             Err(_) => Err(invalid_utf8()),
                         };
                     }
