@@ -618,7 +618,7 @@ impl History {
                 let now = std::time::Instant::now();
                 if self
                     .last_logged
-                    .map_or(true, |t| now.duration_since(t) >= LOG_EVERY)
+                    .is_none_or(|t| now.duration_since(t) >= LOG_EVERY)
                 {
                     log::error!(
                         "{e}: a batch of {} Events was refused (503 history-unavailable){}",
