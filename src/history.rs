@@ -1079,6 +1079,7 @@ mod tests {
             .unwrap();
         f.write_all(b"{\"aep\":\"0.1\",\"id").unwrap();
         drop(f);
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut fresh = Store::new(3, 10);
         let (_, stats) = History::open(cfg, &mut fresh).unwrap();
         assert_eq!((stats.files, stats.torn, stats.invalid), (3, 1, 0));
@@ -1101,6 +1102,7 @@ mod tests {
         let (mut h, _) = History::open(cfg.clone(), &mut store).unwrap();
         let batch: Vec<_> = (0..100).map(|i| ev("a", "s", i)).collect();
         h.append_batch(&batch, &store).unwrap();
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut fresh = Store::new(2, 10);
         let (_, stats) = History::open(cfg, &mut fresh).unwrap();
         assert_eq!(stats.events, 2 * 2 + 16, "only the window is read");
@@ -1146,6 +1148,7 @@ mod tests {
                 .set_modified(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
                 .unwrap();
         }
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut rebuilt = Store::new(10, 10);
         History::open(cfg, &mut rebuilt).unwrap();
         for after in 0..5 {
@@ -1180,6 +1183,7 @@ mod tests {
                 .set_modified(t)
                 .unwrap();
         }
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut fresh = Store::new(5, 2);
         let (_, stats) = History::open(cfg, &mut fresh).unwrap();
         assert_eq!((stats.files, stats.files_read), (4, 2));
