@@ -85,9 +85,9 @@ run_check open 'control-no-route|control-route|control-ambiguous'
 stop_relay
 
 start_relay "$reports/relay-token.log" --token "$token"
-export AEP_CHECK_TOKEN="$token"
+export AEP_TOKEN="$token"
 run_check token 'nothing'
-unset AEP_CHECK_TOKEN
+unset AEP_TOKEN
 stop_relay
 
 echo "conformance: both runs all pass (reports in $reports)"

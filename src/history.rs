@@ -33,7 +33,10 @@
 //! concurrent `tail -f` never sees a torn line). Files are opened with `O_APPEND`,
 //! mode `0600` (directories `0700`: the history holds whatever content the emitters
 //! captured), and kept open in a small LRU bounded by
-//! [`HistoryConfig::max_open_files`]. The relay must be the only writer of `DIR`.
+//! [`HistoryConfig::max_open_files`]. The relay must be the only writer of `DIR`: it holds
+//! an exclusive `flock` on `DIR/`[`LOCK_FILE`] (with its PID inside) while it runs, and a
+//! second relay on the same `DIR` refuses to start ([`HistoryError::Locked`], naming the
+//! directory and the holder's PID).
 //!
 //! A batch (one HTTP body, or one chunk of JSONL lines) is appended before any of it is
 //! published or answered: when an append fails, the files this batch touched are cut back
@@ -124,6 +127,10 @@ pub const DEFAULT_MAX_OPEN_FILES: usize = 256;
 pub const DEFAULT_FSYNC: Fsync = Fsync::Never;
 /// The file name suffix of a session log.
 pub const SUFFIX: &str = ".jsonl";
+/// The lock file in the history root: held with an exclusive `flock` for as long as the
+/// relay runs (the kernel drops it when the process ends, `kill -9` included) and holding
+/// the holder's PID in decimal and `\n`. A leading `.`, so never read as a session.
+pub const LOCK_FILE: &str = ".aep-relay.lock";
 
 /// When appended Events are forced to stable storage (`--fsync`, `AEP_FSYNC`). See the
 /// [module docs](self#durability-fsync) for what each survives.
@@ -199,6 +206,15 @@ pub enum HistoryError {
     /// The configuration cannot work.
     #[error("history: {0}")]
     Config(String),
+    /// Another process holds the history root's [`LOCK_FILE`]: two writers would
+    /// interleave their lines, so one relay per `DIR`.
+    #[error("history {}: already in use by {} (lock {}); one relay per history directory", dir.display(), match pid { Some(p) => format!("process {p}"), None => "another process".to_string() }, dir.join(LOCK_FILE).display())]
+    Locked {
+        /// The history root.
+        dir: PathBuf,
+        /// The holder's PID as it wrote it into the lock file (`None` when unreadable).
+        pid: Option<u32>,
+    },
 }
 
 impl HistoryError {
@@ -207,6 +223,7 @@ impl HistoryError {
         match self {
             HistoryError::Io { source, .. } => source.to_string(),
             HistoryError::Config(s) => s.clone(),
+            HistoryError::Locked { .. } => "history directory in use by another process".into(),
         }
     }
 }
@@ -371,6 +388,8 @@ struct OpenFile {
 /// The open history: the writer (with its open-file LRU) and the configuration.
 pub struct History {
     config: HistoryConfig,
+    /// The root's [`LOCK_FILE`], locked exclusively while this is alive.
+    _lock: File,
     /// Open files by path relative to the root (`{agent}/{session}.jsonl`, encoded).
     open: HashMap<String, OpenFile>,
     clock: u64,
@@ -475,13 +494,45 @@ fn tail_start(file: &mut File, end: u64, lines: usize) -> io::Result<u64> {
     Ok(0)
 }
 
+/// Takes the exclusive lock on `dir`'s [`LOCK_FILE`] without waiting and writes this
+/// process's PID into it. The lock lives as long as the returned file.
+fn lock_root(dir: &Path) -> Result<File, HistoryError> {
+    let path = dir.join(LOCK_FILE);
+    // No truncation before the lock is ours: the holder's PID must stay readable.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_at(&path))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            return Err(HistoryError::Locked {
+                dir: dir.to_path_buf(),
+                pid: text.trim().parse().ok(),
+            });
+        }
+        Err(fs::TryLockError::Error(e)) => return Err(io_at(&path)(e)),
+    }
+    file.set_len(0).map_err(io_at(&path))?;
+    file.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)
+        .map_err(io_at(&path))?;
+    Ok(file)
+}
+
 impl History {
     /// Opens (creating when absent) the history root and rebuilds `store` from it (see the
     /// [module docs](self#rebuild)). `store` should be empty.
     ///
     /// # Errors
-    /// [`HistoryError::Config`] for a zero file cap; [`HistoryError::Io`] when the root
-    /// cannot be created or listed. Unreadable or damaged session files are skipped with
+    /// [`HistoryError::Config`] for a zero file cap; [`HistoryError::Locked`] when another
+    /// process (another relay) holds the root's [`LOCK_FILE`]; [`HistoryError::Io`] when
+    /// the root cannot be created, locked or listed. Unreadable or damaged session files are skipped with
     /// a warning, never fatal.
     pub fn open(
         config: HistoryConfig,
@@ -493,10 +544,12 @@ impl History {
             ));
         }
         create_dirs(&config.dir).map_err(io_at(&config.dir))?;
+        let lock = lock_root(&config.dir)?;
         let stats = rebuild(&config.dir, store)?;
         Ok((
             History {
                 config,
+                _lock: lock,
                 open: HashMap::new(),
                 clock: 0,
                 appended: 0,
@@ -579,7 +632,7 @@ impl History {
                 let now = std::time::Instant::now();
                 if self
                     .last_logged
-                    .map_or(true, |t| now.duration_since(t) >= LOG_EVERY)
+                    .is_none_or(|t| now.duration_since(t) >= LOG_EVERY)
                 {
                     log::error!(
                         "{e}: a batch of {} Events was refused (503 history-unavailable){}",
@@ -1091,6 +1144,7 @@ mod tests {
             .unwrap();
         f.write_all(b"{\"aep\":\"0.1\",\"id").unwrap();
         drop(f);
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut fresh = Store::new(3, 10);
         let (_, stats) = History::open(cfg, &mut fresh).unwrap();
         assert_eq!((stats.files, stats.torn, stats.invalid), (3, 1, 0));
@@ -1116,6 +1170,7 @@ mod tests {
         let (mut h, _) = History::open(cfg.clone(), &mut store).unwrap();
         let batch: Vec<_> = (0..100).map(|i| ev("a", "s", i)).collect();
         h.append_batch(&batch, &store).unwrap();
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut fresh = Store::new(2, 10);
         let (_, stats) = History::open(cfg, &mut fresh).unwrap();
         assert_eq!(stats.events, 2 * 2 + 16, "only the window is read");
@@ -1162,6 +1217,7 @@ mod tests {
                 .set_modified(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
                 .unwrap();
         }
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut rebuilt = Store::new(10, 10);
         History::open(cfg, &mut rebuilt).unwrap();
         for after in 0..5 {
@@ -1196,6 +1252,7 @@ mod tests {
                 .set_modified(t)
                 .unwrap();
         }
+        drop(h); // the first relay is gone: it held DIR's lock
         let mut fresh = Store::new(5, 2);
         let (_, stats) = History::open(cfg, &mut fresh).unwrap();
         assert_eq!((stats.files, stats.files_read), (4, 2));

@@ -20,7 +20,7 @@ mod cli;
 /// A relay for the Agent Event Protocol: HTTP POST ingest, SSE fan-out with attr-match
 /// filters, per-session replay and capture ceilings.
 #[derive(Parser, Debug)]
-#[command(name = "aep-relay", version, about)]
+#[command(name = "aep-relay", version, about, after_help = cli::LOG_ENV_HELP)]
 struct Cli {
     /// Address to listen on; port 0 picks a free port (the start-up line says which).
     #[arg(long, env = "AEP_LISTEN", default_value = config::DEFAULT_LISTEN)]

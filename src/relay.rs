@@ -1900,6 +1900,15 @@ impl Relay {
         self.conns.get(key).map(|c| c.out.len())
     }
 
+    /// Bytes of live frames held back on connection `key` behind a replay in progress,
+    /// not yet in its output queue (an invariant check for fuzzing: the backlog is held to
+    /// `max_output_bytes` by the same backpressure rule, AEP-0003 §8.4). `None` for an
+    /// unknown connection.
+    #[doc(hidden)]
+    pub fn queued_backlog(&self, key: usize) -> Option<usize> {
+        self.conns.get(key).map(|c| c.backlog.len())
+    }
+
     /// Seconds since [`Relay::bind`].
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()

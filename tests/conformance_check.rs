@@ -96,7 +96,7 @@ fn check_subcommand_end_to_end() {
     let out = Command::new(env!("CARGO_BIN_EXE_aep-relay"))
         .args(["check", &format!("http://{}", relay.addr), "--evict"])
         .args(["--json", json_path.to_str().unwrap()])
-        .env("AEP_CHECK_TOKEN", "e2e-token")
+        .env("AEP_TOKEN", "e2e-token")
         .output()
         .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
@@ -199,4 +199,44 @@ fn check_subcommand_refuses_a_url_it_cannot_use() {
         assert_eq!(out.status.code(), Some(2), "{url}");
         assert!(out.stdout.is_empty(), "no check ran for {url}");
     }
+}
+
+/// `check` takes its token from `AEP_TOKEN`, like the relay and `tail` (issue 12 §4):
+/// against a relay with a token, without the variable the checker is refused (401) and
+/// fails; with it, nothing fails and the control checks, which need the token, pass.
+#[test]
+fn check_subcommand_takes_the_token_from_aep_token() {
+    let relay = RelayProcess::spawn(&["--token", "env-token"], &[]);
+    let run = |token: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_aep-relay"));
+        cmd.args(["check", &format!("http://{}", relay.addr)])
+            .env_remove("AEP_TOKEN");
+        if let Some(t) = token {
+            cmd.env("AEP_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        (out.status.code(), stdout)
+    };
+
+    let (code, stdout) = run(None);
+    assert_eq!(code, Some(1), "without AEP_TOKEN:\n{stdout}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("FAIL discovery ") && first.contains("401"),
+        "without AEP_TOKEN the relay refuses the checker: {first}"
+    );
+
+    let (code, stdout) = run(Some("env-token"));
+    assert_eq!(code, Some(0), "with AEP_TOKEN:\n{stdout}");
+    for id in NEED_TOKEN {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("PASS {id} "))),
+            "{id} needs the token and passes with AEP_TOKEN:\n{stdout}"
+        );
+    }
+    let summary = stdout.lines().last().unwrap();
+    assert!(summary.contains(" passed, 0 failed, "), "{summary}");
 }

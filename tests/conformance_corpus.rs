@@ -247,7 +247,7 @@ fn project_attr_match_cases() {
                 continue;
             }
         };
-        check_verdict(case, &ev, want, &n, &mut failures);
+        check_verdict(case, &ev, want, n, &mut failures);
     }
     let invalid = array(&doc, "invalid");
     for case in invalid {
@@ -617,7 +617,7 @@ fn upstream_attr_match() {
                 continue;
             }
         };
-        check_verdict(case, &ev, want, &n, &mut failures);
+        check_verdict(case, &ev, want, n, &mut failures);
     }
     let invalid = array(&doc, "invalid");
     for case in invalid {

@@ -277,3 +277,65 @@ fn jsonl_ingest_pauses_while_the_history_fails_and_resumes_after() {
     drop(stdin);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// One writer per history directory: a second relay on the same `--history DIR` exits
+/// non-zero naming `DIR` and the holder's PID, and once the holder is gone (even by
+/// SIGKILL: the kernel drops its `flock`) a new relay starts on it.
+#[test]
+fn a_second_relay_on_the_same_history_refuses_to_start() {
+    let dir = temp_dir("locked");
+    let h = dir.join("h");
+    let args = ["--history", h.to_str().unwrap()];
+    let mut first = Relay::spawn(&args);
+    first.post_ok(&[ev("a", "s", 0)]);
+
+    let mut child = std::process::Command::new(bin())
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::collect(child.stderr.take().unwrap(), "second");
+    // Killed on drop, should it run instead of exiting.
+    let mut refused = Relay {
+        child,
+        addr: "127.0.0.1:0".parse().unwrap(),
+        stderr: lines,
+        stdin: None,
+    };
+    let stderr = refused
+        .stderr
+        .wait_closed("the second relay's stderr")
+        .join("\n");
+    let status = refused.child.wait().unwrap();
+    assert!(!status.success(), "the second relay ran: {stderr}");
+    assert!(
+        !stderr.contains("aep-relay listening on"),
+        "the second relay started listening: {stderr}"
+    );
+    let pid = first.child.id();
+    assert!(
+        stderr.contains(&format!(
+            "history {}: already in use by process {pid}",
+            h.display()
+        )),
+        "the error names DIR and the holder's PID {pid}: {stderr}"
+    );
+    assert_eq!(
+        fs::read_to_string(h.join("a/s.jsonl")).unwrap(),
+        ev("a", "s", 0) + "\n",
+        "the refused relay wrote nothing"
+    );
+
+    first.kill();
+    let second = Relay::spawn(&args);
+    assert_eq!(second.replay_all(), vec![ev("a", "s", 0)]);
+    assert_eq!(
+        fs::read_to_string(h.join(aep_relay::history::LOCK_FILE)).unwrap(),
+        format!("{}\n", second.child.id()),
+        "the lock file names its new holder"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -315,14 +315,29 @@ fn golden_events_stream_back_byte_identical() {
     };
     let relay = TestRelay::start();
     let mut stream = relay.sse("", &[]);
+    let lines: Vec<&str> = golden.lines().filter(|l| !l.trim().is_empty()).collect();
     let mut sent = Vec::new();
-    for line in golden.lines().filter(|l| !l.trim().is_empty()) {
-        let (status, _) = relay.post("application/json", line);
-        if status == 202 {
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let ty = v["type"].as_str().unwrap();
+        let (status, body) = relay.post("application/json", line);
+        // Every golden Event is valid; only commands are refused over HTTP, 403
+        // (AEP-0004 §4.1: control needs an authenticated duplex binding).
+        if aep_relay::envelope::is_command_type(ty) {
+            assert_eq!(status, 403, "{ty}: {body}");
+        } else {
+            assert_eq!(status, 202, "{ty}: {body}");
             sent.push(line.to_string());
         }
     }
+    // The corpus as the README describes it: 64 Events, two of them commands.
+    assert_eq!((lines.len(), sent.len()), (64, 62));
     for want in &sent {
         assert_eq!(&stream.expect().data, want);
     }
+    // Nothing else was delivered in between (a refused command, a duplicate): the next
+    // message is one posted after the corpus.
+    let last = ev("after-golden", 0);
+    relay.post_ok(&[&last]);
+    assert_eq!(stream.expect().data, last);
 }

@@ -55,7 +55,7 @@ pub fn event(n: u64, session: &str, size: usize) -> String {
     let tail = r#""}}"#;
     let pad = size.saturating_sub(head.len() + tail.len());
     let mut s = head;
-    s.extend(std::iter::repeat('x').take(pad));
+    s.extend(std::iter::repeat_n('x', pad));
     s.push_str(tail);
     s
 }

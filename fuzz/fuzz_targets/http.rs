@@ -20,7 +20,9 @@
 //! 2. Output stays bounded: after every chunk each connection's `queued_output` is at
 //!    most `max_output_bytes` plus one answer (the largest single thing the relay queues
 //!    at once: a response echoing at most the request head, or one SSE message of at
-//!    most one body), `Config` limits included (AEP-0003 §8.4).
+//!    most one body), `Config` limits included (AEP-0003 §8.4); and with the live frames
+//!    held back behind a replay in progress (`queued_backlog`, bounded by
+//!    `max_output_bytes` itself), at most `2 * max_output_bytes` plus one answer in all.
 //! 3. Every request ends in a response or a close: once the peer has sent EOF and every
 //!    timer has run (request timeout, linger), the connection is closed.
 //! 4. What the relay writes (when the peer reads) is a sequence of well-formed HTTP/1.1
@@ -204,6 +206,11 @@ fn bounded(relay: &Relay, key: usize, what: &str) {
         assert!(
             q <= MAX_OUTPUT + ONE_ANSWER,
             "{what}: {q} bytes queued, over max_output_bytes {MAX_OUTPUT} + one answer"
+        );
+        let held = relay.queued_backlog(key).unwrap_or(0);
+        assert!(
+            q + held <= 2 * MAX_OUTPUT + ONE_ANSWER,
+            "{what}: {q} bytes queued and {held} held behind a replay, over 2 * max_output_bytes {MAX_OUTPUT} + one answer"
         );
     }
 }

@@ -21,7 +21,10 @@
 //! 2. Output stays bounded after every chunk: at most what the latest replay left queued
 //!    plus `max_output_bytes` plus one frame for replies (the relay's own rule, which
 //!    closes a peer that does not read its replies), replay being paced to
-//!    `max_output_bytes` itself, so `2 * max_output_bytes` plus one answer in all.
+//!    `max_output_bytes` itself, so `2 * max_output_bytes` plus one answer in the output
+//!    queue; and with the live frames held back behind a replay in progress
+//!    (`queued_backlog`, bounded by `max_output_bytes` by the fan-out backpressure rule,
+//!    AEP-0003 §8.4), `3 * max_output_bytes` plus one answer in all.
 //! 3. What the relay sends (when the peer reads) is well-formed RFC 6455 server framing:
 //!    unmasked, unfragmented, opcode text, close, ping or pong; every text frame is one
 //!    JSON object (an AEP frame or an Event, AEP-0003 §2); nothing follows a close frame.
@@ -155,6 +158,11 @@ fn bounded(relay: &Relay, key: usize) {
         assert!(
             q <= 2 * MAX_OUTPUT + ONE_ANSWER,
             "{q} bytes queued, over 2 * max_output_bytes {MAX_OUTPUT} + one answer"
+        );
+        let held = relay.queued_backlog(key).unwrap_or(0);
+        assert!(
+            q + held <= 3 * MAX_OUTPUT + ONE_ANSWER,
+            "{q} bytes queued and {held} held behind a replay, over 3 * max_output_bytes {MAX_OUTPUT} + one answer"
         );
     }
 }

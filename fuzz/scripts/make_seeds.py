@@ -110,6 +110,12 @@ http_seed("pipelined-discovery-unread", "GET /events HTTP/1.1\r\n\r\n" * 4, flag
 http_seed("stream-filtered", "GET /stream?filter=%7B%22type%22%3A%5B%22attention.*%22%5D%7D&capture=metadata&from=all&live=0 HTTP/1.1\r\n\r\n")
 http_seed("stream-last-event-id", "GET /stream HTTP/1.1\r\nLast-Event-ID: s_8f2c:0:1\r\n\r\n", flags=0x04, splits=(9, 0))
 http_seed("replay-all-to-a-stalled-reader", "GET /stream?from=all HTTP/1.1\r\n\r\n", flags=0x09, limit=0)
+# Live Events of a new session while the stalled subscriber's replay of the filled store is
+# in progress: they wait in its backlog (the bound invariant counts it).
+live = lambda q: compact({"aep": "0.1", "id": f"l{q}", "type": "tool.completed", "time": "2026-07-03T10:00:00Z",
+                          "source": "aep://h/agent/a/session/live", "agent": "a", "session": "live", "seq": q,
+                          "severity": "info", "data": {"pad": "z" * 200}})
+http_seed("live-events-behind-a-stalled-replay", "".join(post(live(q)) for q in range(4)), flags=0x0A)
 hidden = "GET /nope HTTP/1.1\r\n\r\n"
 http_seed("get-with-a-body-hiding-a-request", f"GET /events HTTP/1.1\r\nContent-Length: {len(hidden)}\r\n\r\n{hidden}")
 http_seed("not-found-close", "GET /nope HTTP/1.0\r\n\r\n")
@@ -138,6 +144,8 @@ consumer = compact({"type": "hello", "versions": ["0.1"], "role": "consumer"})
 sub = lambda i, **kw: compact({"type": "subscribe", "id": i, **kw})
 ws_seed("hello-subscribe-emit", [hello, sub("s1", filter={"type": ["tool.*"]}), golden[3]])
 ws_seed("hello-subscribe-replay-all-stalled", [consumer, sub("s1", **{"from": "all"})], flags=0x0C, limit=64)
+# Emits to its own subscription while that one's replay is stalled: the backlog fills.
+ws_seed("emit-behind-its-own-stalled-replay", [sub("s1", **{"from": "all"})] + [live(q) for q in range(4)], flags=0x0E)
 ws_seed("subscribe-from-positions-capture", [consumer, sub("s1", filter={"session": "s_8f2c"}, capture="none", **{"from": [{"session": "s_8f2c", "epoch": 0, "seq": 1}]})], flags=0x08)
 ws_seed("roster-ping-unsubscribe", [hello, compact({"type": "roster", "id": "r1"}), compact({"type": "ping", "t": 1}), sub("s1"), compact({"type": "unsubscribe", "id": "s1"})])
 ws_seed("command-routing", [hello] + [l for l in golden if '"type":"control.' in l][:2])

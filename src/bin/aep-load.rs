@@ -183,7 +183,7 @@ impl Template {
         let tail = r#""}}"#;
         let pad = size.saturating_sub(head.len() + tail.len());
         let mut bytes = head.into_bytes();
-        bytes.extend(std::iter::repeat(b'x').take(pad));
+        bytes.extend(std::iter::repeat_n(b'x', pad));
         bytes.extend_from_slice(tail.as_bytes());
         let find = |pat: &[u8]| memmem::find(&bytes, pat).expect("template") + pat.len();
         let id_at = find(b"\"id\":\"L");

@@ -277,8 +277,8 @@ pub struct CheckArgs {
     #[arg(value_name = "URL")]
     pub url: String,
     /// Bearer token sent on every request and handshake (needed by a relay with tokens,
-    /// and for the control checks).
-    #[arg(long, env = "AEP_CHECK_TOKEN", hide_env_values = true)]
+    /// and for the control checks); `AEP_TOKEN`, as for the relay and `tail`.
+    #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Flood a session past the advertised replay buffer and check replay-exhausted on
     /// both bindings (run the relay with a small buffer for this).

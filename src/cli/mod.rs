@@ -13,18 +13,25 @@ use std::time::Duration;
 pub mod tail;
 pub mod validate;
 
+/// The `--help` epilogue of the relay and of every command: the environment variables
+/// read outside clap's `env` (the log filter, `init_logging` in main.rs).
+pub const LOG_ENV_HELP: &str = "Logging (standard error): AEP_LOG, or RUST_LOG when AEP_LOG is unset, is an env_logger filter, e.g. `debug`, `warn,aep_relay=debug` (default `info`).";
+
 /// Commands besides running the relay.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Follow a relay's SSE stream and print each Event as one JSONL line, exactly as it
     /// was ingested; reconnect and resume after a disconnect (no duplicate, no gap).
+    #[command(after_help = LOG_ENV_HELP)]
     Tail(tail::TailArgs),
     /// Check the envelope of every line of JSONL files (standard input when none) with
     /// the relay's own validator; `file:line: detail` per invalid line, exit 1 if any.
+    #[command(after_help = LOG_ENV_HELP)]
     Validate(validate::ValidateArgs),
     /// Check a running relay's conformance over the wire (AEP-0003 §10): discovery,
     /// ingest, SSE and WebSocket delivery, resume, capture ceilings, roster, control;
     /// PASS/FAIL/SKIP per check, exit status 0 only when nothing failed.
+    #[command(after_help = LOG_ENV_HELP)]
     Check(aep_relay::check::CheckArgs),
 }
 

@@ -169,7 +169,7 @@ impl SubscriptionIndex {
             let mut best: Option<(usize, SubKey)> = None;
             for (i, l) in lists.iter().enumerate() {
                 if let Some((k, _)) = l.first() {
-                    if best.map_or(true, |(_, b)| *k < b) {
+                    if best.is_none_or(|(_, b)| *k < b) {
                         best = Some((i, *k));
                     }
                 }

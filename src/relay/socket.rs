@@ -463,7 +463,7 @@ impl Relay {
             }
         };
         let max = self.config.max_output_bytes;
-        let stalled = self.conns.get(target).map_or(true, |c| c.out.len() > max);
+        let stalled = self.conns.get(target).is_none_or(|c| c.out.len() > max);
         if stalled {
             self.ws_close(
                 target,

@@ -332,7 +332,7 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     }
 }
 
-/// Every regular file under `dir`, recursively.
+/// Every regular file under `dir`, recursively, but a history root's lock file (`DIR/.aep-relay.lock`).
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -342,6 +342,8 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
             let t = e.file_type().unwrap();
             if t.is_dir() {
                 stack.push(e.path());
+            } else if d == dir && e.file_name() == aep_relay::history::LOCK_FILE {
+                // The history root's lock file, not a session log.
             } else {
                 out.push(e.path());
             }
