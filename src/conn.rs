@@ -111,6 +111,23 @@ impl OutQueue {
     }
 }
 
+#[cfg(test)]
+impl OutQueue {
+    /// Buffers queued (fan-out coalescing tests).
+    pub(crate) fn entries(&self) -> usize {
+        self.bufs.len()
+    }
+
+    /// Everything queued, in order.
+    pub(crate) fn concat(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.bytes);
+        for (i, b) in self.bufs.iter().enumerate() {
+            v.extend_from_slice(if i == 0 { &b[self.front_off..] } else { b });
+        }
+        v
+    }
+}
+
 /// A replay in progress for one subscription (AEP-0003 §5, §7), advanced a page at a
 /// time as the consumer reads, so its memory stays bounded however much the store holds.
 #[derive(Debug)]
@@ -212,6 +229,13 @@ pub(crate) struct Conn {
     /// While `mark` is the current fan-out's serial: this connection's slot in the
     /// hub's per-fan-out target list.
     pub(crate) fan_slot: usize,
+    /// The fan-out unit generation this connection last took frames in; while it is
+    /// the hub's current one and `unit_pending > 0`, `unit_run` indexes its open run
+    /// (see `fanout::Unit`).
+    pub(crate) unit_generation: u64,
+    pub(crate) unit_run: usize,
+    /// Bytes of frames pending in the open unit (not yet in `out` or `backlog`).
+    pub(crate) unit_pending: usize,
     /// Events not delivered because of backpressure (AEP-0003 §8.4).
     pub(crate) dropped: u64,
     /// Whether the write side has been shut down.
@@ -246,6 +270,9 @@ impl Conn {
             last_write: now,
             mark: 0,
             fan_slot: 0,
+            unit_generation: u64::MAX,
+            unit_run: 0,
+            unit_pending: 0,
             dropped: 0,
             write_shut: false,
             peer_eof: false,
@@ -268,8 +295,13 @@ impl Conn {
         }
     }
 
-    /// Queues raw bytes.
+    /// Queues raw bytes. Never while fan-out frames are pending for this connection in
+    /// an open unit (they would be overtaken): callers end the unit first.
     pub(crate) fn send(&mut self, b: impl Into<Bytes>) {
+        debug_assert_eq!(
+            self.unit_pending, 0,
+            "output queued past a pending fan-out run"
+        );
         self.out.push(b.into());
     }
 }

@@ -252,8 +252,17 @@ pub const PING: &[u8] = b": ping\n\n";
 /// insignificant whitespace between tokens; each is written as a space so the payload
 /// stays on one `data:` line with its length and meaning unchanged.
 pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(payload.len() + ev.event_type().len() + 64);
+    write_message(ev, payload, &mut b);
+    b.freeze()
+}
+
+/// Appends the SSE message of [`message`] to `out` (fan-out lays the messages of one
+/// ingest unit back to back in one buffer, see `fanout`). Writes only into `out`'s spare
+/// capacity when it suffices; allocates nothing else.
+pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     let t = ev.event_type();
-    let mut b = BytesMut::with_capacity(payload.len() + t.len() + 64);
+    b.reserve(payload.len() + t.len() + 64);
     b.put_slice(b"event: ");
     b.put_slice(t.as_bytes());
     b.put_u8(b'\n');
@@ -261,7 +270,11 @@ pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
         if let (Some(s), Some(q)) = (ev.session(), ev.seq()) {
             b.put_slice(b"id: ");
             b.put_slice(s.as_bytes());
-            b.put_slice(format!(":{}:{}\n", ev.epoch(), q).as_bytes());
+            b.put_u8(b':');
+            put_decimal(b, ev.epoch());
+            b.put_u8(b':');
+            put_decimal(b, q);
+            b.put_u8(b'\n');
         }
     }
     b.put_slice(b"data: ");
@@ -273,7 +286,21 @@ pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
         }
     }
     b.put_slice(b"\n\n");
-    b.freeze()
+}
+
+/// Appends `v` in ASCII decimal (no allocation, unlike `format!`).
+fn put_decimal(b: &mut BytesMut, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    b.put_slice(&digits[i..]);
 }
 
 /// The `: replay-exhausted {session} {epoch}:{seq}` comment (AEP-0003 §3.3.3).
