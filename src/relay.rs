@@ -677,6 +677,7 @@ impl Relay {
 
     /// Answers on `key`; with `close`, this is the connection's last answer.
     fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        self.end_unit();
         let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
             match &conn.cors {
@@ -1493,9 +1494,12 @@ impl Relay {
         // Kept in the history before it is published or answered (issue 5).
         self.persist(&ok)?;
         self.metrics.ingested_http += n as u64;
+        // One ingest unit: the batch's frames are coalesced (see `fanout`).
+        self.hub.begin_unit();
         for ev in ok {
             self.publish(ev);
         }
+        self.end_unit();
         Ok(n)
     }
 
@@ -1519,9 +1523,12 @@ impl Relay {
         };
         let stop = jsonl.drain(Instant::now(), |events| {
             self.persist(events)?;
+            // One ingest unit per chunk (see `fanout`).
+            self.hub.begin_unit();
             for ev in events {
                 self.publish(ev.clone());
             }
+            self.end_unit();
             Ok::<(), Refusal>(())
         });
         if stop {
@@ -1693,6 +1700,7 @@ impl Relay {
 
     /// Flushes every connection with new output, closes the doomed, updates interest.
     fn settle(&mut self) {
+        self.end_unit();
         for key in std::mem::take(&mut self.doomed) {
             match self.conns.get(key).map(|c| &c.phase) {
                 // A WebSocket gets `closing` with its positions, then the close frame.
@@ -1806,10 +1814,17 @@ impl Relay {
         }
     }
 
+    /// Ends the open fan-out unit, if any: its pending frames are queued before anything
+    /// else is (see `fanout::Unit`).
+    pub(super) fn end_unit(&mut self) {
+        self.hub.end_unit(&mut self.conns);
+    }
+
     fn close(&mut self, key: usize) {
         if !self.conns.contains(key) {
             return;
         }
+        self.end_unit();
         let mut conn = self.conns.remove(key);
         match &conn.phase {
             Phase::Sse { sub } => self.hub.remove(*sub),

@@ -372,9 +372,18 @@ pub const SHUTTING_DOWN: &[u8] = b": shutting-down\n\n";
 /// written as a space so the payload stays on one `data:` line with its length and
 /// meaning unchanged.
 pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
-    use std::fmt::Write as _;
+    let mut b = BytesMut::with_capacity(payload.len() + ev.event_type().len() + 96);
+    write_message(ev, payload, &mut b);
+    b.freeze()
+}
+
+/// Appends the SSE message of [`message`] to `out` (fan-out lays the messages of one
+/// ingest unit back to back in one buffer, see `fanout`). Allocates only when `out`
+/// lacks the room, or for the escaped form of a session that needs escaping (once per
+/// Event and binding, never per delivery).
+pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     let t = escape(ev.event_type());
-    let mut b = BytesMut::with_capacity(payload.len() + t.len() + 96);
+    b.reserve(payload.len() + t.len() + 96);
     b.put_slice(b"event: ");
     b.put_slice(t.as_bytes());
     b.put_u8(b'\n');
@@ -382,8 +391,11 @@ pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
         if let (Some(s), Some(q)) = (ev.session(), ev.seq()) {
             b.put_slice(b"id: ");
             b.put_slice(escape(s).as_bytes());
-            // Writing into a `BytesMut` cannot fail.
-            let _ = writeln!(b, ":{}:{q}", ev.epoch());
+            b.put_u8(b':');
+            put_decimal(b, ev.epoch());
+            b.put_u8(b':');
+            put_decimal(b, q);
+            b.put_u8(b'\n');
         }
     }
     b.put_slice(b"data: ");
@@ -395,7 +407,21 @@ pub fn message(ev: &Event, payload: &[u8]) -> Bytes {
         }
     }
     b.put_slice(b"\n\n");
-    b.freeze()
+}
+
+/// Appends `v` in ASCII decimal (no allocation, unlike `format!`).
+fn put_decimal(b: &mut BytesMut, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    b.put_slice(&digits[i..]);
 }
 
 /// The `: replay-exhausted {session} {epoch}:{seq}` comment (AEP-0003 §3.3.3), the

@@ -1,24 +1,35 @@
 //! `aep-load`: a fan-out load generator for the relay and, with the same measurement
-//! code, for Mosquitto (MQTT 3.1.1) and Redis pub/sub.
+//! code, for Redis pub/sub, core NATS and Mosquitto (MQTT 3.1.1).
 //!
 //! N subscribers connect and subscribe (SSE `GET /stream`, WebSocket `GET /socket` with
-//! `hello` and `subscribe`, MQTT `SUBSCRIBE`, Redis `SUBSCRIBE`); one publisher then sends
-//! M Events (HTTP `POST /events` NDJSON, WebSocket text frames, MQTT `PUBLISH` QoS 0,
-//! Redis `PUBLISH`), `--batch` per write, paced by `--rate` and/or a
-//! window of Events in flight. Every Event is the same valid AEP Event of `--size`
+//! `hello` and `subscribe`, Redis `SUBSCRIBE`, NATS `SUB`, MQTT `SUBSCRIBE`); one
+//! publisher then sends M Events (HTTP `POST /events` NDJSON, WebSocket text frames,
+//! Redis `PUBLISH`, NATS `PUB`, MQTT `PUBLISH` QoS 0), `--batch` per write, paced by
+//! `--rate` and/or a window of Events in flight. Every Event is the same valid AEP Event of `--size`
 //! bytes carrying its send time in the integer extension attribute `loadts` (AEP-0001
 //! §5.4), always 19 digits (`10^18 +` nanoseconds since the tool started), so the
 //! payload is byte-identical in size for every protocol. One reader thread (a `mio`
 //! poll over every subscriber socket) finds each `"loadts":` in the byte stream,
 //! whatever the framing, and records the delivery latency.
 //!
-//! Reports deliveries/s, delivery latency p50/p99/max, loss (expected − received), and,
-//! with `--server-pid`, the server's CPU seconds and resident memory; `--json` prints one
-//! machine-readable line. Targets are loopback addresses only; counts and durations are
-//! bounded and the tool always stops by itself (`--timeout`).
+//! Reports deliveries/s, delivery latency p50/p99/max, loss (expected − received),
+//! subscribers the server dropped, the load tool's own CPU seconds, and, with
+//! `--server-pid`, the server's CPU seconds, current and peak resident memory and (with
+//! `--syscalls`, through `perf stat`) its write syscalls during the fan-out; `--json`
+//! prints one machine-readable line.
+//!
+//! The `ceiling` target and `--serve` measure the load tool itself: `aep-load --serve`
+//! is a trivial forwarder (no parsing, no per-Event work: each chunk of the publisher's
+//! complete lines goes to every subscriber, usually in one `write` each), so the deliveries/s that
+//! `--target ceiling` reaches against it is about the most this reader can absorb on
+//! this machine under the same publisher, window and framing-agnostic scan.
+//!
+//! Targets are loopback addresses only; counts and durations are bounded and the tool
+//! always stops by itself (`--timeout`).
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::io::{self, BufRead, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
@@ -39,6 +50,10 @@ enum Target {
     Mqtt,
     /// Redis pub/sub.
     Redis,
+    /// Core NATS pub/sub (no JetStream): `CONNECT`, `SUB`, `PUB`, answering `PING`.
+    Nats,
+    /// `aep-load --serve`, the trivial forwarder: the load tool's own ceiling.
+    Ceiling,
 }
 
 impl Target {
@@ -48,6 +63,8 @@ impl Target {
             Target::Ws => "relay-ws",
             Target::Mqtt => "mqtt",
             Target::Redis => "redis",
+            Target::Nats => "nats",
+            Target::Ceiling => "ceiling",
         }
     }
 }
@@ -100,7 +117,17 @@ struct Args {
     /// NDJSON, `ws` WebSocket frames), e.g. WS subscribers fed by HTTP; relay only.
     #[arg(long, value_enum)]
     publisher: Option<Target>,
-    /// MQTT topic / Redis channel.
+    /// Count the server's write syscalls (`write`, `writev`, `sendmsg`, `sendto`) during
+    /// the fan-out with `perf stat` (needs `--server-pid`, perf on PATH and tracepoint
+    /// access, i.e. root or `perf_event_paranoid` ≤ -1). Enabling syscall tracepoints
+    /// puts every syscall of the machine on the traced path, a small cost per syscall.
+    #[arg(long)]
+    syscalls: bool,
+    /// Run the ceiling target's trivial forwarder on `--addr` instead of the load, until
+    /// `--timeout` seconds have passed.
+    #[arg(long)]
+    serve: bool,
+    /// MQTT topic / Redis channel / NATS subject (`/` becomes `.` for NATS).
     #[arg(long, default_value = "aep/load")]
     topic: String,
     /// Print one JSON line instead of text.
@@ -132,6 +159,12 @@ fn check(args: &Args) {
     if !loopback {
         fail(format!("{} is not a loopback address", args.addr));
     }
+    if args.serve {
+        if !(1..=3600).contains(&args.timeout) {
+            fail("--timeout must be 1..=3600 with --serve");
+        }
+        return;
+    }
     if args.subscribers > 20_000 || (args.subscribers == 0 && args.idle.is_some()) {
         fail("--subscribers must be 0..=20000 (1..=20000 with --idle)");
     }
@@ -146,6 +179,9 @@ fn check(args: &Args) {
     }
     if !(1..=600).contains(&args.timeout) {
         fail("--timeout must be 1..=600");
+    }
+    if args.syscalls && args.server_pid.is_none() {
+        fail("--syscalls needs --server-pid");
     }
     let relay = |t: Target| matches!(t, Target::Sse | Target::Ws);
     if args
@@ -351,6 +387,33 @@ fn redis_command(parts: &[&[u8]], out: &mut Vec<u8>) {
     }
 }
 
+/// The NATS subject for `--topic` (subject tokens are separated by `.`).
+fn nats_subject(topic: &str) -> String {
+    topic.replace('/', ".")
+}
+
+/// Reads the server's `INFO` line and sends `CONNECT` (NATS client protocol; `verbose`
+/// off, so no `+OK` per command).
+fn nats_connect(s: &mut TcpStream) {
+    let info = read_until(s, |b| b.ends_with(b"\r\n"), "nats info");
+    if !info.starts_with(b"INFO ") {
+        fail(format!(
+            "nats: expected INFO, got {}",
+            String::from_utf8_lossy(&info)
+        ));
+    }
+    s.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n")
+        .unwrap_or_else(|e| fail(format!("nats connect: {e}")));
+}
+
+fn nats_publish(subject: &[u8], payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(b"PUB ");
+    out.extend_from_slice(subject);
+    out.extend_from_slice(format!(" {}\r\n", payload.len()).as_bytes());
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// One client-to-server WebSocket text frame (RFC 6455 §5.2). The mask bit is set, with
 /// the key 0: XOR with zeros leaves the payload as it is, which spares the copy.
 fn ws_frame(payload: &[u8], out: &mut Vec<u8>) {
@@ -474,6 +537,29 @@ fn subscribe(args: &Args, i: usize) -> TcpStream {
                 .unwrap_or_else(|e| fail(format!("redis subscribe: {e}")));
             read_until(&mut s, |b| b.ends_with(b":1\r\n"), "redis subscribe");
         }
+        Target::Nats => {
+            nats_connect(&mut s);
+            // The PONG to this PING says the SUB before it is in place.
+            let p = format!("SUB {} {}\r\nPING\r\n", nats_subject(&args.topic), i + 1);
+            s.write_all(p.as_bytes())
+                .unwrap_or_else(|e| fail(format!("nats subscribe: {e}")));
+            let got = read_until(
+                &mut s,
+                |b| memmem::find(b, b"PONG\r\n").is_some() || memmem::find(b, b"-ERR").is_some(),
+                "nats subscribe",
+            );
+            if memmem::find(&got, b"-ERR").is_some() {
+                fail(format!(
+                    "nats subscribe refused: {}",
+                    String::from_utf8_lossy(&got)
+                ));
+            }
+        }
+        Target::Ceiling => {
+            s.write_all(b"SUB\n")
+                .unwrap_or_else(|e| fail(format!("ceiling subscribe: {e}")));
+            read_until(&mut s, |b| b.ends_with(b"OK\n"), "ceiling subscribe");
+        }
     }
     s.set_read_timeout(None).ok();
     s
@@ -488,6 +574,8 @@ struct Sub {
     carry: Vec<u8>,
     received: u64,
     open: bool,
+    /// NATS: the last bytes read, for a `PING` cut by a read boundary.
+    tail: Vec<u8>,
 }
 
 struct Shared {
@@ -523,7 +611,42 @@ fn scan(
     (data.len().saturating_sub(RECORD - 1).max(at), n)
 }
 
-fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>) -> (Hist, Vec<u64>) {
+/// What the reader saw: the latency histogram, deliveries per subscriber, and how many
+/// subscribers the server closed (or reset) before the end: a server that drops slow
+/// consumers shows up here, never as a silently lower count.
+struct ReaderResult {
+    hist: Hist,
+    per_sub: Vec<u64>,
+    dropped: usize,
+}
+
+/// Counts `PING\r\n` in `data`, including one that began in `tail` (the last bytes of
+/// the previous read), and keeps the last 5 bytes as the new tail.
+fn nats_pings(tail: &mut Vec<u8>, data: &[u8]) -> usize {
+    const PING: &[u8] = b"PING\r\n";
+    const KEEP: usize = PING.len() - 1;
+    let mut n = memmem::find_iter(data, PING).count();
+    let old = tail.len();
+    if old > 0 {
+        tail.extend_from_slice(&data[..data.len().min(KEEP)]);
+        n += memmem::find_iter(tail.as_slice(), PING)
+            .filter(|&i| i < old)
+            .count();
+    }
+    if data.len() >= KEEP {
+        tail.clear();
+        tail.extend_from_slice(&data[data.len() - KEEP..]);
+    } else {
+        if old == 0 {
+            tail.extend_from_slice(data);
+        }
+        let cut = tail.len().saturating_sub(KEEP);
+        tail.drain(..cut);
+    }
+    n
+}
+
+fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>, nats: bool) -> ReaderResult {
     let mut poll = Poll::new().unwrap_or_else(|e| fail(format!("poll: {e}")));
     for (i, s) in subs.iter_mut().enumerate() {
         poll.registry()
@@ -559,6 +682,12 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>) -> (Hist, Vec<u64>) {
                     }
                 };
                 let now = clock();
+                if nats {
+                    // Keep-alive: an unanswered PING gets the subscriber dropped.
+                    for _ in 0..nats_pings(&mut s.tail, &buf[..n]) {
+                        let _ = s.sock.write(b"PONG\r\n");
+                    }
+                }
                 // A short read emptied the socket: a later arrival raises a new edge, so
                 // skip the read that would only say WouldBlock (half the syscalls).
                 let drained = n < buf.len();
@@ -600,7 +729,11 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>) -> (Hist, Vec<u64>) {
             shared.last_delivery.store(clock(), Ordering::Relaxed);
         }
     }
-    (h, subs.iter().map(|s| s.received).collect())
+    ReaderResult {
+        hist: h,
+        per_sub: subs.iter().map(|s| s.received).collect(),
+        dropped: subs.iter().filter(|s| !s.open).count(),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -659,6 +792,18 @@ fn answers(
                             let all = memmem::find_iter(lines, b"HTTP/1.1 ").count() as u64;
                             ok = memmem::find_iter(lines, b"HTTP/1.1 202").count() as u64;
                             bad = all - ok;
+                        } else if matches!(target, Target::Nats | Target::Ceiling) {
+                            // The PONG to the PING after the last PUB; `-ERR` lines; and
+                            // the server's own keep-alive PING, answered.
+                            for l in lines.split(|&b| b == b'\n') {
+                                if l.starts_with(b"PONG") {
+                                    ok += 1;
+                                } else if l.starts_with(b"-ERR") {
+                                    bad += 1;
+                                } else if l.starts_with(b"PING") {
+                                    let _ = s.write_all(b"PONG\r\n");
+                                }
+                            }
                         } else {
                             for l in lines.split(|&b| b == b'\n') {
                                 match l.first() {
@@ -706,7 +851,11 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     match via {
         Target::Mqtt => mqtt_connect(&mut s, "aepload-pub"),
         Target::Ws => ws_open(&mut s, args.addr, "emitter"),
-        _ => {}
+        Target::Nats => nats_connect(&mut s),
+        Target::Ceiling => s
+            .write_all(b"PUB\n")
+            .unwrap_or_else(|e| fail(format!("ceiling publisher: {e}"))),
+        Target::Sse | Target::Redis => {}
     }
     let stop = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Answers::default());
@@ -718,6 +867,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     );
     let tpl = Template::new(args.size);
     let topic = args.topic.as_bytes();
+    let subject = nats_subject(&args.topic);
     let mut out = Vec::with_capacity(args.batch * (args.size + 128) + 256);
     let mut body = Vec::with_capacity(args.batch * (args.size + 1));
     let mut event = Vec::with_capacity(args.size + 64);
@@ -765,6 +915,15 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
                     tpl.write(sent + i, ts, &mut event);
                     redis_command(&[b"PUBLISH", topic, &event], &mut out);
                 }
+                Target::Nats => {
+                    event.clear();
+                    tpl.write(sent + i, ts, &mut event);
+                    nats_publish(subject.as_bytes(), &event, &mut out);
+                }
+                Target::Ceiling => {
+                    tpl.write(sent + i, ts, &mut out);
+                    out.push(b'\n');
+                }
             }
         }
         if via == Target::Sse {
@@ -799,6 +958,15 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
             let _ = s.write_all(&p);
             1
         }
+        Target::Nats => {
+            // Likewise the PONG: NATS handles a connection's commands in order.
+            let _ = s.write_all(b"PING\r\n");
+            1
+        }
+        Target::Ceiling => {
+            let _ = s.write_all(b"PING\n");
+            1
+        }
     };
     // Wait for every answer (or until they stop coming).
     let idle = args.drain_ms * 1_000_000;
@@ -830,7 +998,9 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         // One 202 answers a whole batch.
         Target::Sse => ok = (ok * args.batch as u64).min(sent),
         // The PINGRESP (pong) stands for every PUBLISH (Event) before it.
-        Target::Mqtt | Target::Ws => ok = if ok > 0 { sent } else { 0 },
+        Target::Mqtt | Target::Ws | Target::Nats | Target::Ceiling => {
+            ok = if ok > 0 { sent } else { 0 }
+        }
         Target::Redis => {}
     }
     Published {
@@ -863,15 +1033,292 @@ fn preempted(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+/// A `/proc/PID/status` memory line in KiB: `VmRSS:` (resident now) or `VmHWM:` (the
+/// peak resident set since the process started).
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+// ---------------------------------------------------------------------------------------
+// The server's write syscalls, counted by `perf stat` on its syscall tracepoints.
+
+/// The syscalls that write to a socket.
+const WRITE_SYSCALLS: [&str; 4] = ["write", "writev", "sendmsg", "sendto"];
+
+/// A `perf stat -p PID` started with its counters disabled, driven through its control
+/// FIFOs (`--control fifo:ctl,ack`) so that it counts exactly the fan-out phase.
+struct PerfStat {
+    child: Child,
+    ctl: std::fs::File,
+    acks: std::sync::mpsc::Receiver<()>,
+    dir: std::path::PathBuf,
+}
+
+impl PerfStat {
+    /// Starts perf attached to `pid`; `None` (with a message) when it cannot.
+    fn start(pid: u32) -> Option<PerfStat> {
+        let dir = std::env::temp_dir().join(format!("aep-load-perf.{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).ok()?;
+        let (ctl, ack) = (dir.join("ctl"), dir.join("ack"));
+        let made = Command::new("mkfifo").arg(&ctl).arg(&ack).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("aep-load: --syscalls: mkfifo failed");
+            return None;
+        }
+        let events: Vec<String> = WRITE_SYSCALLS
+            .iter()
+            .map(|c| format!("syscalls:sys_enter_{c}"))
+            .collect();
+        let child = Command::new("perf")
+            .args(["stat", "-x", ",", "-D", "-1", "-o"])
+            .arg(dir.join("out"))
+            .arg(format!(
+                "--control=fifo:{},{}",
+                ctl.display(),
+                ack.display()
+            ))
+            .arg("-e")
+            .arg(events.join(","))
+            .arg("-p")
+            .arg(pid.to_string())
+            // perf stops when this workload exits: when its stdin is closed.
+            .arg("--")
+            .arg("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(dir.join("err")).ok()?))
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("aep-load: --syscalls: cannot run perf: {e}");
+                return None;
+            }
+        };
+        // Opened read-write, a FIFO never blocks on open (Linux), whether or not perf
+        // has opened its end yet.
+        let rw = |p: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .ok()
+        };
+        let ctl = rw(&ctl)?;
+        let ack = rw(&ack)?;
+        let (tx, acks) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            for line in io::BufReader::new(ack).lines() {
+                match line {
+                    // perf writes "ack\n\0": the NUL starts the next line.
+                    Ok(l) if l.trim_start_matches('\0').starts_with("ack") => {
+                        if tx.send(()).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        });
+        Some(PerfStat {
+            child,
+            ctl,
+            acks,
+            dir,
+        })
+    }
+
+    /// Sends one control command and waits for perf's `ack`.
+    fn command(&mut self, cmd: &str) -> bool {
+        // One write per command: perf parses what one read returns.
+        if self.ctl.write_all(format!("{cmd}\n").as_bytes()).is_err() {
+            return false;
+        }
+        let acked = self.acks.recv_timeout(Duration::from_secs(10)).is_ok();
+        if !acked {
+            eprintln!("aep-load: --syscalls: perf did not acknowledge {cmd:?}");
+        }
+        acked
+    }
+
+    /// Stops perf and returns the count of each of [`WRITE_SYSCALLS`].
+    fn finish(mut self) -> Option<[u64; 4]> {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+        let out = std::fs::read_to_string(self.dir.join("out")).unwrap_or_default();
+        let mut counts = [None; 4];
+        for line in out.lines() {
+            let f: Vec<&str> = line.split(',').collect();
+            if f.len() < 3 {
+                continue;
+            }
+            let Some(i) = WRITE_SYSCALLS
+                .iter()
+                .position(|c| f[2] == format!("syscalls:sys_enter_{c}"))
+            else {
+                continue;
+            };
+            counts[i] = match f[0] {
+                "<not counted>" => Some(0),
+                v => v.parse().ok(),
+            };
+        }
+        let err = std::fs::read_to_string(self.dir.join("err")).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if counts.iter().any(Option::is_none) {
+            eprintln!(
+                "aep-load: --syscalls: no counts from perf: {}",
+                err.trim().lines().last().unwrap_or("")
+            );
+            return None;
+        }
+        Some(counts.map(|c| c.unwrap_or(0)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// `--serve`: the ceiling target's trivial forwarder.
+
+/// Accepts subscribers (a connection whose first line is `SUB`, answered `OK`) and
+/// publishers (`PUB`): each chunk of a publisher's complete lines (one `read`, up to
+/// 256 KiB) is written as it is to every subscriber, with non-blocking writes so that no
+/// subscriber waits for another, before the next chunk is read; a `PING` line (the
+/// publisher's last) is answered `PONG` once everything before it was written. No
+/// parsing, no per-Event work, one chunk in flight. After the publisher hangs up, the
+/// next subscriber to connect starts a new run (the previous run's subscribers are closed
+/// then). Exits after `timeout` seconds.
+fn serve(addr: SocketAddr, timeout: u64) -> ! {
+    let listener = TcpListener::bind(addr).unwrap_or_else(|e| fail(format!("bind {addr}: {e}")));
+    thread::spawn(move || {
+        thread::sleep(Duration::from_secs(timeout));
+        std::process::exit(0)
+    });
+    let mut poll = Poll::new().unwrap_or_else(|e| fail(format!("poll: {e}")));
+    let mut events = Events::with_capacity(1024);
+    let mut subs: Vec<mio::net::TcpStream> = Vec::new();
+    let mut ended = false;
+    let mut buf = vec![0u8; 256 * 1024];
+    for conn in listener.incoming() {
+        let Ok(mut s) = conn else { continue };
+        let _ = s.set_nodelay(true);
+        let mut first = [0u8; 4];
+        if s.read_exact(&mut first).is_err() {
+            continue;
+        }
+        match &first {
+            b"SUB\n" => {
+                if ended {
+                    // The first subscriber of the next run: close the last run's.
+                    for mut sub in subs.drain(..) {
+                        let _ = poll.registry().deregister(&mut sub);
+                    }
+                    ended = false;
+                }
+                if s.write_all(b"OK\n").is_err() || s.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                let mut sub = mio::net::TcpStream::from_std(s);
+                poll.registry()
+                    .register(&mut sub, Token(subs.len()), Interest::WRITABLE)
+                    .unwrap_or_else(|e| fail(format!("register: {e}")));
+                subs.push(sub);
+            }
+            b"PUB\n" => {
+                let mut have = 0;
+                let mut offs = vec![0usize; subs.len()];
+                let mut open = vec![true; subs.len()];
+                let mut left: Vec<usize> = Vec::with_capacity(subs.len());
+                let mut ready = vec![false; subs.len()];
+                loop {
+                    let n = match s.read(&mut buf[have..]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    have += n;
+                    let Some(nl) = memchr::memrchr(b'\n', &buf[..have]) else {
+                        if have == buf.len() {
+                            break; // no line fits: not our publisher
+                        }
+                        continue;
+                    };
+                    let lines = &buf[..=nl];
+                    let n_subs = subs.len();
+                    offs.fill(0);
+                    ready.fill(false);
+                    // Writes what sub `i` takes now; true while some of `lines` is left.
+                    let mut write = |i: usize| loop {
+                        if !open[i] {
+                            return false;
+                        }
+                        match subs[i].write(&lines[offs[i]..]) {
+                            Ok(k) => {
+                                offs[i] += k;
+                                if offs[i] == lines.len() {
+                                    return false;
+                                }
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(_) => {
+                                open[i] = false;
+                                return false;
+                            }
+                        }
+                    };
+                    left.clear();
+                    for i in 0..n_subs {
+                        if write(i) {
+                            left.push(i);
+                        }
+                    }
+                    while !left.is_empty() {
+                        if let Err(e) = poll.poll(&mut events, Some(Duration::from_secs(1))) {
+                            if e.kind() != io::ErrorKind::Interrupted {
+                                fail(format!("poll: {e}"));
+                            }
+                        }
+                        for ev in events.iter() {
+                            if let Some(r) = ready.get_mut(ev.token().0) {
+                                *r = true;
+                            }
+                        }
+                        left.retain(|&i| {
+                            if !std::mem::take(&mut ready[i]) {
+                                return true;
+                            }
+                            write(i)
+                        });
+                    }
+                    if lines.ends_with(b"PING\n") {
+                        let _ = s.write_all(b"PONG\n");
+                    }
+                    buf.copy_within(nl + 1..have, 0);
+                    have -= nl + 1;
+                }
+                // Subscribers stay open (a closed one counts as dropped) until the next
+                // run's first subscriber connects.
+                ended = true;
+            }
+            _ => {}
+        }
+    }
+    fail("accept failed")
 }
 
 fn main() {
     let args = Args::parse();
     check(&args);
+    if args.serve {
+        serve(args.addr, args.timeout);
+    }
     clock();
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let rss_before = args.server_pid.and_then(rss_kib);
@@ -916,6 +1363,7 @@ fn main() {
                 carry: Vec::new(),
                 received: 0,
                 open: true,
+                tail: Vec::new(),
             }
         })
         .collect();
@@ -925,10 +1373,24 @@ fn main() {
         last_delivery: AtomicU64::new(0),
     });
     let n_subs = subs.len() as u64;
+    let nats = args.target == Target::Nats;
     let reader_thread = {
         let shared = shared.clone();
-        thread::spawn(move || reader(subs, shared))
+        thread::spawn(move || reader(subs, shared, nats))
     };
+    let mut perf = match args.server_pid {
+        Some(pid) if args.syscalls => PerfStat::start(pid),
+        _ => None,
+    };
+    if let Some(mut p) = perf.take() {
+        if p.command("enable") {
+            perf = Some(p);
+        } else {
+            eprintln!("aep-load: --syscalls: perf did not start counting");
+            let _ = p.finish();
+        }
+    }
+    let self_before = cpu_seconds(std::process::id());
     let cpu_before = args.server_pid.and_then(cpu_seconds);
     let preempt_before = args.server_pid.and_then(preempted);
     let published = publish(&args, &shared, n_subs, deadline);
@@ -949,13 +1411,28 @@ fn main() {
         thread::sleep(Duration::from_millis(5));
     }
     let cpu_after = args.server_pid.and_then(cpu_seconds);
+    let self_after = cpu_seconds(std::process::id());
+    let syscalls = perf.and_then(|mut p| {
+        let counted = p.command("disable");
+        let counts = p.finish();
+        if counted {
+            counts
+        } else {
+            None
+        }
+    });
     let preemptions = match (preempt_before, args.server_pid.and_then(preempted)) {
         (Some(a), Some(b)) => b.saturating_sub(a) as i64,
         _ => -1,
     };
     let rss = args.server_pid.and_then(rss_kib);
+    let peak_rss = args.server_pid.and_then(|p| status_kib(p, "VmHWM:"));
     shared.stop.store(true, Ordering::Relaxed);
-    let (h, per_sub) = reader_thread
+    let ReaderResult {
+        hist: h,
+        per_sub,
+        dropped,
+    } = reader_thread
         .join()
         .unwrap_or_else(|_| fail("reader panicked"));
     let received: u64 = per_sub.iter().sum();
@@ -1001,14 +1478,39 @@ fn main() {
         per_cpu / n_subs as f64
     };
     let rss_mib = rss.map_or(f64::NAN, |k| k as f64 / 1024.0);
+    let peak_mib = peak_rss.map_or(f64::NAN, |k| k as f64 / 1024.0);
+    let client_cpu = match (self_before, self_after) {
+        (Some(a), Some(b)) => b - a,
+        _ => f64::NAN,
+    };
+    // How busy each side's core was over the measured interval (1.0: saturated).
+    let busy = |cpu: f64| if secs > 0.0 { cpu / secs } else { f64::NAN };
+    let (server_busy, client_busy) = (busy(cpu), busy(client_cpu));
+    let write_calls = syscalls.map(|c| c.iter().sum::<u64>());
+    let per_delivery = match write_calls {
+        Some(w) if received > 0 => w as f64 / received as f64,
+        _ => f64::NAN,
+    };
+    let syscall_json = match syscalls {
+        Some(c) => format!(
+            "\"write_syscalls\":{},\"syscalls\":{{\"write\":{},\"writev\":{},\"sendmsg\":{},\"sendto\":{}}},\"write_syscalls_per_delivery\":{per_delivery:.4}",
+            c.iter().sum::<u64>(),
+            c[0],
+            c[1],
+            c[2],
+            c[3]
+        ),
+        None => "\"write_syscalls\":null,\"write_syscalls_per_delivery\":null".to_string(),
+    };
     let write_s = (published.written - published.started) as f64 / 1e9;
     if args.json {
         println!(
             "{{\"target\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
-             \"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
+             \"connect_s\":{connect_s:.3},\"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
              \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\
-             \"server_cpu_s\":{cpu:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_preempted\":{preemptions},\"server_rss_mib\":{rss_mib:.1}}}",
+             \"dropped_subscribers\":{dropped},\"client_cpu_s\":{client_cpu:.2},\"client_busy\":{client_busy:.2},\
+             \"server_cpu_s\":{cpu:.2},\"server_busy\":{server_busy:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_preempted\":{preemptions},\"server_rss_mib\":{rss_mib:.1},\"server_peak_rss_mib\":{peak_mib:.1},{syscall_json}}}",
             args.target.name(),
             n_subs,
             args.events,
@@ -1031,8 +1533,9 @@ fn main() {
             args.window
         );
         println!(
-            "  deliveries {received}/{expected} (loss {loss}) in {secs:.3} s: {rate:.0} deliveries/s, {events_rate:.0} Events/s"
+            "  deliveries {received}/{expected} (loss {loss}, {dropped} subscribers dropped) in {secs:.3} s: {rate:.0} deliveries/s, {events_rate:.0} Events/s"
         );
+        println!("  load tool: {client_cpu:.2} CPU s ({client_busy:.2} of its core)");
         println!("  latency p50 {p50:.1} µs, p99 {p99:.1} µs, max {max:.1} µs");
         println!(
             "  publisher: writes {write_s:.3} s, answered after {publish_s:.3} s, ok {} / errors {}",
@@ -1040,11 +1543,39 @@ fn main() {
         );
         if args.server_pid.is_some() {
             println!(
-                "  server: {cpu:.2} CPU s ({per_cpu:.0} deliveries, {events_per_cpu:.0} Events per CPU s), preempted {preemptions} times, RSS {rss_mib:.1} MiB"
+                "  server: {cpu:.2} CPU s ({server_busy:.2} of its core; {per_cpu:.0} deliveries, {events_per_cpu:.0} Events per CPU s), preempted {preemptions} times, RSS {rss_mib:.1} MiB (peak {peak_mib:.1})"
             );
+            if let (Some(w), Some(c)) = (write_calls, syscalls) {
+                println!(
+                    "  server write syscalls: {w} ({per_delivery:.4} per delivery; write {}, writev {}, sendmsg {}, sendto {})",
+                    c[0], c[1], c[2], c[3]
+                );
+            }
         }
     }
-    if loss > 0 || published.bad > 0 {
+    if dropped > 0 {
+        eprintln!("aep-load: the server closed {dropped} of {n_subs} subscribers");
+    }
+    if loss > 0 || published.bad > 0 || dropped > 0 {
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nats_pings;
+
+    /// Every `PING\r\n` is counted once, wherever the reads cut the stream.
+    #[test]
+    fn nats_pings_across_read_boundaries() {
+        let stream: &[u8] = b"MSG a.b 1 3\r\nabc\r\nPING\r\nMSG a.b 1 1\r\nx\r\nPING\r\nPING\r\n";
+        for cut in 1..stream.len() {
+            let mut tail = Vec::new();
+            let mut n = 0;
+            for piece in stream.chunks(cut) {
+                n += nats_pings(&mut tail, piece);
+            }
+            assert_eq!(n, 3, "reads of {cut} bytes");
+        }
     }
 }

@@ -2,8 +2,18 @@
 //! of shared wire frames into connection queues (AEP-0003 §6, §8.4).
 //!
 //! Per Event, each wire frame (SSE message, WS text frame) is built at most once per
-//! capture level and shared by every subscriber as a reference-counted [`Bytes`]: fan-out
-//! to N subscribers is N queue pushes, not N copies and never N serializations.
+//! capture level and shared by every subscriber: fan-out to N subscribers is never N
+//! copies and never N serializations.
+//!
+//! **Coalescing.** The frames of one *ingest unit* (an NDJSON body, the WebSocket
+//! messages read in one wake, a JSONL chunk) are laid out back to back in one buffer per
+//! binding and capture level (an *arena*, see [`Unit`]). A connection that takes a run of
+//! consecutive frames of an arena gets one reference-counted slice for the whole run, so
+//! queue entries, refcounts and iovecs cost per run, not per delivery, and a subscriber
+//! that matches everything gets one contiguous write per batch. Filters and ceilings
+//! still select exactly: a run breaks where a subscriber's selection does (a frame it
+//! does not take sits between two it does). The bytes are those ingested. Nothing is
+//! held back to wait for more: a unit ends when its input is consumed.
 
 pub mod index;
 
@@ -15,7 +25,7 @@ use crate::filter::Filter;
 use crate::sse;
 use crate::store::StreamId;
 use crate::ws::{self, Delivered};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use index::SubscriptionIndex;
 use slab::Slab;
 use std::sync::Arc;
@@ -51,6 +61,87 @@ pub(crate) struct Frames {
     sse: [Option<Bytes>; 5],
     ws: [Option<Bytes>; 5],
     payload: [Option<Bytes>; 4],
+    /// Where this Event's frames lie in the unit's arenas (index: [`Unit::arena`]), valid
+    /// while the unit's generation is `generation`.
+    placed: [Option<(usize, usize)>; ARENAS],
+    generation: u64,
+}
+
+/// Arenas of a unit: one per binding (SSE, WS) and payload slot (as received, or one of
+/// the four capture levels).
+const ARENAS: usize = 10;
+/// The capacity an arena starts with, and grows by at least: frames of many small
+/// units share one allocation.
+const ARENA_CHUNK: usize = 64 * 1024;
+
+/// One connection's run of consecutive frames in one arena, not yet queued.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    conn: usize,
+    arena: usize,
+    start: usize,
+    end: usize,
+    /// Goes to the connection's replay backlog rather than its output queue.
+    backlog: bool,
+}
+
+/// The frames of one ingest unit and the runs connections take of them (see the module
+/// docs). Runs are queued when the unit ends ([`Hub::end_unit`]), or earlier when a
+/// connection's queue must be offered to its socket.
+///
+/// Memory: arenas keep their spare capacity between units (an allocation of at least
+/// [`ARENA_CHUNK`] bytes is made only when a frame does not fit); `runs` keeps its
+/// capacity. Neither allocates per delivery.
+#[derive(Debug, Default)]
+pub(crate) struct Unit {
+    arenas: [BytesMut; ARENAS],
+    runs: Vec<Run>,
+    /// Bumped each time the unit's runs are queued: frames placed before are no longer
+    /// in the (now emptied) arenas, and a connection's `unit_generation` older than
+    /// this has no open run.
+    generation: u64,
+    /// Whether a caller opened a unit ([`Hub::begin_unit`]); otherwise each fan-out is a
+    /// unit of its own.
+    open: bool,
+}
+
+impl Unit {
+    fn arena(ws: bool, slot: usize) -> usize {
+        usize::from(ws) * 5 + slot
+    }
+
+    /// Queues the pending runs and starts a new arena generation.
+    fn queue_runs(&mut self, conns: &mut Slab<Conn>) {
+        let unit = self;
+        if unit.runs.is_empty() {
+            return;
+        }
+        let mut frozen: [Option<Bytes>; ARENAS] = Default::default();
+        for (a, arena) in unit.arenas.iter_mut().enumerate() {
+            if !arena.is_empty() {
+                frozen[a] = Some(arena.split().freeze());
+            }
+        }
+        for run in unit.runs.drain(..) {
+            let Some(conn) = conns.get_mut(run.conn) else {
+                continue;
+            };
+            if conn.unit_generation != unit.generation {
+                continue; // the slot was reused by another connection
+            }
+            conn.unit_pending = 0;
+            let Some(bytes) = &frozen[run.arena] else {
+                continue;
+            };
+            let slice = bytes.slice(run.start..run.end);
+            if run.backlog {
+                conn.backlog.push(slice);
+            } else {
+                conn.out.push(slice);
+            }
+        }
+        unit.generation += 1;
+    }
 }
 
 impl Frames {
@@ -107,6 +198,42 @@ impl Frames {
     }
 }
 
+impl Frames {
+    /// Places the frame for a subscriber with `ceiling` on `ws` or SSE in `unit`'s arena
+    /// (once per Event, arena and unit generation); returns `(arena, start, end)`.
+    fn place(
+        &mut self,
+        unit: &mut Unit,
+        ev: &Event,
+        ws: bool,
+        ceiling: Option<Capture>,
+    ) -> (usize, usize, usize) {
+        if self.generation != unit.generation {
+            self.generation = unit.generation;
+            self.placed = [None; ARENAS];
+        }
+        let slot = Self::payload_slot(ev, ceiling);
+        let a = Unit::arena(ws, slot);
+        if let Some((start, end)) = self.placed[a] {
+            return (a, start, end);
+        }
+        let payload = self.payload(ev, slot);
+        let arena = &mut unit.arenas[a];
+        if arena.capacity() - arena.len() < payload.len() + 128 {
+            arena.reserve(ARENA_CHUNK.max(payload.len() + 128));
+        }
+        let start = arena.len();
+        if ws {
+            ws::frame::write_text(&payload, arena);
+        } else {
+            sse::write_message(ev, &payload, arena);
+        }
+        let end = arena.len();
+        self.placed[a] = Some((start, end));
+        (a, start, end)
+    }
+}
+
 /// The wider of two ceilings (`None`, as received, is the widest): a connection whose
 /// subscriptions matched an Event at several ceilings gets it once, at the highest.
 fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
@@ -150,6 +277,8 @@ pub struct Hub {
     /// A connection the next fan-outs skip: the claimant a command was just forwarded to
     /// directly, which must not get it a second time (set and cleared by the caller).
     pub(crate) except: Option<usize>,
+    /// The ingest unit being laid out (frames and pending runs).
+    unit: Unit,
     /// Counters.
     pub stats: FanoutStats,
 }
@@ -165,38 +294,10 @@ pub(crate) enum Queued {
     Disconnect,
 }
 
-/// Queues `frame` on `conn` under the backpressure rule of AEP-0003 §8.4: when the queue
-/// is over `max_output`, `debug`/`info` are dropped and counted, and anything more severe
-/// disconnects the consumer so it can resume exactly.
-pub(crate) fn queue(
-    conn: &mut Conn,
-    frame: Bytes,
-    severity: Severity,
-    max_output: usize,
-) -> Queued {
-    let full = |q: &crate::conn::OutQueue| q.len() + frame.len() > max_output && !q.is_empty();
-    if conn.replay.is_empty() && full(&conn.out) {
-        // Before counting this consumer as slow, let its socket take what it can: a
-        // large batch is fanned out before the reactor's next write, and a consumer that
-        // keeps up must not lose Events to that (the socket is non-blocking; the
-        // connection is already marked for a flush, which handles interest and errors).
-        let _ = conn.out.flush(&mut conn.sock);
-    }
-    // While a replay is in progress, live frames wait behind it (same bound).
-    let q = if conn.replay.is_empty() {
-        &mut conn.out
-    } else {
-        &mut conn.backlog
-    };
-    if full(q) {
-        if severity <= Severity::Info {
-            conn.dropped += 1;
-            return Queued::Dropped;
-        }
-        return Queued::Disconnect;
-    }
-    q.push(frame);
-    Queued::Yes
+/// Whether a frame of `len` bytes fits `q` of `conn` under `max_output` (an empty queue
+/// takes anything: one frame larger than the bound still goes).
+fn fits(q: &crate::conn::OutQueue, pending: usize, len: usize, max_output: usize) -> bool {
+    q.len() + pending + len <= max_output || (q.is_empty() && pending == 0)
 }
 
 impl Hub {
@@ -236,8 +337,23 @@ impl Hub {
         self.subs.get_mut(key)
     }
 
+    /// Opens an ingest unit: the frames of every Event fanned out until
+    /// [`Hub::end_unit`] are coalesced (module docs). While it is open, nothing else may
+    /// be queued on a connection that has frames pending in it (`Conn::send` checks this
+    /// in debug builds); callers end the unit before any other output.
+    pub(crate) fn begin_unit(&mut self) {
+        self.unit.open = true;
+    }
+
+    /// Ends the ingest unit, if any: queues every pending run on its connection, in
+    /// order, as one slice of its arena. Cheap when nothing is pending.
+    pub(crate) fn end_unit(&mut self, conns: &mut Slab<Conn>) {
+        self.unit.open = false;
+        self.unit.queue_runs(conns);
+    }
+
     /// Fans `ev` out to every matching subscription, at most once per connection,
-    /// pushing shared frames into the connections' queues. Connections that received
+    /// placing its frames in the ingest unit (module docs). Connections that received
     /// output are appended to `dirty`; connections that must be dropped for backpressure
     /// to `doomed`.
     ///
@@ -301,13 +417,74 @@ impl Hub {
             let Some(conn) = conns.get_mut(t.conn) else {
                 continue;
             };
-            let frame = if t.ws {
-                frames.ws(ev, t.ceiling)
+            let (arena, start, end) = frames.place(&mut self.unit, ev, t.ws, t.ceiling);
+            let len = end - start;
+            let mut pending = if conn.unit_generation == self.unit.generation {
+                conn.unit_pending
             } else {
-                frames.sse(ev, t.ceiling)
+                0
             };
-            match queue(conn, frame, severity, max_output) {
+            let backlog = !conn.replay.is_empty();
+            if !backlog && !fits(&conn.out, pending, len, max_output) {
+                // Before counting this consumer as slow, let its socket take what it can:
+                // a large batch is fanned out before the reactor's next write, and a
+                // consumer that keeps up must not lose Events to that. Its pending runs
+                // (and everyone's: one arena generation) are queued first, in order.
+                if pending > 0 {
+                    self.unit.queue_runs(conns);
+                    pending = 0;
+                }
+                let Some(conn) = conns.get_mut(t.conn) else {
+                    continue;
+                };
+                // The socket is non-blocking; the connection is already marked for a
+                // flush, which handles interest and errors.
+                let _ = conn.out.flush(&mut conn.sock);
+            }
+            let (arena, start, end) = if frames.generation != self.unit.generation {
+                frames.place(&mut self.unit, ev, t.ws, t.ceiling)
+            } else {
+                (arena, start, end)
+            };
+            let conn = &mut conns[t.conn];
+            let q = if backlog { &conn.backlog } else { &conn.out };
+            let verdict = if !fits(q, pending, len, max_output) {
+                if severity <= Severity::Info {
+                    conn.dropped += 1;
+                    Queued::Dropped
+                } else {
+                    Queued::Disconnect
+                }
+            } else {
+                Queued::Yes
+            };
+            match verdict {
                 Queued::Yes => {
+                    let unit = &mut self.unit;
+                    let open = conn.unit_generation == unit.generation && pending > 0;
+                    match unit.runs.get_mut(conn.unit_run) {
+                        Some(r)
+                            if open
+                                && r.conn == t.conn
+                                && r.arena == arena
+                                && r.end == start
+                                && r.backlog == backlog =>
+                        {
+                            r.end = end;
+                        }
+                        _ => {
+                            conn.unit_run = unit.runs.len();
+                            unit.runs.push(Run {
+                                conn: t.conn,
+                                arena,
+                                start,
+                                end,
+                                backlog,
+                            });
+                        }
+                    }
+                    conn.unit_generation = unit.generation;
+                    conn.unit_pending = pending + len;
                     t.queued = true;
                     self.stats.deliveries += 1;
                     self.stats.deliveries_ws += u64::from(t.ws);
@@ -322,6 +499,9 @@ impl Hub {
                     doomed.push(t.conn);
                 }
             }
+        }
+        if !self.unit.open {
+            self.unit.queue_runs(conns);
         }
         // WS subscriptions remember the last position they delivered (for `closing`).
         let position = match (ev.scope(), ev.session(), ev.seq()) {
@@ -346,3 +526,6 @@ impl Hub {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

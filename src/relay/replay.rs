@@ -29,6 +29,7 @@ impl Relay {
     /// Starts `job` on connection `key` behind any replay already in progress there,
     /// then advances it as far as the output queue allows.
     pub(super) fn start_replay(&mut self, key: usize, job: ReplayJob) {
+        self.end_unit();
         if let Some(conn) = self.conns.get_mut(key) {
             conn.replay.push_back(job);
         }

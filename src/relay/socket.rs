@@ -111,6 +111,9 @@ impl Relay {
     pub(super) fn ws_process(&mut self, key: usize) {
         let now = Instant::now();
         let mut used = 0;
+        // The Events among these messages are one ingest unit: their frames are
+        // coalesced (see `fanout`); anything else queued ends it first.
+        self.hub.begin_unit();
         loop {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
@@ -138,6 +141,7 @@ impl Relay {
                 }
             }
         }
+        self.end_unit();
         if let Some(conn) = self.conns.get_mut(key) {
             conn.rbuf.drain(..used);
         }
@@ -160,6 +164,7 @@ impl Relay {
     /// what its latest replay left there is not reading what it asks for: it is closed
     /// (backpressure) rather than let the queue grow without bound.
     fn ws_send(&mut self, key: usize, f: Bytes) {
+        self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -195,6 +200,7 @@ impl Relay {
     /// Ends the `Ws` phase: releases the subscriptions and session claims, queues
     /// `last` (an error, `closing`, the close frame) and closes once it is flushed.
     fn ws_shut(&mut self, key: usize, last: &[Bytes]) {
+        self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -321,6 +327,7 @@ impl Relay {
 
     /// The first message: it must be a `hello` (AEP-0003 §3.5 #1, §4).
     fn ws_hello(&mut self, key: usize, text: &[u8]) {
+        self.end_unit();
         let obj = match serde_json::from_slice::<Value>(text) {
             Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello") => m,
             _ => {
@@ -478,6 +485,7 @@ impl Relay {
             let d = r.to_string();
             return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Cause(ev.id()), &d);
         }
+        self.end_unit();
         self.conns[target].send(frame::text(ev.bytes()));
         self.mark_dirty(target);
         // History and observers; the target already has it.
@@ -490,6 +498,8 @@ impl Relay {
     /// A frame (a `type` without a dot). Unknown types, a repeated `hello`, `pong` and
     /// frames only the relay sends are ignored (AEP-0003 §2).
     fn ws_frame(&mut self, key: usize, ty: &str, obj: &Map<String, Value>, raw: &[u8]) {
+        // Frames answer in order after the Events fanned out before them.
+        self.end_unit();
         match ty {
             "subscribe" => self.ws_subscribe(key, obj, raw),
             "unsubscribe" => self.ws_unsubscribe(key, obj),

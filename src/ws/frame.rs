@@ -247,6 +247,13 @@ fn parse_close(payload: &[u8]) -> Result<Incoming, Violation> {
 
 /// One unmasked, final server frame with `opcode` around `payload`.
 fn frame(opcode: OpCode, payload: &[u8]) -> Bytes {
+    let mut out = BytesMut::new();
+    write_frame(opcode, payload, &mut out);
+    out.freeze()
+}
+
+/// Appends one unmasked, final server frame with `opcode` around `payload` to `out`.
+fn write_frame(opcode: OpCode, payload: &[u8], out: &mut BytesMut) {
     let header = FrameHeader {
         is_final: true,
         rsv1: false,
@@ -256,13 +263,22 @@ fn frame(opcode: OpCode, payload: &[u8]) -> Bytes {
         mask: None,
     };
     let len = payload.len() as u64;
-    let mut out = BytesMut::with_capacity(header.len(len) + payload.len()).writer();
+    // RFC 6455 §5.2: the header is 2, 4 or 10 bytes, unmasked from a server.
+    let mut head = [0u8; 10];
+    let mut cursor = Cursor::new(&mut head[..]);
     header
-        .format(len, &mut out)
-        .expect("writing a frame header into memory cannot fail");
-    let mut out = out.into_inner();
+        .format(len, &mut cursor)
+        .expect("a frame header fits in 10 bytes");
+    let n = cursor.position() as usize;
+    out.reserve(n + payload.len());
+    out.put_slice(&head[..n]);
     out.put_slice(payload);
-    out.freeze()
+}
+
+/// Appends the server text frame of [`text`] to `out` (fan-out lays the frames of one
+/// ingest unit back to back in one buffer, see `fanout`).
+pub fn write_text(payload: &[u8], out: &mut BytesMut) {
+    write_frame(OpCode::Data(Data::Text), payload, out)
 }
 
 /// A server text frame carrying `payload` (an Event's bytes or an AEP frame's JSON):

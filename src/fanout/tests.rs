@@ -1,0 +1,207 @@
+//! Coalescing (module docs of `fanout`): the frames of one ingest unit reach each
+//! connection as few slices as its selection allows, byte-identical to the per-Event
+//! frames, in order.
+
+use super::*;
+use crate::conn::Conn;
+use crate::transport::{MemoryPipe, Transport};
+use std::time::Instant;
+
+fn event(i: u64, severity: &str) -> Arc<Event> {
+    let s = format!(
+        r#"{{"aep":"0.1","id":"e{i}","type":"tool.completed","time":"2026-01-01T00:00:00Z","source":"aep://h/agent/a/session/s","agent":"a","session":"s{}","seq":{i},"severity":"{severity}","capture":"full","data":{{"n":{i}}}}}"#,
+        i % 2
+    );
+    Arc::new(Event::parse(Bytes::from(s)).expect("valid Event"))
+}
+
+fn conn() -> Conn {
+    let peer = "127.0.0.1:1".parse().unwrap();
+    Conn::new(
+        Transport::Memory(MemoryPipe::default()),
+        peer,
+        Instant::now(),
+    )
+}
+
+struct Setup {
+    hub: Hub,
+    conns: Slab<Conn>,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        Setup {
+            hub: Hub::default(),
+            conns: Slab::new(),
+        }
+    }
+
+    fn subscribe(&mut self, filter: &str, ceiling: Option<Capture>, ws: bool) -> usize {
+        let key = self.conns.insert(conn());
+        self.add(key, filter, ceiling, ws);
+        key
+    }
+
+    fn add(&mut self, key: usize, filter: &str, ceiling: Option<Capture>, ws: bool) {
+        let binding = if ws {
+            Binding::Ws(Delivered::new(16))
+        } else {
+            Binding::Sse
+        };
+        self.hub.insert(Subscription {
+            conn: key,
+            filter: Arc::new(Filter::parse(filter.as_bytes()).expect("filter")),
+            ceiling,
+            binding,
+        });
+    }
+
+    /// Fans `events` out as one unit; returns the connections made dirty and doomed.
+    fn unit(&mut self, events: &[Arc<Event>], max_output: usize) -> (Vec<usize>, Vec<usize>) {
+        let (mut dirty, mut doomed) = (Vec::new(), Vec::new());
+        self.hub.begin_unit();
+        for ev in events {
+            self.hub.fanout(
+                ev,
+                &[],
+                &mut self.conns,
+                max_output,
+                &mut dirty,
+                &mut doomed,
+            );
+        }
+        self.hub.end_unit(&mut self.conns);
+        (dirty, doomed)
+    }
+
+    /// Queue entries and queued bytes of `key`.
+    fn queued(&mut self, key: usize) -> (usize, Vec<u8>) {
+        let q = &self.conns[key].out;
+        (q.entries(), q.concat())
+    }
+}
+
+fn sse_of(events: &[Arc<Event>], keep: impl Fn(&Event) -> bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for ev in events.iter().filter(|e| keep(e)) {
+        out.extend_from_slice(&sse::message(ev, ev.bytes()));
+    }
+    out
+}
+
+#[test]
+fn a_match_all_subscriber_gets_one_slice_per_batch() {
+    let mut s = Setup::new();
+    let all = s.subscribe("{}", None, false);
+    let ws = s.subscribe("{}", None, true);
+    let events: Vec<_> = (0..100).map(|i| event(i, "info")).collect();
+    let (dirty, doomed) = s.unit(&events, 1 << 20);
+    assert!(doomed.is_empty());
+    assert_eq!(dirty.len(), 2);
+    let (entries, bytes) = s.queued(all);
+    assert_eq!(entries, 1, "100 consecutive SSE frames are one run");
+    assert_eq!(bytes, sse_of(&events, |_| true), "byte-identical, in order");
+    let (entries, bytes) = s.queued(ws);
+    assert_eq!(entries, 1, "100 consecutive WS frames are one run");
+    let want: Vec<u8> = events
+        .iter()
+        .flat_map(|e| ws::frame::text(e.bytes()).to_vec())
+        .collect();
+    assert_eq!(bytes, want);
+    assert_eq!(s.hub.stats.deliveries, 200);
+}
+
+#[test]
+fn a_run_breaks_exactly_where_the_selection_does() {
+    let mut s = Setup::new();
+    let all = s.subscribe("{}", None, false);
+    let half = s.subscribe(r#"{"session":"s0"}"#, None, false);
+    let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
+    s.unit(&events, 1 << 20);
+    assert_eq!(s.queued(all).0, 1);
+    let (entries, bytes) = s.queued(half);
+    assert_eq!(entries, 5, "every other frame: five runs of one");
+    assert_eq!(bytes, sse_of(&events, |e| e.session() == Some("s0")));
+    // A subscriber alone on its selection takes consecutive frames of its arena even
+    // though other Events came between: one run.
+    let mut s = Setup::new();
+    let half = s.subscribe(r#"{"session":"s0"}"#, None, false);
+    s.unit(&events, 1 << 20);
+    let (entries, bytes) = s.queued(half);
+    assert_eq!(entries, 1);
+    assert_eq!(bytes, sse_of(&events, |e| e.session() == Some("s0")));
+}
+
+#[test]
+fn ceilings_select_their_arena_and_several_subscriptions_deliver_once_at_the_widest() {
+    let mut s = Setup::new();
+    let low = s.subscribe("{}", Some(Capture::Metadata), false);
+    let both = s.subscribe("{}", Some(Capture::Metadata), false);
+    s.add(both, r#"{"session":"s1"}"#, None, false);
+    let events: Vec<_> = (0..6).map(|i| event(i, "info")).collect();
+    s.unit(&events, 1 << 20);
+    let cut = |e: &Event| {
+        let p = capture::downlevel(e, Capture::Metadata).expect("down-levels");
+        sse::message(e, &p).to_vec()
+    };
+    let (entries, bytes) = s.queued(low);
+    assert_eq!(entries, 1);
+    assert_eq!(
+        bytes,
+        events.iter().flat_map(|e| cut(e)).collect::<Vec<_>>()
+    );
+    let (entries, bytes) = s.queued(both);
+    let want: Vec<u8> = events
+        .iter()
+        .flat_map(|e| match e.session() {
+            Some("s1") => sse::message(e, e.bytes()).to_vec(),
+            _ => cut(e),
+        })
+        .collect();
+    assert_eq!(bytes, want, "s1 as received, s0 at metadata, each once");
+    assert_eq!(entries, 6, "alternating arenas: a run per frame");
+}
+
+#[test]
+fn a_full_queue_drops_info_and_keeps_order() {
+    let mut s = Setup::new();
+    let slow = s.subscribe("{}", None, false);
+    let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
+    let one = sse::message(&events[0], events[0].bytes()).len();
+    // Room for three frames: the memory pipe without a write limit takes everything
+    // offered, so block it by limiting its writes to nothing.
+    if let Some(p) = s.conns[slow].sock.memory() {
+        p.write_limit = Some(0);
+    }
+    let (_, doomed) = s.unit(&events, one * 3 + 10);
+    assert!(
+        doomed.is_empty(),
+        "info Events are dropped, never a disconnect"
+    );
+    let (_, bytes) = s.queued(slow);
+    assert_eq!(bytes, sse_of(&events[..3], |_| true));
+    assert_eq!(s.hub.stats.dropped, 7);
+    assert_eq!(s.conns[slow].dropped, 7);
+    // A notice that does not fit disconnects (AEP-0003 §8.4).
+    let (_, doomed) = s.unit(&[event(10, "notice")], one * 3 + 10);
+    assert_eq!(doomed, vec![slow]);
+}
+
+#[test]
+fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
+    let mut s = Setup::new();
+    let fast = s.subscribe("{}", None, false);
+    let events: Vec<_> = (0..50).map(|i| event(i, "info")).collect();
+    let one = sse::message(&events[0], events[0].bytes()).len();
+    // The batch is far larger than the bound; the pipe takes everything offered.
+    let (_, doomed) = s.unit(&events, one * 4);
+    assert!(doomed.is_empty());
+    assert_eq!(
+        s.hub.stats.dropped, 0,
+        "a consumer that keeps up loses nothing"
+    );
+    let mut got = s.conns[fast].sock.memory().unwrap().output.clone();
+    got.extend_from_slice(&s.queued(fast).1);
+    assert_eq!(got, sse_of(&events, |_| true));
+}
