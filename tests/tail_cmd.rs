@@ -278,3 +278,124 @@ fn tail_resumes_hostile_sessions_exactly() {
     assert_eq!(got, want, "the missed Events, once each");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `agent/session/seq` of an Event line, for short failure messages.
+fn short(line: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let s = |k: &str| v[k].as_str().unwrap_or("?").to_string();
+    format!("{}/{}/{}", s("agent"), s("session"), v["seq"])
+}
+
+/// Two emitters share the session name `s_shared` (AEP-0001 §5.2: two sessions that
+/// share a name) at far-apart positions: `a` printed up to seq 50, `b` up to seq 3. A
+/// resume position names only the bare session and the relay applies it to both streams
+/// (AEP-0003 §7), so `tail` must name the lower of the two and skip, per stream, what it
+/// already printed: every Event printed once, none missing, both for a live `tail`
+/// (`from=[…]`) and for `--from all`; live backfill after the resume is not mistaken for
+/// a replayed Event.
+#[test]
+fn same_named_sessions_of_two_emitters_resume_each_from_its_own_position() {
+    let dir = temp_dir("tail-shared");
+    let h = dir.join("h");
+    let hist = ["--history", h.to_str().unwrap()];
+    let mut relay = Relay::spawn(&hist);
+    let addr = relay.addr.to_string();
+    let url = format!("http://{addr}");
+    let live = Tail::spawn(&[&url]);
+    let all = Tail::spawn(&[&url, "--from", "all"]);
+    for t in [&live, &all] {
+        t.err.wait("the subscription", |l| {
+            l.contains("aep-relay tail: following")
+        });
+    }
+    let s = "s_shared";
+    let mut first: Vec<String> = (0..=50).map(|q| ev("a", s, q)).collect();
+    first.extend((0..=3).map(|q| ev("b", s, q)));
+    relay.post_ok(&first);
+    for t in [&live, &all] {
+        assert_eq!(t.out.wait_count(first.len(), "live Events"), first);
+    }
+
+    relay.kill();
+    for t in [&live, &all] {
+        t.err.wait("the disconnection", |l| {
+            l.contains("aep-relay tail: disconnected")
+        });
+    }
+    // While both tails are away, a relay they cannot reach keeps more of both streams in
+    // the same history, so the resumed replay (not live delivery) must carry them.
+    let missed: Vec<String> = (51..54)
+        .map(|q| ev("a", s, q))
+        .chain((4..7).map(|q| ev("b", s, q)))
+        .collect();
+    let side = Relay::spawn(&hist);
+    side.post_ok(&missed);
+    drop(side);
+    let relay = Relay::spawn_with(&hist, false, &addr);
+    let line = live.err.wait("the reconnection", |l| {
+        l.contains("aep-relay tail: reconnected; resuming from ")
+    });
+    all.err.wait("the reconnection", |l| {
+        l.contains("aep-relay tail: reconnected; resuming from all")
+    });
+
+    let sentinel = ev("a", "sentinel", 0);
+    relay.post_ok(std::slice::from_ref(&sentinel));
+    let mut want = first.clone();
+    want.extend(missed);
+    want.push(sentinel.clone());
+    for (what, t) in [("live", &live), ("--from all", &all)] {
+        t.out
+            .wait(&format!("the sentinel ({what})"), |l| l == sentinel);
+        let lines = t.out.snapshot();
+        assert_no_duplicates(&lines);
+        assert_eq!(lines.last(), Some(&sentinel), "{what}: nothing after it");
+        let missing: Vec<String> = want
+            .iter()
+            .filter(|w| !lines.contains(w))
+            .map(|l| short(l))
+            .collect();
+        let extra: Vec<String> = lines
+            .iter()
+            .filter(|l| !want.contains(l))
+            .map(|l| short(l))
+            .collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{what}: every Event of both streams, once; missing {missing:?}, extra {extra:?}"
+        );
+        for (agent, n) in [("a", 54), ("b", 7)] {
+            let tag = format!(r#""source":"aep://test/agent/{agent}/session/{s}""#);
+            let got: Vec<_> = lines
+                .iter()
+                .filter(|l| l.contains(&tag))
+                .map(|l| short(l))
+                .collect();
+            let want: Vec<_> = (0..n).map(|q| short(&ev(agent, s, q))).collect();
+            assert_eq!(got, want, "{what}: stream {agent} in order");
+        }
+    }
+    assert!(
+        line.ends_with(r#"resuming from [{"session":"s_shared","epoch":0,"seq":3}]"#),
+        "the bare name once, at the lower stream's position: {line}"
+    );
+    // Live backfill (AEP-0001 §7 #2: a not-yet-seen position below the high-water)
+    // after the resume is printed: only what was printed before it is skipped.
+    let late = [ev("a", s, 55), ev("a", s, 54), ev("b", s, 8), ev("b", s, 7)];
+    let sentinel2 = ev("a", "sentinel", 1);
+    let mut batch = late.to_vec();
+    batch.push(sentinel2.clone());
+    relay.post_ok(&batch);
+    for (what, t) in [("live", &live), ("--from all", &all)] {
+        t.out
+            .wait(&format!("the second sentinel ({what})"), |l| l == sentinel2);
+        let lines = t.out.snapshot();
+        let tail: Vec<String> = lines[want.len()..].iter().map(|l| short(l)).collect();
+        let expect: Vec<String> = batch.iter().map(|l| short(l)).collect();
+        assert_eq!(
+            tail, expect,
+            "{what}: the backfill printed, in arrival order"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,22 +3,33 @@
 //!
 //! # Resume
 //!
-//! `tail` remembers, per session, the highest `(epoch, seq)` it printed (from the SSE
-//! `id:`, its session `%XX`-unescaped by `sse::parse_last_event_id`, so a resume names
-//! exactly the session the Event carried, whatever its bytes). When the stream ends or fails (relay restart, network, no byte for
+//! `tail` remembers, per owning stream `(source, session)` (AEP-0001 §5.2: two emitters
+//! that send one `session` string are two sessions sharing a name), the highest
+//! `(epoch, seq)` it printed: the position from the SSE `id:`, its session
+//! `%XX`-unescaped by `sse::parse_last_event_id` (so a resume names exactly the session
+//! the Event carried, whatever its bytes), and `source` from the Event's bytes
+//! (`Event::scan`). When the stream ends or fails (relay restart, network, no byte for
 //! `--idle-timeout-secs` although the relay sends a heartbeat every 15 s), it reconnects
 //! with a growing pause (0.1 s doubling to 2 s) and asks for what follows:
 //!
-//! - started with `--from all`: `from=all` again, and Events at or below a printed
-//!   position of their session are skipped (the AEP-0003 §7 resume rule applied
-//!   client-side), so every held session is caught up, including sessions that began
-//!   while `tail` was disconnected;
-//! - otherwise: `from=[{session, epoch, seq}, …]` with the last printed position of every
-//!   session printed so far (the 1000 most recent when more: the relay's default
-//!   `AEP_MAX_FROM`, with a warning), and the `--from` positions of sessions not printed
-//!   yet.
-//!   (A session whose first Event arrives while `tail` is disconnected is not named; use
-//!   `--from all` to catch those too.)
+//! - started with `--from all`: `from=all` again;
+//! - otherwise: `from=[{session, epoch, seq}, …]` naming each bare session printed so
+//!   far once, at the *lowest* last printed position of its streams (a resume position
+//!   names only the bare session and the relay replays every stream of that name strictly
+//!   after it, AEP-0001 §7 #6, AEP-0003 §7); at most the 1000 most recently printed names
+//!   (the relay's default `AEP_MAX_FROM`, with a warning), and the `--from` positions of
+//!   sessions not printed yet.
+//!
+//! On the new connection each stream skips its sequenced Events at or below what it had
+//! printed before the reconnection, whenever the relay replays them again (`from=all`, or
+//! its name was named below it): the AEP-0003 §7 resume rule applied client-side, per
+//! stream. So a stream at seq 3 is not cut off by a same-named stream at seq 50, and a
+//! stream never printed before comes in full (from `from=all`, or strictly after the
+//! named position). A backfill (AEP-0001 §7 #2) arriving later on that connection is
+//! printed when above that mark, and always for a stream the relay resumes at its own
+//! position. A session whose first Event arrives while `tail` is disconnected is not
+//! named, and a new emitter of a printed name only comes back strictly after that name's
+//! lowest printed position; `--from all` catches both.
 //!
 //! Events without a position (foreign-emitter session Events such as `attention.routed`
 //! and commands, which a resume may deliver again, AEP-0003 §7) are skipped when their
@@ -85,13 +96,35 @@ pub struct TailArgs {
     idle_timeout_secs: f64,
 }
 
+/// A position `(epoch, seq)` in one owning stream (AEP-0001 §7 #3: ordered
+/// lexicographically, the tuple order).
+type Pos = (u64, u64);
+
+/// One owning stream `(source, session)` that `tail` has printed from (AEP-0001 §5.2).
+struct Stream {
+    /// The Event's `source` attribute, verbatim (empty when the bytes did not scan).
+    source: String,
+    /// Highest printed position.
+    last: Pos,
+    /// On the current connection, the stream's sequenced Events at or below this are
+    /// already printed and skipped: set on resume when the relay will replay them again
+    /// (`from=all`, or the bare name was named below this stream's `last`).
+    skip_upto: Option<Pos>,
+}
+
+/// What was printed under one bare session name: every stream of that name.
+struct Name {
+    /// Its streams, in the order first printed (almost always one).
+    streams: Vec<Stream>,
+    /// When the name last printed (a counter), to name the most recent on resume.
+    recency: u64,
+}
+
 /// What `tail` has printed, for resuming.
 #[derive(Default)]
 struct Progress {
-    /// Highest printed `(epoch, seq)` per session.
-    last: HashMap<String, (u64, u64)>,
-    /// When each session last printed (a counter), to name the most recent on resume.
-    recency: HashMap<String, u64>,
+    /// Printed positions per bare session, then per stream of that name.
+    names: HashMap<String, Name>,
     clock: u64,
     /// `(source, id)` of recently printed Events without a position.
     foreign: HashSet<(String, String)>,
@@ -99,32 +132,36 @@ struct Progress {
 }
 
 impl Progress {
-    /// Whether to print the Event (and records it when so). `resume_filter`: skip
-    /// sequenced Events at or below the printed position of their session.
-    fn admit(&mut self, id: Option<&str>, data: &[u8], resume_filter: bool) -> bool {
+    /// Whether to print the Event (and records it when so). A sequenced Event (an `id:`
+    /// giving `session:epoch:seq`) belongs to the stream of its `source` and that
+    /// session; it is skipped when at or below its own stream's `skip_upto`.
+    fn admit(&mut self, id: Option<&str>, data: &[u8]) -> bool {
+        let ev = Event::scan(Bytes::copy_from_slice(data)).ok();
         if let Some(p) = id.and_then(sse::parse_last_event_id) {
+            let source = ev.as_ref().map_or("", |e| e.source());
             let pos = (p.epoch, p.seq);
             self.clock += 1;
-            match self.recency.get_mut(&p.session) {
-                Some(t) => *t = self.clock,
-                None => {
-                    self.recency.insert(p.session.clone(), self.clock);
-                }
-            }
-            match self.last.get_mut(&p.session) {
-                Some(last) => {
-                    if resume_filter && pos <= *last {
+            let name = self.names.entry(p.session).or_insert_with(|| Name {
+                streams: Vec::new(),
+                recency: 0,
+            });
+            name.recency = self.clock;
+            match name.streams.iter_mut().find(|s| s.source == source) {
+                Some(s) => {
+                    if s.skip_upto.is_some_and(|k| pos <= k) {
                         return false;
                     }
-                    *last = (*last).max(pos);
+                    s.last = s.last.max(pos);
                 }
-                None => {
-                    self.last.insert(p.session, pos);
-                }
+                None => name.streams.push(Stream {
+                    source: source.to_string(),
+                    last: pos,
+                    skip_upto: None,
+                }),
             }
             return true;
         }
-        let Ok(ev) = Event::scan(Bytes::copy_from_slice(data)) else {
+        let Some(ev) = ev else {
             return true;
         };
         if ev.scope() == Scope::Agent {
@@ -142,6 +179,27 @@ impl Progress {
         self.foreign.insert(key.clone());
         self.foreign_order.push_back(key);
         true
+    }
+
+    /// Prepares the next connection's resume filter for a `from=all` replay: every stream
+    /// comes again in full, so each skips what it printed.
+    fn resume_all(&mut self) {
+        for s in self.names.values_mut().flat_map(|n| n.streams.iter_mut()) {
+            s.skip_upto = Some(s.last);
+        }
+    }
+
+    /// Names bare session `name` in the next `from`: returns the lowest printed position
+    /// of its streams (the relay replays each stream of the name strictly after it,
+    /// AEP-0003 §7), and makes every stream printed beyond it skip up to its own `last`.
+    /// `None` when nothing of `name` was printed.
+    fn resume_name(&mut self, name: &str) -> Option<Pos> {
+        let n = self.names.get_mut(name)?;
+        let named = n.streams.iter().map(|s| s.last).min()?;
+        for s in &mut n.streams {
+            s.skip_upto = (s.last > named).then_some(s.last);
+        }
+        Some(named)
     }
 }
 
@@ -167,49 +225,54 @@ struct Tail {
 }
 
 impl Tail {
-    /// The `from` of the next request, `None` for live only; and whether the resume
-    /// filter applies.
-    fn next_from(&self, resumed: bool) -> (Option<String>, bool) {
-        match &self.initial {
-            From::All => (Some("all".into()), resumed),
-            initial => {
-                let mut map: Vec<(String, (u64, u64))> = match initial {
-                    From::Positions(ps) => ps
-                        .iter()
-                        .filter(|p| !self.progress.last.contains_key(&p.session))
-                        .map(|p| (p.session.clone(), (p.epoch, p.seq)))
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                let mut seen: Vec<(u64, &String, (u64, u64))> = self
-                    .progress
-                    .last
-                    .iter()
-                    .map(|(s, p)| (self.progress.recency.get(s).copied().unwrap_or(0), s, *p))
-                    .collect();
-                // The relay answers a longer `from` with 400 limit-exceeded: name the most
-                // recently printed sessions (the others may miss Events while away).
-                let room = MAX_FROM.saturating_sub(map.len());
-                if seen.len() > room {
-                    eprintln!(
-                        "aep-relay tail: {} sessions printed; resuming the {room} most recent (AEP_MAX_FROM), the others may miss Events (use --from all)",
-                        seen.len()
-                    );
-                    seen.sort_by_key(|e| std::cmp::Reverse(e.0));
-                    seen.truncate(room);
-                }
-                map.extend(seen.into_iter().map(|(_, s, p)| (s.clone(), p)));
-                if map.is_empty() {
-                    return (None, false);
-                }
-                map.sort();
-                let arr: Vec<serde_json::Value> = map
-                    .into_iter()
-                    .map(|(s, (e, q))| serde_json::json!({"session": s, "epoch": e, "seq": q}))
-                    .collect();
-                (Some(serde_json::Value::Array(arr).to_string()), false)
+    /// The `from` of the next request, `None` for live only; sets the resume filter
+    /// each printed stream applies on that connection.
+    fn next_from(&mut self) -> Option<String> {
+        let p = &mut self.progress;
+        for s in p.names.values_mut().flat_map(|n| n.streams.iter_mut()) {
+            s.skip_upto = None;
+        }
+        let initial = match &self.initial {
+            From::All => {
+                p.resume_all();
+                return Some("all".into());
+            }
+            From::Positions(ps) => &ps[..],
+            _ => &[],
+        };
+        let mut map: Vec<(String, Pos)> = initial
+            .iter()
+            .filter(|q| !p.names.contains_key(&q.session))
+            .map(|q| (q.session.clone(), (q.epoch, q.seq)))
+            .collect();
+        let mut seen: Vec<(u64, &String)> = p.names.iter().map(|(s, n)| (n.recency, s)).collect();
+        // The relay answers a longer `from` with 400 limit-exceeded: name the most recently
+        // printed session names, each once whatever its number of streams (the others may
+        // miss Events while away).
+        let room = MAX_FROM.saturating_sub(map.len());
+        if seen.len() > room {
+            eprintln!(
+                "aep-relay tail: {} sessions printed; resuming the {room} most recent (AEP_MAX_FROM), the others may miss Events (use --from all)",
+                seen.len()
+            );
+            seen.sort_by_key(|e| std::cmp::Reverse(e.0));
+            seen.truncate(room);
+        }
+        let kept: Vec<String> = seen.into_iter().map(|(_, s)| s.clone()).collect();
+        for name in kept {
+            if let Some(pos) = p.resume_name(&name) {
+                map.push((name, pos));
             }
         }
+        if map.is_empty() {
+            return None;
+        }
+        map.sort();
+        let arr: Vec<serde_json::Value> = map
+            .into_iter()
+            .map(|(s, (e, q))| serde_json::json!({"session": s, "epoch": e, "seq": q}))
+            .collect();
+        Some(serde_json::Value::Array(arr).to_string())
     }
 
     fn request_url(&self, from: &Option<String>) -> String {
@@ -237,7 +300,7 @@ impl Tail {
     }
 
     /// Reads one connection's messages, printing Events.
-    fn pump(&mut self, reader: impl Read, out: &mut impl Write, resume_filter: bool) -> End {
+    fn pump(&mut self, reader: impl Read, out: &mut impl Write) -> End {
         let mut r = BufReader::with_capacity(64 * 1024, reader);
         let mut line = Vec::new();
         let mut id: Option<String> = None;
@@ -264,7 +327,7 @@ impl Tail {
                 line.pop();
             }
             if line.is_empty() {
-                if has_data && self.progress.admit(id.as_deref(), &data, resume_filter) {
+                if has_data && self.progress.admit(id.as_deref(), &data) {
                     data.push(b'\n');
                     if out.write_all(&data).is_err() {
                         return End::OutputClosed;
@@ -375,7 +438,7 @@ pub fn run(args: TailArgs) -> ExitCode {
     let mut down_since_reported = false;
     let mut ever_connected = false;
     loop {
-        let (from, filter) = tail.next_from(resumed);
+        let from = tail.next_from();
         let url = tail.request_url(&from);
         let mut req = tail.agent.get(&url).set("Accept", "text/event-stream");
         if let Some(t) = &tail.token {
@@ -394,7 +457,7 @@ pub fn run(args: TailArgs) -> ExitCode {
                 down_since_reported = false;
                 ever_connected = true;
                 backoff = BACKOFF_MIN;
-                match tail.pump(resp.into_reader(), &mut out, filter) {
+                match tail.pump(resp.into_reader(), &mut out) {
                     End::OutputClosed => return ExitCode::SUCCESS,
                     End::Eof if !tail.live => {
                         let _ = out.flush();
@@ -436,61 +499,156 @@ pub fn run(args: TailArgs) -> ExitCode {
 mod tests {
     use super::*;
 
-    #[test]
-    fn pump_prints_data_and_tracks_positions() {
-        let mut t = Tail {
+    fn tail(initial: From) -> Tail {
+        Tail {
             stream_url: "http://x/stream".into(),
             filter: None,
             capture: None,
-            initial: From::Live,
+            initial,
             token: None,
             live: true,
             agent: ureq::agent(),
             progress: Progress::default(),
-        };
+        }
+    }
+
+    /// A sequenced Event's SSE message from emitter `agent` of `session` at (0, `seq`).
+    fn msg(agent: &str, session: &str, seq: u64) -> String {
+        format!(
+            "id: {session}:0:{seq}\ndata: {{\"id\":\"{seq}\",\"source\":\"aep://h/agent/{agent}\",\"session\":\"{session}\",\"seq\":{seq}}}\n\n"
+        )
+    }
+
+    fn last(t: &Tail, session: &str, agent: &str) -> Pos {
+        let src = format!("aep://h/agent/{agent}");
+        t.progress.names[session]
+            .streams
+            .iter()
+            .find(|s| s.source == src)
+            .unwrap()
+            .last
+    }
+
+    #[test]
+    fn pump_prints_data_and_tracks_positions() {
+        let mut t = tail(From::Live);
         let routed = r#"{"aep":"0.1","id":"r1","type":"attention.routed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/b","agent":"b","session":"s"}"#;
         let wire = format!(
             ": aep-relay stream open\n\nevent: tool.completed\nid: s:0:3\ndata: {{\"a\":1}}\n\n: ping\n\nevent: attention.routed\ndata: {routed}\n\n: replay-exhausted s 0:2\n\nevent: attention.routed\ndata: {routed}\n\n"
         );
         let mut out = Vec::new();
-        assert!(matches!(t.pump(wire.as_bytes(), &mut out, false), End::Eof));
+        assert!(matches!(t.pump(wire.as_bytes(), &mut out), End::Eof));
         assert_eq!(
             String::from_utf8(out).unwrap(),
             format!("{{\"a\":1}}\n{routed}\n")
         );
-        assert_eq!(t.progress.last["s"], (0, 3));
-        let (from, filter) = t.next_from(true);
+        assert_eq!(t.progress.names["s"].streams[0].last, (0, 3));
         assert_eq!(
-            from.as_deref(),
+            t.next_from().as_deref(),
             Some(r#"[{"session":"s","epoch":0,"seq":3}]"#)
         );
-        assert!(!filter);
         // from=all: a replayed Event at or below the printed position is skipped.
         t.initial = From::All;
         let again = "id: s:0:3\ndata: {\"a\":1}\n\nid: s:0:4\ndata: {\"a\":2}\n\n";
         let mut out = Vec::new();
-        let (_, filter) = t.next_from(true);
-        t.pump(again.as_bytes(), &mut out, filter);
+        assert_eq!(t.next_from().as_deref(), Some("all"));
+        t.pump(again.as_bytes(), &mut out);
         assert_eq!(out, b"{\"a\":2}\n");
         assert!(t.request_url(&Some("all".into())).ends_with("?from=all"));
     }
 
+    /// AEP-0001 §5.2, AEP-0003 §7: two emitters' same-named sessions are two streams; the
+    /// resume names the bare session once at the lower printed position, and each stream
+    /// skips only what it printed itself.
+    #[test]
+    fn same_named_streams_resume_from_the_lower_and_skip_their_own() {
+        let mut t = tail(From::Live);
+        let mut wire: String = (0..=50).map(|q| msg("a", "s", q)).collect();
+        wire.extend((0..=3).map(|q| msg("b", "s", q)));
+        let mut out = Vec::new();
+        t.pump(wire.as_bytes(), &mut out);
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 55);
+        assert_eq!((last(&t, "s", "a"), last(&t, "s", "b")), ((0, 50), (0, 3)));
+        assert_eq!(
+            t.next_from().as_deref(),
+            Some(r#"[{"session":"s","epoch":0,"seq":3}]"#)
+        );
+        // The relay's replay after s:0:3: a 4..=52 (4..=50 printed already), b 4..=5, and
+        // a third emitter `c` never printed before, strictly after the named position.
+        let mut again: String = (4..=52).map(|q| msg("a", "s", q)).collect();
+        again.extend((4..=5).map(|q| msg("b", "s", q)));
+        again.extend((4..=5).map(|q| msg("c", "s", q)));
+        let mut out = Vec::new();
+        t.pump(again.as_bytes(), &mut out);
+        let printed: Vec<String> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                format!(
+                    "{}{}",
+                    v["source"]
+                        .as_str()
+                        .unwrap()
+                        .strip_prefix("aep://h/agent/")
+                        .unwrap(),
+                    v["seq"]
+                )
+            })
+            .collect();
+        assert_eq!(printed, ["a51", "a52", "b4", "b5", "c4", "c5"]);
+        assert_eq!(
+            t.next_from().as_deref(),
+            Some(r#"[{"session":"s","epoch":0,"seq":5}]"#)
+        );
+    }
+
+    /// The resume filter skips only what was printed before the reconnection: a backfill
+    /// (AEP-0001 §7 #2) below the stream's high-water arriving live afterwards is
+    /// printed, with `from=all` and with a stream named at its own position (which the
+    /// relay resumes exactly, so it is not filtered at all).
+    #[test]
+    fn live_backfill_after_a_resume_is_printed() {
+        for initial in [From::Live, From::All] {
+            let mut t = tail(initial);
+            let mut out = Vec::new();
+            t.pump(msg("a", "s", 5).as_bytes(), &mut out);
+            t.next_from();
+            // `from=all` replays 0..=5 again, `from=[s:0:5]` nothing; then 7 and the
+            // backfills 6 and 2 arrive live.
+            let (wire, want): (&[u64], &[u64]) = match t.initial {
+                From::All => (&[0, 5, 7, 6, 2], &[7, 6]),
+                _ => (&[7, 6, 2], &[7, 6, 2]),
+            };
+            let wire: String = wire.iter().map(|&q| msg("a", "s", q)).collect();
+            let mut out = Vec::new();
+            t.pump(wire.as_bytes(), &mut out);
+            let seqs: Vec<u64> = String::from_utf8(out)
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(seqs, want);
+            assert_eq!(last(&t, "s", "a"), (0, 7));
+        }
+    }
+
     #[test]
     fn a_resume_names_at_most_max_from_sessions_the_most_recent() {
-        let mut t = Tail {
-            stream_url: "http://x/stream".into(),
-            filter: None,
-            capture: None,
-            initial: From::Live,
-            token: None,
-            live: true,
-            agent: ureq::agent(),
-            progress: Progress::default(),
-        };
+        let mut t = tail(From::Live);
         for i in 0..1500 {
-            assert!(t.progress.admit(Some(&format!("s{i}:0:1")), b"{}", false));
+            assert!(t.progress.admit(Some(&format!("s{i}:0:1")), b"{}"));
+            // A second stream of the same name does not take a second entry.
+            let other = format!(r#"{{"source":"aep://h/agent/b","session":"s{i}"}}"#);
+            assert!(t
+                .progress
+                .admit(Some(&format!("s{i}:0:2")), other.as_bytes()));
         }
-        let (from, _) = t.next_from(true);
+        let from = t.next_from();
         let v: serde_json::Value = serde_json::from_str(&from.unwrap()).unwrap();
         let names: Vec<&str> = v
             .as_array()
@@ -500,5 +658,9 @@ mod tests {
             .collect();
         assert_eq!(names.len(), MAX_FROM);
         assert!(!names.contains(&"s499") && names.contains(&"s500") && names.contains(&"s1499"));
+        assert!(
+            v.as_array().unwrap().iter().all(|p| p["seq"] == 1),
+            "the lower"
+        );
     }
 }
