@@ -163,6 +163,17 @@ impl SubscriptionIndex {
             lookup(&self.by_type, ev.text(Attr::Type)),
             &self.unpinned,
         ];
+        // The common case is a single kind of candidate (say, only unpinned filters):
+        // no merge needed, it is already ascending.
+        let mut nonempty = lists.iter().filter(|l| !l.is_empty());
+        if let (Some(only), None) = (nonempty.next(), nonempty.next()) {
+            for (key, filter) in *only {
+                if filter.matches(ev) {
+                    out.push(*key);
+                }
+            }
+            return;
+        }
         // Merge the four sorted candidate lists. The lists are disjoint: a key is placed
         // under one pin kind only, and in one bucket per Event value.
         loop {

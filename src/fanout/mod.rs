@@ -520,7 +520,7 @@ impl Hub {
                     .get(sub.conn)
                     .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
                 if queued {
-                    delivered.note(ev.source(), session, pos);
+                    delivered.note(placed.first().copied(), ev.source(), session, pos);
                 }
             }
         }

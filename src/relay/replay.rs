@@ -116,7 +116,7 @@ impl Relay {
                     if let (Scope::Sequenced, Some(s), Some(q)) =
                         (ev.scope(), ev.session(), ev.seq())
                     {
-                        delivered.note(ev.source(), s, (ev.epoch(), q));
+                        delivered.note(None, ev.source(), s, (ev.epoch(), q));
                     }
                 }
             }

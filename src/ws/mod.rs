@@ -26,6 +26,7 @@ pub mod frames;
 pub mod handshake;
 
 use crate::auth::Grant;
+use crate::store::StreamId;
 use frames::Declaration;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -48,6 +49,9 @@ pub struct Delivered {
     /// Slot of the last stream noted: consecutive deliveries of one stream (the common
     /// case) update it with two string compares, no hashing.
     recent: usize,
+    /// The store's id of the stream at `recent`, when the caller gave one: consecutive
+    /// deliveries of one stream then update it with one integer compare.
+    recent_id: Option<StreamId>,
     cap: usize,
 }
 
@@ -62,7 +66,18 @@ impl Delivered {
 
     /// Records that `(epoch, seq)` of the stream `(source, session)` was queued to the
     /// subscriber.
-    pub fn note(&mut self, source: &str, session: &str, pos: (u64, u64)) {
+    ///
+    /// `stream` is the store's id of that stream when the caller has it (fan-out does):
+    /// ids are never reused (`store::StreamId`), so a match on it is a match on
+    /// `(source, session)` without comparing either.
+    pub fn note(&mut self, stream: Option<StreamId>, source: &str, session: &str, pos: (u64, u64)) {
+        if stream.is_some() && stream == self.recent_id {
+            if let Some(e) = self.entries.get_mut(self.recent) {
+                e.2 = pos;
+                return;
+            }
+        }
+        self.recent_id = stream;
         if let Some(e) = self.entries.get_mut(self.recent) {
             if &*e.0 == session && &*e.1 == source {
                 e.2 = pos;
@@ -131,15 +146,15 @@ mod delivered_tests {
     #[test]
     fn note_keeps_the_last_position_per_session_within_the_cap() {
         let mut d = Delivered::new(2);
-        d.note(X, "a", (0, 1));
-        d.note(X, "a", (0, 2));
-        d.note(X, "b", (0, 5));
-        d.note(X, "a", (0, 3));
+        d.note(None, X, "a", (0, 1));
+        d.note(None, X, "a", (0, 2));
+        d.note(None, X, "b", (0, 5));
+        d.note(None, X, "a", (0, 3));
         assert_eq!(d.positions(), vec![("a", X, (0, 3)), ("b", X, (0, 5))]);
-        d.note(X, "c", (1, 0));
+        d.note(None, X, "c", (1, 0));
         assert_eq!(d.positions().len(), 2, "at most cap sessions");
-        d.note(X, "b", (0, 6));
-        d.note(X, "c", (1, 1));
+        d.note(None, X, "b", (0, 6));
+        d.note(None, X, "c", (1, 1));
         assert_eq!(
             d.positions(),
             vec![("b", X, (0, 6)), ("c", X, (1, 1))],
@@ -152,23 +167,61 @@ mod delivered_tests {
     #[test]
     fn note_keeps_one_position_per_owning_stream() {
         let mut d = Delivered::new(3);
-        d.note(X, "s", (0, 4));
-        d.note(Y, "s", (0, 1));
-        d.note(X, "s", (0, 5));
+        d.note(None, X, "s", (0, 4));
+        d.note(None, Y, "s", (0, 1));
+        d.note(None, X, "s", (0, 5));
         assert_eq!(d.positions(), vec![("s", X, (0, 5)), ("s", Y, (0, 1))]);
-        d.note(X, "t", (0, 9));
-        d.note(Y, "u", (0, 2)); // forgets (X, s); (Y, u) moves into its slot
+        d.note(None, X, "t", (0, 9));
+        d.note(None, Y, "u", (0, 2)); // forgets (X, s); (Y, u) moves into its slot
         assert_eq!(
             d.positions(),
             vec![("s", Y, (0, 1)), ("t", X, (0, 9)), ("u", Y, (0, 2))]
         );
-        d.note(Y, "s", (0, 3));
-        d.note(Y, "u", (0, 7));
-        d.note(X, "t", (0, 10));
+        d.note(None, Y, "s", (0, 3));
+        d.note(None, Y, "u", (0, 7));
+        d.note(None, X, "t", (0, 10));
         assert_eq!(
             d.positions(),
             vec![("s", Y, (0, 3)), ("t", X, (0, 10)), ("u", Y, (0, 7))]
         );
+    }
+
+    /// The store's stream ids (fan-out passes them) are a shortcut, never a different
+    /// answer: the same notes with and without ids record the same positions, across
+    /// same-name streams, interleaving and the cap.
+    #[test]
+    fn noting_with_stream_ids_records_what_noting_without_them_does() {
+        use crate::envelope::Event;
+        use crate::store::Store;
+        use std::sync::Arc;
+        let mut store: Store<Event> = Store::new(64, 64);
+        let script = [
+            (X, "s", 1),
+            (X, "s", 2),
+            (Y, "s", 1),
+            (X, "s", 3),
+            (Y, "s", 2),
+            (Y, "s", 3),
+            (X, "t", 1),
+            (Y, "u", 1),
+            (X, "s", 4),
+            (X, "s", 5),
+            (Y, "u", 2),
+            (X, "t", 2),
+        ];
+        let (mut with, mut without) = (Delivered::new(3), Delivered::new(3));
+        for (i, (source, session, seq)) in script.into_iter().enumerate() {
+            let line = format!(
+                r#"{{"aep":"0.1","id":"e{i}","type":"tool.completed","time":"2026-01-01T00:00:00Z","source":"{source}","agent":"a","session":"{session}","seq":{seq}}}"#
+            );
+            let ev = Arc::new(Event::parse(bytes::Bytes::from(line)).expect("valid"));
+            store.admit(&ev);
+            let id = store.last_placed().first().copied();
+            assert!(id.is_some(), "a sequenced Event is placed in its stream");
+            with.note(id, source, session, (0, seq));
+            without.note(None, source, session, (0, seq));
+            assert_eq!(with.positions(), without.positions(), "after note {i}");
+        }
     }
 }
 
@@ -224,11 +277,11 @@ mod tests {
     #[test]
     fn delivered_keeps_the_last_position_per_session_within_its_cap() {
         let mut d = Delivered::new(2);
-        d.note("x", "a", (0, 1));
-        d.note("x", "a", (0, 2));
-        d.note("x", "b", (1, 0));
+        d.note(None, "x", "a", (0, 1));
+        d.note(None, "x", "a", (0, 2));
+        d.note(None, "x", "b", (1, 0));
         assert_eq!(d.positions(), vec![("a", "x", (0, 2)), ("b", "x", (1, 0))]);
-        d.note("x", "c", (0, 9));
+        d.note(None, "x", "c", (0, 9));
         assert_eq!(d.positions().len(), 2);
         assert!(d.positions().contains(&("c", "x", (0, 9))));
     }
