@@ -24,13 +24,15 @@
 //!                                          └─ lower ceiling ─► capture::downlevel (once per
 //!                                                               Event and level)
 //!                                                            ▼
-//!                     Conn output queue (shared `Bytes`, bounded) ─► writev
+//!                     Conn output queue (slices of the unit's frames, bounded) ─► writev
 //! ```
 //!
 //! One thread, one `mio::Poll`. An Event is kept as the byte slice the emitter sent;
 //! each wire frame is built once per Event (and capture level) and shared by every
-//! subscriber, so fan-out to N subscribers is N queue pushes of a reference-counted
-//! buffer: no copy and no JSON re-serialization per subscriber.
+//! subscriber: no copy and no JSON re-serialization per subscriber. The frames of one
+//! ingest unit (an NDJSON body, the WebSocket messages of one read, a JSONL chunk) are
+//! laid out back to back, so a subscriber that takes a run of them queues one
+//! reference-counted slice for the run and the kernel gets one `writev` per connection.
 //!
 //! # Embedding
 //!
