@@ -17,16 +17,12 @@ mod common;
 mod counting;
 mod wsclient;
 
-use counting::{live, one_at_a_time};
+use counting::{assert_held_at_own_size, buffered_of_metrics, live, one_at_a_time};
 
 const MIB: usize = 1024 * 1024;
-/// Sessions, each with a replay buffer of one Event: what is held at the end.
+/// Sessions, each with a replay buffer of one Event: what is held at the end (each
+/// session holds one Event, as [`counting::PER_EVENT_CONSTANT`] assumes).
 const SESSIONS: usize = 32;
-/// What one held Event may cost beyond its own bytes: the `Event` struct (~370 bytes of
-/// scanned spans), its `Arc`, the store's ring entry and dedupe slot, a `Bytes` header,
-/// and its session's fixed cost (struct, name, index slot) since every session holds
-/// one Event here. Far below one megabyte, which is what a pinned body costs.
-const PER_EVENT_CONSTANT: usize = 2048;
 
 /// A ~600-byte Event of `session` at `seq`.
 fn event(session: &str, seq: u64) -> String {
@@ -69,15 +65,7 @@ fn buffered(relay: &mut Relay) -> (usize, usize) {
         b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
         true,
     );
-    let out = String::from_utf8(relay.take_output(c).unwrap()).unwrap();
-    let value = |name: &str| -> usize {
-        out.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("{name} in {out}"))
-            .parse::<f64>()
-            .unwrap() as usize
-    };
-    (value("aep_buffered_bytes"), value("aep_buffered_events"))
+    buffered_of_metrics(&String::from_utf8(relay.take_output(c).unwrap()).unwrap())
 }
 
 /// AEP-0003 §5, issue 12 §3: 32 sessions with a buffer of one, each fed one 1 MiB NDJSON
@@ -96,13 +84,7 @@ fn a_held_event_of_a_large_batch_costs_its_own_bytes() {
         // The caller's handle goes with the call: only what the relay keeps stays live.
         relay.ingest(body).expect("batch accepted");
     }
-    let grown = live().saturating_sub(before);
-    let per_event = grown as f64 / SESSIONS as f64;
-    println!("{SESSIONS} Events held from 1 MiB batches: {grown} bytes live, {per_event:.0} B/Event ({kept} bytes of Events)");
-    assert!(
-        grown <= kept + SESSIONS * PER_EVENT_CONSTANT,
-        "{SESSIONS} held Events keep {grown} bytes allocated ({per_event:.0} per Event) for {kept} bytes of Events"
-    );
+    assert_held_at_own_size("held from 1 MiB batches", before, kept, SESSIONS, 0);
     // The metric and the status document say what is held: the Events' own bytes.
     assert_eq!(buffered(&mut relay), (kept, SESSIONS));
     let c = relay.connect_memory(None);
@@ -116,24 +98,6 @@ fn a_held_event_of_a_large_batch_costs_its_own_bytes() {
     let status: serde_json::Value = serde_json::from_slice(&out[at..]).unwrap();
     assert_eq!(status["buffered_bytes"], kept, "{status}");
     assert_eq!(status["buffered_events"], SESSIONS, "{status}");
-}
-
-/// `aep_buffered_bytes` and `aep_buffered_events` of a running relay's `GET /metrics`.
-fn buffered_over_http(relay: &common::TestRelay) -> (usize, usize) {
-    let out = common::agent()
-        .get(&relay.url("/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    let value = |name: &str| -> usize {
-        out.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("{name} in {out}"))
-            .parse::<f64>()
-            .unwrap() as usize
-    };
-    (value("aep_buffered_bytes"), value("aep_buffered_events"))
 }
 
 /// Whitespace around the Event (legal JSON, trimmed by the scanner) the padded messages
@@ -179,16 +143,19 @@ fn a_held_event_of_a_padded_websocket_message_costs_its_own_bytes() {
         "{}",
         String::from_utf8_lossy(&p)
     );
-    let grown = live().saturating_sub(before);
-    let per_event = grown as f64 / SESSIONS as f64;
-    println!("{SESSIONS} Events held from padded WebSocket messages: {grown} bytes live, {per_event:.0} B/Event ({kept} bytes of Events)");
     // The connection's read buffer may keep the capacity of the largest message read.
     let connection = 2 * (PAD + 64 * 1024);
-    assert!(
-        grown <= kept + SESSIONS * PER_EVENT_CONSTANT + connection,
-        "{SESSIONS} held Events keep {grown} bytes allocated ({per_event:.0} per Event) for {kept} bytes of Events"
+    assert_held_at_own_size(
+        "held from padded WebSocket messages",
+        before,
+        kept,
+        SESSIONS,
+        connection,
     );
-    assert_eq!(buffered_over_http(&relay), (kept, SESSIONS));
+    assert_eq!(
+        buffered_of_metrics(&relay.get_text("/metrics")),
+        (kept, SESSIONS)
+    );
 }
 
 /// Issue 12 §3, the history rebuild (`--history`): session files whose lines carry
@@ -220,12 +187,12 @@ fn a_held_event_rebuilt_from_a_padded_history_line_costs_its_own_bytes() {
     let mut store = Store::new(1, SESSIONS);
     let (history, stats) = History::open(HistoryConfig::new(&dir), &mut store).unwrap();
     assert_eq!((stats.events, store.len()), (SESSIONS, SESSIONS));
-    let grown = live().saturating_sub(before);
-    let per_event = grown as f64 / SESSIONS as f64;
-    println!("{SESSIONS} Events rebuilt from padded history lines: {grown} bytes live, {per_event:.0} B/Event ({kept} bytes of Events)");
-    assert!(
-        grown <= kept + SESSIONS * PER_EVENT_CONSTANT,
-        "{SESSIONS} held Events keep {grown} bytes allocated ({per_event:.0} per Event) for {kept} bytes of Events"
+    assert_held_at_own_size(
+        "rebuilt from padded history lines",
+        before,
+        kept,
+        SESSIONS,
+        0,
     );
     assert_eq!(store.byte_len(), kept);
     drop(history);

@@ -8,12 +8,10 @@ use std::io::Write;
 mod common;
 mod counting;
 
-use counting::{live, one_at_a_time};
+use counting::{assert_held_at_own_size, buffered_of_metrics, live, one_at_a_time};
 
 /// Sessions, each with a replay buffer of one Event: what is held at the end.
 const SESSIONS: usize = 32;
-/// What one held Event may cost beyond its own bytes (see `tests/ingest_memory.rs`).
-const PER_EVENT_CONSTANT: usize = 2048;
 /// Whitespace after the Event on each line (legal JSON, trimmed by the scanner).
 const PAD: usize = 256 * 1024;
 
@@ -23,24 +21,6 @@ fn event(session: &str, seq: u64) -> String {
     format!(
         r#"{{"aep":"0.1","id":"{session}-{seq:08}","type":"tool.completed","time":"2026-07-03T10:15:04.221Z","source":"aep://host-a/agent/claude-code/session/{session}","agent":"claude-code","session":"{session}","seq":{seq},"data":{{"pad":"{pad}"}}}}"#
     )
-}
-
-/// `aep_buffered_bytes` and `aep_buffered_events` of a running relay's `GET /metrics`.
-fn buffered_over_http(relay: &common::TestRelay) -> (usize, usize) {
-    let out = common::agent()
-        .get(&relay.url("/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    let value = |name: &str| -> usize {
-        out.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("{name} in {out}"))
-            .parse::<f64>()
-            .unwrap() as usize
-    };
-    (value("aep_buffered_bytes"), value("aep_buffered_events"))
 }
 
 /// AEP-0003 §3.1, issue 12 §3: JSONL lines (`--ingest-file`) padded with whitespace after
@@ -74,17 +54,17 @@ fn a_held_event_of_a_padded_jsonl_line_costs_its_own_bytes() {
     while seen.len() < SESSIONS {
         seen.insert(stream.expect().id);
     }
-    let held = buffered_over_http(&relay);
+    let held = buffered_of_metrics(&relay.get_text("/metrics"));
     assert_eq!(held, (kept, SESSIONS), "every line ingested");
-    let grown = live().saturating_sub(before);
-    let per_event = grown as f64 / SESSIONS as f64;
-    println!("{SESSIONS} Events held from padded JSONL lines: {grown} bytes live, {per_event:.0} B/Event ({kept} bytes of Events)");
     // The relay itself (connection slab, poll events, read scratch), the SSE stream and
     // the follower (its read chunk, the partial line of at most one padded line).
     let relay_and_follower = 2 * 1024 * 1024;
-    assert!(
-        grown <= kept + SESSIONS * PER_EVENT_CONSTANT + relay_and_follower,
-        "{SESSIONS} held Events keep {grown} bytes allocated ({per_event:.0} per Event) for {kept} bytes of Events"
+    assert_held_at_own_size(
+        "held from padded JSONL lines",
+        before,
+        kept,
+        SESSIONS,
+        relay_and_follower,
     );
     drop(stream);
     drop(relay);

@@ -36,27 +36,10 @@ fn exchange(addr: SocketAddr, req: &[u8]) -> (SocketAddr, String) {
 /// A WebSocket upgraded by hand on a fresh connection (with `auth` header lines);
 /// returns its local address and the raw client.
 fn ws_raw(addr: SocketAddr, auth: &str) -> (SocketAddr, Raw) {
-    let mut tcp = TcpStream::connect(addr).unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(common::WAIT)).unwrap();
     let peer = tcp.local_addr().unwrap();
-    write!(
-        tcp,
-        "GET /socket HTTP/1.1\r\nHost: x\r\n{auth}Upgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    )
-    .unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(tcp.read(&mut b).unwrap(), 1, "handshake answer");
-        head.push(b[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 101 "),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
-    (peer, Raw { tcp })
+    (peer, Raw::upgrade(tcp, auth).0)
 }
 
 /// Reads server frames until a close frame; returns (close code, reason, text frames).
@@ -225,12 +208,7 @@ fn every_refusal_is_logged_once_at_info_with_its_code_and_peer() {
 
 /// `aep_events_rejected_total{reason="…"}` of `GET /metrics`.
 fn rejected(relay: &TestRelay) -> Vec<(String, u64)> {
-    let text = common::agent()
-        .get(&relay.url("/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let text = relay.get_text("/metrics");
     text.lines()
         .filter_map(|l| l.strip_prefix("aep_events_rejected_total{reason=\""))
         .map(|l| {

@@ -336,12 +336,7 @@ fn the_golden_corpus_replays_every_sequenced_event_live_and_after_a_sigkill() {
 
 /// `/status` rows as (session, source, agent), sorted.
 fn status_streams(relay: &binary::Relay) -> Vec<(String, Value, Value)> {
-    let body = binary::agent()
-        .get(&relay.url("/status"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let body = common::get_text(&relay.url("/status"));
     let s: Value = serde_json::from_str(&body).unwrap();
     let mut rows: Vec<(String, Value, Value)> = s["sessions"]["recent"]
         .as_array()

@@ -3,38 +3,17 @@
 //! attribute struct (shared with fan-out). The `Arc` reference counts are charged to the
 //! store.
 //!
-//! Measured with a counting global allocator; this file holds one test so nothing else
-//! allocates concurrently.
+//! Measured with the counting global allocator of `tests/counting`; this file holds one
+//! test so nothing else allocates concurrently.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use aep_relay::envelope::Scope;
 use aep_relay::store::{Admission, Position, Store, Stored};
 
-struct Counting;
+mod counting;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::SeqCst);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
-        LIVE.fetch_add(new_size, Ordering::SeqCst);
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
+use counting::live;
 
 /// Raw bytes plus spans into them, like `envelope::Event`.
 struct M {
@@ -101,13 +80,13 @@ fn event(session: usize, i: u64, foreign: bool) -> Arc<M> {
 
 /// Store overhead per held Event, in bytes, after a churning workload.
 fn overhead_per_event(buffer: usize, sessions: usize, admits: u64) -> f64 {
-    let before = LIVE.load(Ordering::SeqCst);
+    let before = live();
     let mut st: Store<M> = Store::new(buffer, sessions);
     for i in 0..admits {
         let ev = event(i as usize % sessions, i, i % 5 == 0);
         assert_eq!(st.admit(&ev), Admission::Admitted);
     }
-    let after = LIVE.load(Ordering::SeqCst);
+    let after = live();
     let held = st.len();
     assert_eq!(held, buffer * sessions);
     assert_eq!(st.byte_len(), held * RAW);
@@ -118,7 +97,7 @@ fn overhead_per_event(buffer: usize, sessions: usize, admits: u64) -> f64 {
     drop(st);
     // The test harness may allocate a little on other threads meanwhile: allow slack far
     // below one held Event per session, so a real leak still fails.
-    let left = LIVE.load(Ordering::SeqCst).abs_diff(before);
+    let left = live().abs_diff(before);
     assert!(
         left < 16 * 1024,
         "no leak: {left} bytes still live after drop"

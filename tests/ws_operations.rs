@@ -51,12 +51,7 @@ fn metrics_count_the_websocket_binding() {
     assert_eq!(watch.recv_text(), line);
     em.send("{}");
     assert_eq!(em.recv()["code"], "invalid-event");
-    let text = common::agent()
-        .get(&relay.url("/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let text = relay.get_text("/metrics");
     for want in [
         r#"aep_connections{binding="ws"} 2"#,
         r#"aep_events_ingested_total{binding="ws"} 1"#,

@@ -51,6 +51,11 @@ impl TestRelay {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// `GET {path}` (e.g. `/metrics`): the body as text, as [`get_text`].
+    pub fn get_text(&self, path: &str) -> String {
+        get_text(&self.url(path))
+    }
+
     /// POSTs `body` to /events with `AEP-Version: 0.1`; returns (status, JSON body).
     pub fn post(&self, content_type: &str, body: &str) -> (u16, serde_json::Value) {
         let resp = agent()
@@ -104,6 +109,12 @@ impl Drop for TestRelay {
 
 pub fn agent() -> ureq::Agent {
     ureq::AgentBuilder::new().timeout_read(WAIT).build()
+}
+
+/// `GET {url}` of any relay (a [`TestRelay`] or a spawned binary): the body as text.
+/// Panics on a transport error or an error status.
+pub fn get_text(url: &str) -> String {
+    agent().get(url).call().unwrap().into_string().unwrap()
 }
 
 /// Status and JSON body of a ureq result, error statuses included.

@@ -157,22 +157,30 @@ pub struct Raw {
 
 impl Raw {
     pub fn connect(relay: &TestRelay) -> Raw {
-        let mut tcp = relay.tcp();
-        tcp.write_all(
-            b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-        )
-        .unwrap();
+        let (raw, head) = Raw::upgrade(relay.tcp(), "");
+        assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
+        raw
+    }
+
+    /// Upgrades `tcp` to a WebSocket by hand (RFC 6455 §4.1, the sample key of §1.3),
+    /// with `headers` (whole header lines, each ending in CRLF, e.g. `Authorization`)
+    /// after `Host`; asserts a `101` answer. Returns the client and the answer's head.
+    pub fn upgrade(mut tcp: TcpStream, headers: &str) -> (Raw, String) {
+        let request = format!(
+            "GET /socket HTTP/1.1\r\nHost: x\r\n{headers}Upgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        );
+        // One write, as a client sends a request head.
+        tcp.write_all(request.as_bytes()).unwrap();
         let mut head = Vec::new();
         let mut b = [0u8; 1];
         while !head.ends_with(b"\r\n\r\n") {
             assert_eq!(tcp.read(&mut b).unwrap(), 1, "handshake answer");
             head.push(b[0]);
         }
-        let head = String::from_utf8(head).unwrap();
+        let head = String::from_utf8_lossy(&head).into_owned();
         assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
-        assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
-        Raw { tcp }
+        (Raw { tcp }, head)
     }
 
     /// One frame: `first` is the FIN/RSV/opcode byte; masked unless `mask` is `None`.
