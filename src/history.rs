@@ -29,7 +29,8 @@
 //!
 //! # Writing
 //!
-//! One `writev` of the Event's original bytes and `\n` per Event (AEP-0003 §3.1.1: a
+//! One `writev` of the Event's original bytes (CR and LF, JSON whitespace of a
+//! pretty-printed Event, as spaces) and `\n` per Event (AEP-0003 §3.1.1: a
 //! concurrent `tail -f` never sees a torn line). Files are opened with `O_APPEND`,
 //! mode `0600` (directories `0700`: the history holds whatever content the emitters
 //! captured), and kept open in a small LRU bounded by
@@ -613,7 +614,22 @@ impl History {
                 let len = self.ensure_open(&rel, &touched)?;
                 // Recorded before the write, so a short write is cut back too.
                 touched.entry(rel.clone()).or_insert(len);
-                self.append_one(&rel, ev.bytes())?;
+                // A line break in a valid Event is JSON whitespace between tokens (a
+                // string cannot hold a raw one, RFC 8259 §7): a pretty-printed
+                // `application/json` body or WebSocket message. It would split the Event
+                // over several history lines, which the rebuild skips as invalid, so the
+                // Event is written with each CR and LF as a space, one line (AEP-0003
+                // §3.1.1), the form SSE sends (`sse::write_message`). Only such Events
+                // are copied.
+                let bytes = ev.bytes();
+                let flat;
+                let line = if memchr::memchr2(b'\n', b'\r', bytes).is_some() {
+                    flat = one_line(bytes);
+                    &flat[..]
+                } else {
+                    bytes
+                };
+                self.append_one(&rel, line)?;
                 written += 1;
             }
             if self.config.fsync == Fsync::Batch {
@@ -1021,6 +1037,15 @@ fn parse_range(
         at = stop + 1;
     }
     Ok(out)
+}
+
+/// `bytes` with every CR and LF replaced by a space: one line of the same JSON value
+/// (outside strings they are whitespace; inside a valid string they cannot occur).
+fn one_line(bytes: &[u8]) -> Vec<u8> {
+    bytes
+        .iter()
+        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b })
+        .collect()
 }
 
 #[cfg(test)]

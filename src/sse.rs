@@ -268,7 +268,8 @@ const STREAM_PARAMS: &str =
 /// layer answers it with 400 before any stream header. Any other query parameter is
 /// `invalid-filter` naming the known ones: a misspelled `filter` must not widen the
 /// stream (fail closed, AEP-0003 §6.2, §11). A `Last-Event-ID` that
-/// [`parse_last_event_id`] does not read is `invalid-filter` too.
+/// [`parse_last_event_id`] does not read is `invalid-filter` too; an empty (or
+/// all-whitespace) one is no position, as if absent.
 pub fn parse_request(
     head: &RequestHead,
     max_from: usize,
@@ -330,7 +331,14 @@ pub fn parse_request(
     }
     let from = match from {
         Some(f) => f,
-        None => match head.header("last-event-id") {
+        // An empty `Last-Event-ID` names no session, so it is no position: WHATWG SSE
+        // treats an empty last event ID as none, and AEP-0003 §3.3 #3 resumes "the
+        // session it names". A client that sends it empty on a first connect gets a
+        // live stream, not a 400.
+        None => match head
+            .header("last-event-id")
+            .filter(|v| !v.trim().is_empty())
+        {
             Some(id) => From::Positions(vec![parse_last_event_id(id).ok_or_else(|| {
                 invalid(
                     "`Last-Event-ID` must be {session}:{epoch}:{seq}, the session with `%XX` escapes as the relay writes it in `id:` (AEP-0003 §3.3.2)",

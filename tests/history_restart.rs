@@ -339,3 +339,42 @@ fn a_second_relay_on_the_same_history_refuses_to_start() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// A pretty-printed Event (one `application/json` body, JSON whitespace with LF and CR
+/// between members) is one history line, so a restart still replays it (AEP-0003 §3.1.1:
+/// one Event per line; §5, §9.6). Before, its raw line breaks split it over three
+/// lines: the rebuild skipped them as invalid and the accepted Event was lost.
+#[test]
+fn a_pretty_printed_event_survives_a_restart() {
+    let dir = temp_dir("pretty");
+    let h = dir.join("h");
+    let args = ["--history", h.to_str().unwrap()];
+    let mut relay = Relay::spawn(&args);
+    let pretty =
+        ev("a", "s", 1)
+            .replacen(',', ",\n  ", 1)
+            .replacen(",\"type\"", ",\r\n\"type\"", 1);
+    assert!(pretty.contains('\n') && pretty.contains('\r'), "{pretty}");
+    let resp = agent()
+        .post(&relay.url("/events"))
+        .set("AEP-Version", "0.1")
+        .set("Content-Type", "application/json")
+        .send_string(&pretty)
+        .expect("202");
+    assert_eq!(resp.status(), 202);
+    relay.post_ok(&[ev("a", "s", 2)]);
+    let before = relay.replay_all();
+    assert_eq!(before.len(), 2, "{before:?}");
+    let file = fs::read_to_string(h.join("a/s.jsonl")).unwrap();
+    assert_eq!(file.lines().count(), 2, "one line per Event: {file:?}");
+    assert!(!file.contains('\r'), "{file:?}");
+
+    relay.kill();
+    let relay = Relay::spawn(&args);
+    assert_eq!(
+        relay.replay_all(),
+        before,
+        "the same Events after the restart"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

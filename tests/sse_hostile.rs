@@ -353,3 +353,20 @@ fn the_whatwg_parser_follows_the_standard() {
     p.feed(b"\n\r\n");
     assert_eq!(p.out.len(), 1);
 }
+
+/// An empty `Last-Event-ID` names no session, so it is no resume position: the stream
+/// opens live, as with no header (AEP-0003 §3.3 #3 "when present, is the resume position
+/// for the session it names"; WHATWG SSE: an empty last event ID string means none).
+/// A client that always sends the header, empty on its first connect, must not be
+/// refused there.
+#[test]
+fn an_empty_last_event_id_opens_a_live_stream() {
+    let relay = TestRelay::start();
+    relay.post_ok(&[&ev(0, "held", 1)]);
+    for empty in ["", " ", "\t"] {
+        let got = Stream::open(relay.addr, "/stream?live=0", &[("Last-Event-ID", empty)])
+            .unwrap_or_else(|r| panic!("Last-Event-ID {empty:?} refused: {r:?}"))
+            .rest();
+        assert!(got.is_empty(), "{empty:?} replayed {got:?}");
+    }
+}
