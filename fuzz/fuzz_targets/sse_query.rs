@@ -21,7 +21,8 @@
 //!    nothing else and no duplicate member (`limit-exceeded` beyond the limit, §6.5),
 //!    `live` `0` or `1`; `access_token` is left to auth and any other parameter is
 //!    refused (a misspelled `filter` must not widen the stream, §6.2, §11); `from` takes
-//!    precedence over `Last-Event-ID` (§3.3.3). Refusals carry a code from the closed
+//!    precedence over `Last-Event-ID` (§3.3.3), and an empty (all-whitespace)
+//!    `Last-Event-ID` is no position. Refusals carry a code from the closed
 //!    set of §6.5.
 #![no_main]
 
@@ -154,7 +155,10 @@ fn reference(head: &RequestHead) -> Result<Want, Refused> {
             _ => return Err(bad(format!("unknown parameter {k}"))),
         }
     }
-    want.from = match (from, head.header("last-event-id")) {
+    // An empty (all-whitespace) `Last-Event-ID` names no session: no position (WHATWG
+    // SSE; AEP-0003 §3.3 #3), as if the header were absent.
+    let last_event_id = head.header("last-event-id").filter(|v| !v.trim().is_empty());
+    want.from = match (from, last_event_id) {
         (Some(f), _) => f,
         (None, Some(id)) => From::Positions(vec![
             reference_last_event_id(id).ok_or_else(|| bad(id.to_owned()))?
