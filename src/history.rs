@@ -619,12 +619,13 @@ impl History {
                 // `application/json` body or WebSocket message. It would split the Event
                 // over several history lines, which the rebuild skips as invalid, so the
                 // Event is written with each CR and LF as a space, one line (AEP-0003
-                // §3.1.1), the form SSE sends (`sse::write_message`). Only such Events
+                // §3.1.1), the form SSE sends (`envelope::line_breaks_to_spaces`). Only such Events
                 // are copied.
                 let bytes = ev.bytes();
-                let flat;
+                let mut flat;
                 let line = if memchr::memchr2(b'\n', b'\r', bytes).is_some() {
-                    flat = one_line(bytes);
+                    flat = bytes.to_vec();
+                    crate::envelope::line_breaks_to_spaces(&mut flat);
                     &flat[..]
                 } else {
                     bytes
@@ -1037,15 +1038,6 @@ fn parse_range(
         at = stop + 1;
     }
     Ok(out)
-}
-
-/// `bytes` with every CR and LF replaced by a space: one line of the same JSON value
-/// (outside strings they are whitespace; inside a valid string they cannot occur).
-fn one_line(bytes: &[u8]) -> Vec<u8> {
-    bytes
-        .iter()
-        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b })
-        .collect()
 }
 
 #[cfg(test)]

@@ -792,15 +792,13 @@ impl Relay {
                         Some(new) => conn.head_scanned == 0 || memchr::memchr(b'\n', new).is_some(),
                         None => true,
                     };
-                    if !fresh {
-                        conn.head_scanned = conn.rbuf.len();
-                        if conn.rbuf.len() > max_head {
-                            let d = format!("the request head exceeds {max_head} bytes");
-                            self.reply_error(key, 431, "head-too-large", &d, true);
-                        }
-                        return;
-                    }
-                    match http::parse_head(&conn.rbuf) {
+                    // No new line feed: still incomplete, as `parse_head` would say.
+                    let parsed = if fresh {
+                        http::parse_head(&conn.rbuf)
+                    } else {
+                        Ok(None)
+                    };
+                    match parsed {
                         Ok(None) => {
                             conn.head_scanned = conn.rbuf.len();
                             if conn.rbuf.len() > max_head {

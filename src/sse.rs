@@ -409,11 +409,7 @@ pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     b.put_slice(b"data: ");
     let start = b.len();
     b.put_slice(payload);
-    for c in &mut b[start..] {
-        if *c == b'\n' || *c == b'\r' {
-            *c = b' ';
-        }
-    }
+    crate::envelope::line_breaks_to_spaces(&mut b[start..]);
     b.put_slice(b"\n\n");
 }
 

@@ -54,6 +54,18 @@ pub const WORKED_EXAMPLE: &str = r#"{
   }
 }"#;
 
+/// Rewrites every CR and LF in a valid Event's bytes as a space, in place: the same JSON
+/// value on one line. Outside strings they are insignificant whitespace; a valid string
+/// cannot hold a raw one (RFC 8259 §7). Used where an Event must fit one line: an SSE
+/// `data:` line (AEP-0003 §3.3.2) and a JSONL history line (§3.1.1).
+pub fn line_breaks_to_spaces(bytes: &mut [u8]) {
+    for c in bytes {
+        if *c == b'\n' || *c == b'\r' {
+            *c = b' ';
+        }
+    }
+}
+
 /// Severity levels in their AEP-0001 §8.1 total order: `debug < info < notice < warning <
 /// error < critical`. The derived `Ord` is that order.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -587,20 +587,24 @@ def test_browser_eventsource_hostile_sessions():
                        "the Events posted while the pages were cut off, by Last-Event-ID")
             post(relay, [5])
             wait_until(lambda: len(received()) >= 5 * len(cases), "live after the restart")
-            time.sleep(0.5)  # anything extra (a duplicate, a phantom) would be here by now
+            # A barrier, not a pause: seq 6 follows everything the relay sent before it on
+            # each stream, so once every page has it, any duplicate or phantom is in too.
+            post(relay, [6])
+            wait_until(lambda: sum(1 for g in received() if '"seq":6' in g["data"])
+                       >= len(cases), "the barrier Event on every stream")
 
             state = browser.eval("window.aep")
             check(state["unnamed"] == [], f"no unnamed (phantom) messages: {state['unnamed']}")
             got = state["received"]
-            check(len(got) == 5 * len(cases), f"{len(got)} messages for {5 * len(cases)} "
+            check(len(got) == 6 * len(cases), f"{len(got)} messages for {6 * len(cases)} "
                   f"Events: {[(g['stream'], g['data'][:80]) for g in got]}")
             for k, (n, (session, escaped)) in enumerate(cases):
                 mine = [g for g in got if g["stream"] == k]
-                want = [hostile_ev(n, session, q) for q in range(1, 6)]
+                want = [hostile_ev(n, session, q) for q in range(1, 7)]
                 check([g["data"] for g in mine] == want,
                       f"session {session[:40]!r}: got {[g['data'][:120] for g in mine]}")
                 ids = [g["id"] for g in mine]
-                check(ids == [f"{escaped}:0:{q}" for q in range(1, 6)],
+                check(ids == [f"{escaped}:0:{q}" for q in range(1, 7)],
                       f"session {session[:40]!r}: lastEventId {[i[:80] for i in ids]}")
             sent = {h.get("last-event-id") for h in browser.sent_headers("/stream")} - {None}
             want_sent = {f"{e}:0:2" for _, (_, e) in cases}
