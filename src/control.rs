@@ -43,9 +43,9 @@ impl RouteRefusal {
     /// The `error` frame's `code`.
     pub fn code(self) -> &'static str {
         match self {
-            RouteRefusal::NoRoute => crate::ws::frames::code::NO_ROUTE,
-            RouteRefusal::Ambiguous(_) => crate::ws::frames::code::AMBIGUOUS,
-            RouteRefusal::Unsupported => crate::ws::frames::code::UNSUPPORTED,
+            RouteRefusal::NoRoute => crate::ws::aep::code::NO_ROUTE,
+            RouteRefusal::Ambiguous(_) => crate::ws::aep::code::AMBIGUOUS,
+            RouteRefusal::Unsupported => crate::ws::aep::code::UNSUPPORTED,
         }
     }
 

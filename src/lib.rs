@@ -11,7 +11,7 @@
 //! ```text
 //! socket bytes ─► Conn (read buffer; TLS unwrapped by the transport)
 //!    ├─ HTTP POST /events ─► body ─► lines (memchr) ─┐
-//!    └─ WS /socket ─► ws::frame::Decoder ─► text ─────┴► Event::parse (the scanner reads
+//!    └─ WS /socket ─► ws::rfc6455::Decoder ─► text ───┴► Event::parse (the scanner reads
 //!                     (commands: control::Claims::route    the routing attributes only;
 //!                      ─► the one claimant's Conn)         `data` is validated, never built)
 //!                                                            ▼
@@ -109,6 +109,7 @@ pub mod jsonl;
 pub mod metrics;
 pub mod relay;
 pub mod sse;
+pub mod subscription;
 pub mod store;
 #[cfg(feature = "tls")]
 pub mod tls;

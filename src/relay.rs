@@ -12,6 +12,7 @@ use crate::fanout::{Binding, Hub, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::metrics::{self, Exposition, Metrics};
 use crate::sse;
+use crate::subscription;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 #[cfg(feature = "tls")]
 use crate::tls::TlsStream;
@@ -55,15 +56,15 @@ const LINGER: Duration = Duration::from_secs(2);
 /// created. A name given more than once replays each of its streams once, after the
 /// lowest of its positions (never less than any of them asked for: at-least-once,
 /// AEP-0001 §7 #4). A name not held adds nothing.
-fn replay_sessions(store: &Store<Event>, from: &sse::From) -> VecDeque<(StreamId, ReplayFrom)> {
+fn replay_sessions(store: &Store<Event>, from: &subscription::From) -> VecDeque<(StreamId, ReplayFrom)> {
     match from {
-        sse::From::Live => VecDeque::new(),
-        sse::From::All => store
+        subscription::From::Live => VecDeque::new(),
+        subscription::From::All => store
             .stream_ids()
             .into_iter()
             .map(|s| (s, ReplayFrom::Start))
             .collect(),
-        sse::From::Positions(ps) => {
+        subscription::From::Positions(ps) => {
             let mut out: VecDeque<(StreamId, ReplayFrom)> = VecDeque::new();
             let mut at: HashMap<StreamId, usize> = HashMap::new();
             for p in ps {
@@ -460,7 +461,7 @@ impl Relay {
                     self.mark_dirty(key);
                 }
                 Phase::Ws(_) => {
-                    let going_away = crate::ws::frame::close_code::GOING_AWAY;
+                    let going_away = crate::ws::rfc6455::close_code::GOING_AWAY;
                     self.ws_close(key, "shutting down", going_away);
                 }
                 Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
@@ -1680,7 +1681,7 @@ impl Relay {
                 "idle: nothing received for {} s",
                 self.config.ws_idle_timeout.as_secs_f64()
             );
-            self.ws_close(key, &reason, crate::ws::frame::close_code::GOING_AWAY);
+            self.ws_close(key, &reason, crate::ws::rfc6455::close_code::GOING_AWAY);
         }
         for (key, answered) in slow {
             if answered {
@@ -1708,7 +1709,7 @@ impl Relay {
                         self.conns[key].peer
                     );
                     let reason = "backpressure: the consumer fell behind";
-                    self.ws_close(key, reason, crate::ws::frame::close_code::TRY_AGAIN);
+                    self.ws_close(key, reason, crate::ws::rfc6455::close_code::TRY_AGAIN);
                     continue;
                 }
                 Some(Phase::Closing) if self.conns[key].close_after_flush => continue,

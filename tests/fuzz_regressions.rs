@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use aep_relay::http::RequestHead;
-use aep_relay::sse::{self, From, Position};
+use aep_relay::sse;
+use aep_relay::subscription::{From, Position};
 use aep_relay::{Config, Relay};
 
 fn config() -> Config {

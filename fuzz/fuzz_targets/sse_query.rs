@@ -29,7 +29,8 @@
 use aep_relay::envelope::Capture;
 use aep_relay::filter::Filter;
 use aep_relay::http::RequestHead;
-use aep_relay::sse::{self, From, Position};
+use aep_relay::sse;
+use aep_relay::subscription::{From, Position};
 use aep_relay_fuzz::strict;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

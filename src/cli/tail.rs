@@ -43,7 +43,8 @@
 //! would not help) or bad arguments. Everything else is retried.
 
 use aep_relay::envelope::{Capture, Event, Scope};
-use aep_relay::sse::{self, From};
+use aep_relay::sse;
+use aep_relay::subscription::{self, From};
 use bytes::Bytes;
 use clap::{ArgAction, Args};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -408,7 +409,7 @@ pub fn run(args: TailArgs) -> ExitCode {
                 Ok(v) => v,
                 Err(e) => return fail(format!("--from is neither `all` nor JSON: {e}")),
             };
-            match sse::parse_from_value(&v, usize::MAX) {
+            match subscription::parse_from_value(&v, usize::MAX) {
                 Ok(f) => f,
                 Err(e) => return fail(format!("--from: {}", e.detail)),
             }

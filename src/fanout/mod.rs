@@ -192,7 +192,7 @@ impl Frames {
             return b.clone();
         }
         let payload = self.payload(ev, slot);
-        let f = ws::frame::text(&payload);
+        let f = ws::rfc6455::text(&payload);
         self.ws[slot] = Some(f.clone());
         f
     }
@@ -224,7 +224,7 @@ impl Frames {
         }
         let start = arena.len();
         if ws {
-            ws::frame::write_text(&payload, arena);
+            ws::rfc6455::write_text(&payload, arena);
         } else {
             sse::write_message(ev, &payload, arena);
         }

@@ -106,7 +106,7 @@ fn a_match_all_subscriber_gets_one_slice_per_batch() {
     assert_eq!(entries, 1, "100 consecutive WS frames are one run");
     let want: Vec<u8> = events
         .iter()
-        .flat_map(|e| ws::frame::text(e.bytes()).to_vec())
+        .flat_map(|e| ws::rfc6455::text(e.bytes()).to_vec())
         .collect();
     assert_eq!(bytes, want);
     assert_eq!(s.hub.stats.deliveries, 200);

@@ -17,7 +17,7 @@ use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
 use crate::sse;
 use crate::store::ReplayFrom;
-use crate::ws::frames;
+use crate::ws::aep;
 use std::sync::Arc;
 
 /// Events read from the store per page.
@@ -83,7 +83,7 @@ impl Relay {
                 (page.and_then(|p| p.marker), self.store.stream(stream))
             {
                 let marker = match &job.ws_id {
-                    Some(id) => frames::replay_exhausted(id, info.name, info.source, earliest),
+                    Some(id) => aep::replay_exhausted(id, info.name, info.source, earliest),
                     None => sse::replay_exhausted(info.name, earliest),
                 };
                 conn.out.push(marker);

@@ -19,9 +19,9 @@ use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Subscription};
 use crate::filter::{self, Filter};
 use crate::http::RequestHead;
-use crate::sse;
-use crate::ws::frame::{self, close_code, Incoming};
-use crate::ws::frames::{self, code, Ref};
+use crate::subscription;
+use crate::ws::rfc6455::{self, close_code, Incoming};
+use crate::ws::aep::{self, code, Ref};
 use crate::ws::{handshake, Delivered, WsState};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -57,7 +57,7 @@ pub(super) fn tick_ws(conn: &mut Conn, now: Instant, config: &crate::Config) -> 
     let t = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    conn.send(frames::ping(t));
+    conn.send(aep::ping(t));
     conn.last_write = now;
     WsTick::Pinged
 }
@@ -137,7 +137,7 @@ impl Relay {
                         v.metric_code(),
                         v.reason,
                     );
-                    return self.ws_shut(key, &[frame::close(v.code, v.reason)]);
+                    return self.ws_shut(key, &[rfc6455::close(v.code, v.reason)]);
                 }
             }
         }
@@ -150,12 +150,12 @@ impl Relay {
     fn ws_unit(&mut self, key: usize, unit: Incoming) {
         match unit {
             Incoming::Text(t) => self.ws_text(key, t),
-            Incoming::Ping(p) => self.ws_send(key, frame::pong(&p)),
+            Incoming::Ping(p) => self.ws_send(key, rfc6455::pong(&p)),
             Incoming::Pong => {}
             // The peer started the close handshake: echo its code, then close
             // (RFC 6455 §5.5.1, §7.4.1).
             Incoming::Close(code) => {
-                self.ws_shut(key, &[frame::close(code.unwrap_or(close_code::NORMAL), "")])
+                self.ws_shut(key, &[rfc6455::close(code.unwrap_or(close_code::NORMAL), "")])
             }
         }
     }
@@ -261,9 +261,9 @@ impl Relay {
                 }
             }
             let dropped = self.conns.get(key).map_or(0, |c| c.dropped);
-            last.push(frames::closing(reason, delivered, dropped));
+            last.push(aep::closing(reason, delivered, dropped));
         }
-        last.push(frame::close(code, reason));
+        last.push(rfc6455::close(code, reason));
         self.ws_shut(key, &last);
     }
 
@@ -271,7 +271,7 @@ impl Relay {
     /// logged, see `Relay::refused`); the connection stays open.
     fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
         self.refused(key, "WebSocket message", None, code, detail);
-        self.ws_send(key, frames::error(code, r, detail, &[]));
+        self.ws_send(key, aep::error(code, r, detail, &[]));
     }
 
     /// Refuses the `hello` exchange (AEP-0003 §3.5 #1, §4): the `error` frame, then a
@@ -290,8 +290,8 @@ impl Relay {
             code,
             detail,
         );
-        let f = frames::error(code, Ref::None, detail, more);
-        let c = frame::close(close_code::POLICY, code);
+        let f = aep::error(code, Ref::None, detail, more);
+        let c = rfc6455::close(close_code::POLICY, code);
         self.ws_shut(key, &[f, c]);
     }
 
@@ -335,7 +335,7 @@ impl Relay {
                 return self.ws_refuse_hello(key, code::HELLO_REQUIRED, d, &[]);
             }
         };
-        let decl = match frames::parse_hello(&obj) {
+        let decl = match aep::parse_hello(&obj) {
             Ok(d) => d,
             Err(e) => {
                 let more = [("versions", json!(crate::envelope::SUPPORTED_VERSIONS))];
@@ -355,7 +355,7 @@ impl Relay {
         ws.hello = Some(Box::new(decl));
         ws.last_ping = Instant::now();
         let caps = self.ws_capabilities(grant);
-        self.ws_send(key, frames::hello(version, caps));
+        self.ws_send(key, aep::hello(version, caps));
     }
 
     /// The relay's declared capabilities on a socket with `grant` (AEP-0003 §4; the
@@ -486,7 +486,7 @@ impl Relay {
             return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Cause(ev.id()), &d);
         }
         self.end_unit();
-        self.conns[target].send(frame::text(ev.bytes()));
+        self.conns[target].send(rfc6455::text(ev.bytes()));
         self.mark_dirty(target);
         // History and observers; the target already has it.
         self.hub.except = Some(target);
@@ -504,7 +504,7 @@ impl Relay {
             "subscribe" => self.ws_subscribe(key, obj, raw),
             "unsubscribe" => self.ws_unsubscribe(key, obj),
             "roster" => self.ws_roster(key, obj),
-            "ping" => self.ws_send(key, frames::pong(obj.get("t"))),
+            "ping" => self.ws_send(key, aep::pong(obj.get("t"))),
             _ => {}
         }
     }
@@ -543,7 +543,7 @@ impl Relay {
             Ok(r) => r,
             Err((code, detail)) => return self.ws_refuse(key, code, Ref::Id(id), &detail),
         };
-        let sse::SubscriptionRequest {
+        let subscription::SubscriptionRequest {
             filter,
             ceiling,
             from,
@@ -562,7 +562,7 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(key) else {
             return self.hub.remove(sub);
         };
-        conn.send(frames::ack("subscribed", id));
+        conn.send(aep::ack("subscribed", id));
         if let Phase::Ws(ws) = &mut conn.phase {
             ws.subs.push((id.into(), sub));
         }
@@ -597,7 +597,7 @@ impl Relay {
         id: &str,
         obj: &Map<String, Value>,
         raw: &[u8],
-    ) -> Result<sse::SubscriptionRequest, (&'static str, String)> {
+    ) -> Result<subscription::SubscriptionRequest, (&'static str, String)> {
         self.ws_may_watch(key, "subscribe")
             .map_err(|d| (code::UNAUTHORIZED, d))?;
         let invalid = |d: String| (code::INVALID_FILTER, d);
@@ -620,12 +620,12 @@ impl Relay {
         };
         let ceiling = match obj.get("capture") {
             None => None,
-            Some(Value::String(c)) => Some(sse::parse_capture(c).map_err(|e| invalid(e.detail))?),
+            Some(Value::String(c)) => Some(subscription::parse_capture(c).map_err(|e| invalid(e.detail))?),
             Some(_) => return Err(invalid("`capture` must be a string (AEP-0003 §6.4)".into())),
         };
         let from = match obj.get("from") {
-            None => sse::From::Live,
-            Some(v) => sse::parse_from_value(v, self.config.max_from_positions)
+            None => subscription::From::Live,
+            Some(v) => subscription::parse_from_value(v, self.config.max_from_positions)
                 .map_err(|e| (e.code, e.detail))?,
         };
         let ws = self
@@ -643,7 +643,7 @@ impl Relay {
                 format!("this connection already holds {max} subscriptions, the most this relay fans out per connection (AEP_MAX_SUBSCRIPTIONS)"),
             ));
         }
-        Ok(sse::SubscriptionRequest {
+        Ok(subscription::SubscriptionRequest {
             filter: Arc::new(filter),
             ceiling,
             from,
@@ -667,7 +667,7 @@ impl Relay {
                 }
             }
         }
-        self.ws_send(key, frames::ack("unsubscribed", id));
+        self.ws_send(key, aep::ack("unsubscribed", id));
     }
 
     /// `roster` (AEP-0003 §4.1): one entry per live (connection, claimed session) pair,
@@ -691,10 +691,10 @@ impl Relay {
             .into_iter()
             .filter_map(|(session, k)| {
                 let d = self.ws_state(k)?.hello.as_ref()?;
-                Some(frames::roster_entry(session, d))
+                Some(aep::roster_entry(session, d))
             })
             .collect();
-        let f = frames::roster(id, entries);
+        let f = aep::roster(id, entries);
         self.ws_send(key, f);
     }
 }

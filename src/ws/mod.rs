@@ -2,9 +2,9 @@
 //! §7; AEP-0004 §2, §4).
 //!
 //! ```text
-//! client bytes ─► Conn::rbuf ─► frame::Decoder (RFC 6455: unmask, reassemble, limits)
+//! client bytes ─► Conn::rbuf ─► rfc6455::Decoder (RFC 6455: unmask, reassemble, limits)
 //!                                  ├─ ping ─► pong          ├─ close ─► close, done
-//!                                  └─ text ─► hello first (frames::parse_hello)
+//!                                  └─ text ─► hello first (aep::parse_hello)
 //!                                             ├─ Event ─► Event::parse ─► publish (as HTTP)
 //!                                             │          └─ command ─► control::route ─► one claimant
 //!                                             └─ frame ─► subscribe / unsubscribe / roster / ping
@@ -12,8 +12,8 @@
 //!        ─► every matching connection's queue (shared Bytes, no copy)
 //! ```
 //!
-//! The pieces here are sans-IO: [`frame`] (RFC 6455 codec), [`handshake`] (the upgrade),
-//! [`frames`] (the AEP frame vocabulary). The reactor glue, which owns sockets, the
+//! The pieces here are sans-IO: [`rfc6455`] (the RFC 6455 frame codec), [`handshake`] (the upgrade),
+//! [`aep`] (the AEP frame vocabulary: `hello`, `subscribe`, `error`…). The reactor glue, which owns sockets, the
 //! subscription hub, the store and the session claims, is `relay::socket`.
 //!
 //! A connection's life: upgrade (auth was checked on the request: 401 before it) →
@@ -21,13 +21,13 @@
 //! (either side), or a deliberate close by the relay with a `closing` frame carrying the
 //! last delivered position per subscription (shutdown, backpressure, idle peer).
 
-pub mod frame;
-pub mod frames;
+pub mod rfc6455;
+pub mod aep;
 pub mod handshake;
 
 use crate::auth::Grant;
 use crate::store::StreamId;
-use frames::Declaration;
+use aep::Declaration;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -231,7 +231,7 @@ pub(crate) struct WsState {
     /// What the upgrade request's credentials allow (AEP-0003 §8.1, AEP-0004 §4.1).
     pub(crate) grant: Grant,
     /// The RFC 6455 decoder over the connection's read buffer.
-    pub(crate) decoder: frame::Decoder,
+    pub(crate) decoder: rfc6455::Decoder,
     /// The client's `hello`; `None` until it arrives (every other first frame is
     /// refused with `hello-required`).
     pub(crate) hello: Option<Box<Declaration>>,
@@ -254,7 +254,7 @@ impl WsState {
     pub(crate) fn new(grant: Grant, max_message: usize, now: Instant) -> WsState {
         WsState {
             grant,
-            decoder: frame::Decoder::new(max_message),
+            decoder: rfc6455::Decoder::new(max_message),
             hello: None,
             subs: Vec::new(),
             claims: Vec::new(),

@@ -286,7 +286,7 @@ pub fn write_text(payload: &[u8], out: &mut BytesMut) {
 /// shares between subscribers.
 ///
 /// ```
-/// let f = aep_relay::ws::frame::text(b"{}");
+/// let f = aep_relay::ws::rfc6455::text(b"{}");
 /// assert_eq!(&f[..], b"\x81\x02{}");
 /// ```
 pub fn text(payload: &[u8]) -> Bytes {

@@ -5,7 +5,7 @@
 //! Frames are small and rare next to Events, so they go through `serde_json`; Events
 //! never do (they are scanned, see [`crate::envelope`]).
 
-use super::frame;
+use super::rfc6455;
 use crate::envelope::SUPPORTED_VERSIONS;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -207,7 +207,7 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
 
 /// Wraps a JSON frame as a WebSocket text frame.
 pub fn encode(v: &Value) -> Bytes {
-    frame::text(&serde_json::to_vec(v).unwrap_or_default())
+    rfc6455::text(&serde_json::to_vec(v).unwrap_or_default())
 }
 
 /// The relay's `hello`: exactly one version, role `both`, and `capabilities` as given.
