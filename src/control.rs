@@ -16,6 +16,7 @@
 //! gate on the sender (`unauthorized`: an unauthenticated connection or a token without
 //! the `control` scope) is checked before routing, by the caller.
 
+use crate::core::ConnId;
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
@@ -25,7 +26,7 @@ use std::collections::HashMap;
 /// per session.
 #[derive(Debug, Default)]
 pub struct Claims {
-    by_session: HashMap<Box<str>, SmallVec<[usize; 1]>>,
+    by_session: HashMap<Box<str>, SmallVec<[ConnId; 1]>>,
 }
 
 /// Why a command could not be routed (AEP-0004 §4.2, §4.5).
@@ -68,7 +69,7 @@ impl RouteRefusal {
 impl Claims {
     /// Records that connection `conn` claims `session`. Returns `false` when it already
     /// did (nothing changes, nothing is allocated).
-    pub fn claim(&mut self, session: &str, conn: usize) -> bool {
+    pub fn claim(&mut self, session: &str, conn: ConnId) -> bool {
         if let Some(list) = self.by_session.get_mut(session) {
             if list.contains(&conn) {
                 return false;
@@ -82,7 +83,7 @@ impl Claims {
     }
 
     /// Ends `conn`'s claim on `session` (no-op when it had none).
-    pub fn release(&mut self, session: &str, conn: usize) {
+    pub fn release(&mut self, session: &str, conn: ConnId) {
         if let Some(list) = self.by_session.get_mut(session) {
             list.retain(|c| *c != conn);
             if list.is_empty() {
@@ -92,12 +93,12 @@ impl Claims {
     }
 
     /// The live claimants of `session`, in claim order.
-    pub fn claimants(&self, session: &str) -> &[usize] {
+    pub fn claimants(&self, session: &str) -> &[ConnId] {
         self.by_session.get(session).map_or(&[], |l| &l[..])
     }
 
     /// Every claimed session with its claimants, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[usize])> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[ConnId])> + '_ {
         self.by_session.iter().map(|(s, l)| (&**s, &l[..]))
     }
 
@@ -120,8 +121,8 @@ impl Claims {
     pub fn route(
         &self,
         session: Option<&str>,
-        accepts: impl Fn(usize) -> bool,
-    ) -> Result<usize, RouteRefusal> {
+        accepts: impl Fn(ConnId) -> bool,
+    ) -> Result<ConnId, RouteRefusal> {
         let list = session.map_or(&[][..], |s| self.claimants(s));
         match list {
             [] => Err(RouteRefusal::NoRoute),
@@ -141,21 +142,21 @@ mod tests {
         let mut c = Claims::default();
         assert_eq!(c.route(Some("s"), |_| true), Err(RouteRefusal::NoRoute));
         assert_eq!(c.route(None, |_| true), Err(RouteRefusal::NoRoute));
-        assert!(c.claim("s", 7));
-        assert!(!c.claim("s", 7));
-        assert_eq!(c.route(Some("s"), |_| true), Ok(7));
+        assert!(c.claim("s", ConnId(7)));
+        assert!(!c.claim("s", ConnId(7)));
+        assert_eq!(c.route(Some("s"), |_| true), Ok(ConnId(7)));
         assert_eq!(
             c.route(Some("s"), |_| false),
             Err(RouteRefusal::Unsupported)
         );
-        c.claim("s", 9);
+        c.claim("s", ConnId(9));
         assert_eq!(
             c.route(Some("s"), |_| true),
             Err(RouteRefusal::Ambiguous(2))
         );
-        c.release("s", 7);
-        assert_eq!(c.route(Some("s"), |k| k == 9), Ok(9));
-        c.release("s", 9);
+        c.release("s", ConnId(7));
+        assert_eq!(c.route(Some("s"), |k| k == ConnId(9)), Ok(ConnId(9)));
+        c.release("s", ConnId(9));
         assert!(c.is_empty());
     }
 }

@@ -1303,3 +1303,13 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 }
+
+/// The files as the core's durable-history port: `append_batch`, its error as the
+/// refusal's detail.
+impl crate::core::Journal for History {
+    fn append(&mut self, events: &[Arc<Event>], store: &Store<Event>) -> Result<(), String> {
+        self.append_batch(events, store)
+            .map(|_| ())
+            .map_err(|e| e.reason())
+    }
+}

@@ -512,6 +512,11 @@ impl Ingest {
     pub(crate) fn more_ready(&self) -> bool {
         self.more
     }
+
+    /// When a chunk the history refused is to be offered again, if one is waiting.
+    pub(crate) fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
 }
 
 fn read_stdin(out: Outlet, max_line: usize) {

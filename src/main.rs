@@ -198,7 +198,7 @@ fn main() -> ExitCode {
         c.max_body_bytes,
         c.max_batch_events
     );
-    if let Err(e) = relay.handle_signals() {
+    if let Err(e) = shutdown_on_signals(relay.stop_handle()) {
         eprintln!("aep-relay: cannot install signal handlers: {e}");
         return ExitCode::FAILURE;
     }
@@ -209,4 +209,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// SIGTERM and SIGINT start a graceful shutdown (the first one; the relay exits 0 once
+/// every connection is flushed), from a thread of their own: the reactor is never
+/// interrupted mid-write.
+fn shutdown_on_signals(stop: aep_relay::StopHandle) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                log::info!("received signal {sig}");
+                stop.shutdown();
+            }
+        })?;
+    Ok(())
 }

@@ -18,7 +18,8 @@
 pub mod index;
 
 use crate::capture;
-use crate::conn::Conn;
+use crate::core::conn::{Conn, OutQueue};
+use crate::core::ConnId;
 use crate::envelope::Scope;
 use crate::envelope::{Capture, Event, Severity};
 use crate::filter::Filter;
@@ -41,11 +42,23 @@ pub enum Binding {
     Ws(Delivered),
 }
 
+/// A live subscription's key in the [`Hub`]: the SSE stream's one subscription, or one
+/// of a WebSocket's (AEP-0003 §6.5). Keys of removed subscriptions are reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubId(usize);
+
+impl SubId {
+    /// The slot number (for logs and metrics labels).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// One live subscription.
 #[derive(Debug)]
 pub struct Subscription {
-    /// Slab key of the connection it delivers to.
-    pub conn: usize,
+    /// The connection it delivers to.
+    pub conn: ConnId,
     /// Its compiled filter.
     pub filter: Arc<Filter>,
     /// Its capture ceiling; `None` delivers as received.
@@ -77,7 +90,7 @@ const ARENA_CHUNK: usize = 64 * 1024;
 /// One connection's run of consecutive frames in one arena, not yet queued.
 #[derive(Debug, Clone, Copy)]
 struct Run {
-    conn: usize,
+    conn: ConnId,
     arena: usize,
     start: usize,
     end: usize,
@@ -112,6 +125,8 @@ impl Unit {
 
     /// Queues the pending runs and starts a new arena generation.
     fn queue_runs(&mut self, conns: &mut Slab<Conn>) {
+        // Frames placed for an Event whose fan-out paused are dropped with the arena's
+        // split; only runs are queued.
         let unit = self;
         if unit.runs.is_empty() {
             return;
@@ -123,7 +138,7 @@ impl Unit {
             }
         }
         for run in unit.runs.drain(..) {
-            let Some(conn) = conns.get_mut(run.conn) else {
+            let Some(conn) = conns.get_mut(run.conn.0) else {
                 continue;
             };
             if conn.unit_generation != unit.generation {
@@ -246,7 +261,7 @@ fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
 /// One connection an Event goes to, during one fan-out.
 #[derive(Debug, Clone, Copy)]
 struct Target {
-    conn: usize,
+    conn: ConnId,
     ws: bool,
     ceiling: Option<Capture>,
     queued: bool,
@@ -276,11 +291,24 @@ pub struct Hub {
     serial: u64,
     /// A connection the next fan-outs skip: the claimant a command was just forwarded to
     /// directly, which must not get it a second time (set and cleared by the caller).
-    pub(crate) except: Option<usize>,
+    pub(crate) except: Option<ConnId>,
     /// The ingest unit being laid out (frames and pending runs).
     unit: Unit,
     /// Counters.
     pub stats: FanoutStats,
+}
+
+/// How one Event's fan-out ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Fanned {
+    /// Delivered (or dropped, or doomed) to every target.
+    Done,
+    /// Nothing was delivered: this connection's queue cannot take the Event and its
+    /// socket was not offered everything queued. The caller lets the reactor write, then
+    /// fans the Event out again (AEP-0003 §8.4: a consumer is slow only when it does not
+    /// read).
+    Paused(ConnId),
 }
 
 /// What happened to one delivery attempt.
@@ -296,7 +324,7 @@ pub(crate) enum Queued {
 
 /// Whether a frame of `len` bytes fits `q` of `conn` under `max_output` (an empty queue
 /// takes anything: one frame larger than the bound still goes).
-fn fits(q: &crate::conn::OutQueue, pending: usize, len: usize, max_output: usize) -> bool {
+fn fits(q: &OutQueue, pending: usize, len: usize, max_output: usize) -> bool {
     q.len() + pending + len <= max_output || (q.is_empty() && pending == 0)
 }
 
@@ -312,29 +340,29 @@ impl Hub {
     }
 
     /// Adds a live subscription; returns its key.
-    pub fn insert(&mut self, sub: Subscription) -> usize {
+    pub fn insert(&mut self, sub: Subscription) -> SubId {
         let filter = sub.filter.clone();
         let key = self.subs.insert(sub);
         self.index.insert(key, filter);
-        key
+        SubId(key)
     }
 
     /// Removes a subscription (no-op for an unknown key).
-    pub fn remove(&mut self, key: usize) {
-        if self.subs.contains(key) {
-            self.subs.remove(key);
-            self.index.remove(key);
+    pub fn remove(&mut self, key: SubId) {
+        if self.subs.contains(key.0) {
+            self.subs.remove(key.0);
+            self.index.remove(key.0);
         }
     }
 
     /// The subscription with key `key`.
-    pub fn get(&self, key: usize) -> Option<&Subscription> {
-        self.subs.get(key)
+    pub fn get(&self, key: SubId) -> Option<&Subscription> {
+        self.subs.get(key.0)
     }
 
     /// The subscription with key `key`, mutably.
-    pub fn get_mut(&mut self, key: usize) -> Option<&mut Subscription> {
-        self.subs.get_mut(key)
+    pub fn get_mut(&mut self, key: SubId) -> Option<&mut Subscription> {
+        self.subs.get_mut(key.0)
     }
 
     /// Opens an ingest unit: the frames of every Event fanned out until
@@ -343,6 +371,11 @@ impl Hub {
     /// in debug builds); callers end the unit before any other output.
     pub(crate) fn begin_unit(&mut self) {
         self.unit.open = true;
+    }
+
+    /// Whether a caller opened an ingest unit that is not ended yet.
+    pub(crate) fn unit_open(&self) -> bool {
+        self.unit.open
     }
 
     /// Ends the ingest unit, if any: queues every pending run on its connection, in
@@ -356,6 +389,13 @@ impl Hub {
     /// placing its frames in the ingest unit (module docs). Connections that received
     /// output are appended to `dirty`; connections that must be dropped for backpressure
     /// to `doomed`.
+    ///
+    /// Fan-out never writes to a socket. A target whose queue cannot take the Event and
+    /// got frames since its socket was last offered the queue (`Conn::offered`) pauses
+    /// the fan-out before anything is delivered: [`Fanned::Paused`], with the unit's
+    /// pending runs queued. Once the reactor wrote, the caller fans the same Event out
+    /// again, and a target that still cannot take it is then a slow consumer (dropped
+    /// or disconnected, AEP-0003 §8.4).
     ///
     /// Subscriptions are a disjunction (AEP-0003 §6.5): when several subscriptions of
     /// one connection match, the Event is delivered once, at the widest of their
@@ -372,11 +412,11 @@ impl Hub {
         max_output: usize,
         dirty: &mut Vec<usize>,
         doomed: &mut Vec<usize>,
-    ) {
+    ) -> Fanned {
         self.matched.clear();
         self.index.matching(ev, &mut self.matched);
         if self.matched.is_empty() {
-            return;
+            return Fanned::Done;
         }
         self.serial += 1;
         let serial = self.serial;
@@ -389,10 +429,10 @@ impl Hub {
             if self.except == Some(sub.conn) {
                 continue;
             }
-            let Some(conn) = conns.get_mut(sub.conn) else {
+            let Some(conn) = conns.get_mut(sub.conn.0) else {
                 continue;
             };
-            if conn.replay_covers(key, placed) {
+            if conn.replay_covers(SubId(key), placed) {
                 continue;
             }
             if conn.mark == serial {
@@ -413,40 +453,41 @@ impl Hub {
         }
         let severity = ev.severity();
         let mut frames = Frames::default();
+        // Before anyone gets the Event: a consumer that cannot take it and was not yet
+        // offered what is queued pauses the publication (see above). A large batch is
+        // fanned out faster than any socket reads; a consumer that keeps up must not
+        // lose Events to that.
+        for t in &self.targets {
+            let Some(conn) = conns.get(t.conn.0) else {
+                continue;
+            };
+            // Pending runs count as queued since the offer.
+            let pending = if conn.unit_generation == self.unit.generation {
+                conn.unit_pending
+            } else {
+                0
+            };
+            if !conn.replay.is_empty() || (conn.offered == conn.out.pushed() && pending == 0) {
+                continue;
+            }
+            let (_, start, end) = frames.place(&mut self.unit, ev, t.ws, t.ceiling);
+            if !fits(&conn.out, pending, end - start, max_output) {
+                self.unit.queue_runs(conns);
+                return Fanned::Paused(t.conn);
+            }
+        }
         for t in &mut self.targets {
-            let Some(conn) = conns.get_mut(t.conn) else {
+            let Some(conn) = conns.get_mut(t.conn.0) else {
                 continue;
             };
             let (arena, start, end) = frames.place(&mut self.unit, ev, t.ws, t.ceiling);
             let len = end - start;
-            let mut pending = if conn.unit_generation == self.unit.generation {
+            let pending = if conn.unit_generation == self.unit.generation {
                 conn.unit_pending
             } else {
                 0
             };
             let backlog = !conn.replay.is_empty();
-            if !backlog && !fits(&conn.out, pending, len, max_output) {
-                // Before counting this consumer as slow, let its socket take what it can:
-                // a large batch is fanned out before the reactor's next write, and a
-                // consumer that keeps up must not lose Events to that. Its pending runs
-                // (and everyone's: one arena generation) are queued first, in order.
-                if pending > 0 {
-                    self.unit.queue_runs(conns);
-                    pending = 0;
-                }
-                let Some(conn) = conns.get_mut(t.conn) else {
-                    continue;
-                };
-                // The socket is non-blocking; the connection is already marked for a
-                // flush, which handles interest and errors.
-                let _ = conn.out.flush(&mut conn.sock);
-            }
-            let (arena, start, end) = if frames.generation != self.unit.generation {
-                frames.place(&mut self.unit, ev, t.ws, t.ceiling)
-            } else {
-                (arena, start, end)
-            };
-            let conn = &mut conns[t.conn];
             let q = if backlog { &conn.backlog } else { &conn.out };
             let verdict = if !fits(q, pending, len, max_output) {
                 if severity <= Severity::Info {
@@ -490,13 +531,13 @@ impl Hub {
                     self.stats.deliveries_ws += u64::from(t.ws);
                     if !conn.dirty {
                         conn.dirty = true;
-                        dirty.push(t.conn);
+                        dirty.push(t.conn.0);
                     }
                 }
                 Queued::Dropped => self.stats.dropped += 1,
                 Queued::Disconnect => {
                     self.stats.backpressure_disconnects += 1;
-                    doomed.push(t.conn);
+                    doomed.push(t.conn.0);
                 }
             }
         }
@@ -517,13 +558,14 @@ impl Hub {
                     continue;
                 };
                 let queued = conns
-                    .get(sub.conn)
+                    .get(sub.conn.0)
                     .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
                 if queued {
                     delivered.note(placed.first().copied(), ev.source(), session, pos);
                 }
             }
         }
+        Fanned::Done
     }
 }
 

@@ -3,8 +3,7 @@
 //! frames, in order.
 
 use super::*;
-use crate::conn::Conn;
-use crate::transport::{MemoryPipe, Transport};
+use crate::core::conn::Conn;
 use std::time::Instant;
 
 fn event(i: u64, severity: &str) -> Arc<Event> {
@@ -17,16 +16,16 @@ fn event(i: u64, severity: &str) -> Arc<Event> {
 
 fn conn() -> Conn {
     let peer = "127.0.0.1:1".parse().unwrap();
-    Conn::new(
-        Transport::Memory(MemoryPipe::default()),
-        peer,
-        Instant::now(),
-    )
+    Conn::new(peer, Instant::now())
 }
 
 struct Setup {
     hub: Hub,
     conns: Slab<Conn>,
+    /// What each connection's socket took, when a paused fan-out let it write.
+    written: Vec<Vec<u8>>,
+    /// Connections whose socket takes nothing.
+    blocked: Vec<usize>,
 }
 
 impl Setup {
@@ -34,6 +33,8 @@ impl Setup {
         Setup {
             hub: Hub::default(),
             conns: Slab::new(),
+            written: Vec::new(),
+            blocked: Vec::new(),
         }
     }
 
@@ -50,7 +51,7 @@ impl Setup {
             Binding::Sse
         };
         self.hub.insert(Subscription {
-            conn: key,
+            conn: ConnId(key),
             filter: Arc::new(Filter::parse(filter.as_bytes()).expect("filter")),
             ceiling,
             binding,
@@ -62,14 +63,27 @@ impl Setup {
         let (mut dirty, mut doomed) = (Vec::new(), Vec::new());
         self.hub.begin_unit();
         for ev in events {
-            self.hub.fanout(
+            // As the core does: a paused fan-out lets the reactor write (here: every
+            // queue is written to its socket, a Vec that takes everything), then the
+            // same Event is fanned out again.
+            while let Fanned::Paused(_) = self.hub.fanout(
                 ev,
                 &[],
                 &mut self.conns,
                 max_output,
                 &mut dirty,
                 &mut doomed,
-            );
+            ) {
+                for (key, conn) in self.conns.iter_mut() {
+                    if self.written.len() <= key {
+                        self.written.resize(key + 1, Vec::new());
+                    }
+                    if !self.blocked.contains(&key) {
+                        let _ = conn.out.flush(&mut self.written[key]);
+                    }
+                    conn.offered = conn.out.pushed();
+                }
+            }
         }
         self.hub.end_unit(&mut self.conns);
         (dirty, doomed)
@@ -169,11 +183,8 @@ fn a_full_queue_drops_info_and_keeps_order() {
     let slow = s.subscribe("{}", None, false);
     let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
     let one = sse::message(&events[0], events[0].bytes()).len();
-    // Room for three frames: the memory pipe without a write limit takes everything
-    // offered, so block it by limiting its writes to nothing.
-    if let Some(p) = s.conns[slow].sock.memory() {
-        p.write_limit = Some(0);
-    }
+    // Room for three frames, and a socket that takes nothing.
+    s.blocked.push(slow);
     let (_, doomed) = s.unit(&events, one * 3 + 10);
     assert!(
         doomed.is_empty(),
@@ -201,7 +212,7 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
         s.hub.stats.dropped, 0,
         "a consumer that keeps up loses nothing"
     );
-    let mut got = s.conns[fast].sock.memory().unwrap().output.clone();
+    let mut got = s.written[fast].clone();
     got.extend_from_slice(&s.queued(fast).1);
     assert_eq!(got, sse_of(&events, |_| true));
 }

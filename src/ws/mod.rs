@@ -236,7 +236,7 @@ pub(crate) struct WsState {
     /// refused with `hello-required`).
     pub(crate) hello: Option<Box<Declaration>>,
     /// Live subscriptions: (the client's `id`, the hub key), in subscribe order.
-    pub(crate) subs: Vec<(Box<str>, usize)>,
+    pub(crate) subs: Vec<(Box<str>, crate::fanout::SubId)>,
     /// Sessions this connection claims (it sent a sequenced Event for each), in claim
     /// order; mirrored in `control::Claims`.
     pub(crate) claims: Vec<Box<str>>,
@@ -265,7 +265,7 @@ impl WsState {
     }
 
     /// The hub key of the subscription the client calls `id`.
-    pub(crate) fn sub(&self, id: &str) -> Option<usize> {
+    pub(crate) fn sub(&self, id: &str) -> Option<crate::fanout::SubId> {
         self.subs.iter().find(|(i, _)| &**i == id).map(|(_, k)| *k)
     }
 }

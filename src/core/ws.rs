@@ -1,4 +1,4 @@
-//! The reactor side of the WebSocket binding (`GET /socket`): the upgrade, the frame
+//! The WebSocket binding in the core (`GET /socket`): the upgrade, the frame
 //! loop over a connection's read buffer, `hello`, subscriptions with replay, Events from
 //! emitters, command routing, the roster, liveness and closes (AEP-0003 §2, §3.5, §4,
 //! §4.1, §5, §6.5, §7; AEP-0004 §2, §4).
@@ -7,14 +7,14 @@
 //! pongs, acknowledgements, errors, replayed and live Events, and the close frame all go
 //! through `Conn::out`, so no reply can overtake an Event queued before it.
 //!
-//! A connection leaves the `Ws` phase exactly once, through [`Relay::ws_shut`]: its
-//! subscriptions and session claims are released there (or in `Relay::close` when the
+//! A connection leaves the `Ws` phase exactly once, through `Core::ws_shut`: its
+//! subscriptions and session claims are released there (or in `Core::close` when the
 //! socket dies first), and it then drains in `Phase::Closing` like any last HTTP answer.
+//! Its `ping` and idle deadlines are `Core::deadline`'s.
 
-use super::Relay;
+use super::{Core, ConnId};
 use crate::auth::{Grant, Scopes};
-use crate::conn::ReplayJob;
-use crate::conn::{Conn, Phase};
+use super::conn::{Conn, Phase, ReplayJob};
 use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Subscription};
 use crate::filter::{self, Filter};
@@ -26,41 +26,6 @@ use crate::ws::{handshake, Delivered, WsState};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-/// What the timer found on one WebSocket.
-pub(super) enum WsTick {
-    /// Nothing to do.
-    Quiet,
-    /// A `ping` frame was queued.
-    Pinged,
-    /// The peer has been silent past `ws_idle_timeout`.
-    Idle,
-}
-
-/// The heartbeat and idle check for one connection (called from `Relay::tick` for
-/// every connection in `Phase::Ws`): a `{"type":"ping","t":…}` every `heartbeat` once
-/// the `hello` exchange is done, whatever else is being written, so a pure consumer
-/// always has something to answer; `Idle` once the peer was silent for
-/// `ws_idle_timeout` (AEP-0003 §3.5 #5).
-pub(super) fn tick_ws(conn: &mut Conn, now: Instant, config: &crate::Config) -> WsTick {
-    let Phase::Ws(ws) = &mut conn.phase else {
-        return WsTick::Quiet;
-    };
-    if now.duration_since(ws.last_read) >= config.ws_idle_timeout {
-        return WsTick::Idle;
-    }
-    if ws.hello.is_none() || now.duration_since(ws.last_ping) < config.heartbeat {
-        return WsTick::Quiet;
-    }
-    ws.last_ping = now;
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    conn.send(aep::ping(t));
-    conn.last_write = now;
-    WsTick::Pinged
-}
 
 /// The `detail` of a refusal for lack of `scope`.
 fn lacks(scope: Scopes, what: &str) -> String {
@@ -70,7 +35,7 @@ fn lacks(scope: Scopes, what: &str) -> String {
     )
 }
 
-impl Relay {
+impl Core {
     /// `GET /socket`, credentials already checked (401 before the upgrade): completes
     /// the handshake and switches the connection to the `Ws` phase, keeping `grant` for
     /// the per-frame scope checks. Bytes the client sent after its request head stay in
@@ -95,7 +60,7 @@ impl Relay {
                 );
             }
         };
-        let now = Instant::now();
+        let now = self.now;
         let max = self.config.max_ws_message_bytes;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -109,7 +74,7 @@ impl Relay {
 
     /// Decodes and handles every complete frame in the connection's read buffer.
     pub(super) fn ws_process(&mut self, key: usize) {
-        let now = Instant::now();
+        let now = self.now;
         let mut used = 0;
         // The Events among these messages are one ingest unit: their frames are
         // coalesced (see `fanout`); anything else queued ends it first.
@@ -147,7 +112,7 @@ impl Relay {
         }
     }
 
-    fn ws_unit(&mut self, key: usize, unit: Incoming) {
+    pub(super) fn ws_unit(&mut self, key: usize, unit: Incoming) {
         match unit {
             Incoming::Text(t) => self.ws_text(key, t),
             Incoming::Ping(p) => self.ws_send(key, rfc6455::pong(&p)),
@@ -163,7 +128,7 @@ impl Relay {
     /// Queues a reply to the peer. A peer whose queue is already `max_output_bytes` past
     /// what its latest replay left there is not reading what it asks for: it is closed
     /// (backpressure) rather than let the queue grow without bound.
-    fn ws_send(&mut self, key: usize, f: Bytes) {
+    pub(super) fn ws_send(&mut self, key: usize, f: Bytes) {
         self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -183,14 +148,14 @@ impl Relay {
         self.mark_dirty(key);
     }
 
-    fn ws_state(&self, key: usize) -> Option<&WsState> {
+    pub(super) fn ws_state(&self, key: usize) -> Option<&WsState> {
         match &self.conns.get(key)?.phase {
             Phase::Ws(ws) => Some(ws),
             _ => None,
         }
     }
 
-    fn ws_state_mut(&mut self, key: usize) -> Option<&mut WsState> {
+    pub(super) fn ws_state_mut(&mut self, key: usize) -> Option<&mut WsState> {
         match &mut self.conns.get_mut(key)?.phase {
             Phase::Ws(ws) => Some(ws),
             _ => None,
@@ -199,7 +164,7 @@ impl Relay {
 
     /// Ends the `Ws` phase: releases the subscriptions and session claims, queues
     /// `last` (an error, `closing`, the close frame) and closes once it is flushed.
-    fn ws_shut(&mut self, key: usize, last: &[Bytes]) {
+    pub(super) fn ws_shut(&mut self, key: usize, last: &[Bytes]) {
         self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -212,7 +177,7 @@ impl Relay {
         }
         conn.close_after_flush = true;
         conn.rbuf.clear();
-        conn.since = Instant::now();
+        conn.since = self.now;
         self.ws_release(key, &ws);
         self.mark_dirty(key);
     }
@@ -224,7 +189,7 @@ impl Relay {
             self.hub.remove(*sub);
         }
         for session in &ws.claims {
-            self.claims.release(session, key);
+            self.claims.release(session, ConnId(key));
         }
     }
 
@@ -238,7 +203,7 @@ impl Relay {
     ///
     /// `code` is usually [`close_code::GOING_AWAY`] (1001, shutdown, idle) or
     /// [`close_code::TRY_AGAIN`] (1013, backpressure).
-    pub(crate) fn ws_close(&mut self, key: usize, reason: &str, code: u16) {
+    pub(super) fn ws_close(&mut self, key: usize, reason: &str, code: u16) {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
@@ -269,14 +234,14 @@ impl Relay {
 
     /// Refuses something with an `error` frame (counted by code for `/metrics` and
     /// logged, see `Relay::refused`); the connection stays open.
-    fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
+    pub(super) fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
         self.refused(key, "WebSocket message", None, code, detail);
         self.ws_send(key, aep::error(code, r, detail, &[]));
     }
 
     /// Refuses the `hello` exchange (AEP-0003 §3.5 #1, §4): the `error` frame, then a
     /// close 1008 whose reason is the same code; counted and logged once.
-    fn ws_refuse_hello(
+    pub(super) fn ws_refuse_hello(
         &mut self,
         key: usize,
         code: &'static str,
@@ -296,7 +261,7 @@ impl Relay {
     }
 
     /// One complete text message.
-    fn ws_text(&mut self, key: usize, text: Bytes) {
+    pub(super) fn ws_text(&mut self, key: usize, text: Bytes) {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
@@ -326,7 +291,7 @@ impl Relay {
     }
 
     /// The first message: it must be a `hello` (AEP-0003 §3.5 #1, §4).
-    fn ws_hello(&mut self, key: usize, text: &[u8]) {
+    pub(super) fn ws_hello(&mut self, key: usize, text: &[u8]) {
         self.end_unit();
         let obj = match serde_json::from_slice::<Value>(text) {
             Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello") => m,
@@ -348,19 +313,20 @@ impl Relay {
             }
         };
         let version = decl.version;
+        let now = self.now;
         let Some(ws) = self.ws_state_mut(key) else {
             return;
         };
         let grant = ws.grant;
         ws.hello = Some(Box::new(decl));
-        ws.last_ping = Instant::now();
+        ws.last_ping = now;
         let caps = self.ws_capabilities(grant);
         self.ws_send(key, aep::hello(version, caps));
     }
 
     /// The relay's declared capabilities on a socket with `grant` (AEP-0003 §4; the
     /// discovery document carries the same facts).
-    fn ws_capabilities(&self, grant: Grant) -> Value {
+    pub(super) fn ws_capabilities(&self, grant: Grant) -> Value {
         let c = &self.config;
         json!({
             "filters": ["attr-match"],
@@ -388,7 +354,7 @@ impl Relay {
     /// A valid Event from the peer: a command is routed; anything else takes the HTTP
     /// ingest path (store admission and fan-out), and a sequenced Event claims its
     /// session for this connection.
-    fn ws_event(&mut self, key: usize, ev: Event) {
+    pub(super) fn ws_event(&mut self, key: usize, ev: Event) {
         if ev.is_command() {
             return self.ws_command(key, ev);
         }
@@ -419,7 +385,7 @@ impl Relay {
 
     /// Records that `key` claims `session` (AEP-0004 §4). Free for a session already
     /// claimed; at most `max_sessions` claims per connection.
-    fn ws_claim(&mut self, key: usize, session: &str) {
+    pub(super) fn ws_claim(&mut self, key: usize, session: &str) {
         let max = self.config.max_sessions;
         let Some(ws) = self.ws_state_mut(key) else {
             return;
@@ -432,14 +398,14 @@ impl Relay {
             return;
         }
         ws.claims.push(session.into());
-        self.claims.claim(session, key);
+        self.claims.claim(session, ConnId(key));
     }
 
     /// A command (AEP-0004 §2): gated on authentication and the `control` scope, then
     /// routed to exactly one claimant, byte-identically, and kept in history and fanned
     /// out to observers like any Event. Refusals are `cause`-correlated `error` frames
     /// that never enter history (§4.2, §4.5).
-    fn ws_command(&mut self, key: usize, ev: Event) {
+    pub(super) fn ws_command(&mut self, key: usize, ev: Event) {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
@@ -459,7 +425,7 @@ impl Relay {
         }
         let session = ev.session();
         let route = self.claims.route(session, |c| {
-            matches!(&self.conns.get(c).map(|c| &c.phase), Some(Phase::Ws(ws))
+            matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
                 if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
         });
         let target = match route {
@@ -470,10 +436,10 @@ impl Relay {
             }
         };
         let max = self.config.max_output_bytes;
-        let stalled = self.conns.get(target).is_none_or(|c| c.out.len() > max);
+        let stalled = self.conns.get(target.0).is_none_or(|c| c.out.len() > max);
         if stalled {
             self.ws_close(
-                target,
+                target.0,
                 "backpressure: the output queue is full",
                 close_code::TRY_AGAIN,
             );
@@ -486,8 +452,8 @@ impl Relay {
             return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Cause(ev.id()), &d);
         }
         self.end_unit();
-        self.conns[target].send(rfc6455::text(ev.bytes()));
-        self.mark_dirty(target);
+        self.conns[target.0].send(rfc6455::text(ev.bytes()));
+        self.mark_dirty(target.0);
         // History and observers; the target already has it.
         self.hub.except = Some(target);
         self.metrics.ingested_ws += 1;
@@ -497,7 +463,7 @@ impl Relay {
 
     /// A frame (a `type` without a dot). Unknown types, a repeated `hello`, `pong` and
     /// frames only the relay sends are ignored (AEP-0003 §2).
-    fn ws_frame(&mut self, key: usize, ty: &str, obj: &Map<String, Value>, raw: &[u8]) {
+    pub(super) fn ws_frame(&mut self, key: usize, ty: &str, obj: &Map<String, Value>, raw: &[u8]) {
         // Frames answer in order after the Events fanned out before them.
         self.end_unit();
         match ty {
@@ -511,7 +477,7 @@ impl Relay {
 
     /// Whether this connection may watch (subscribe, roster): role `consumer`/`both` and
     /// the `watch` scope. `Err` holds the refusal's detail.
-    fn ws_may_watch(&self, key: usize, what: &str) -> Result<(), String> {
+    pub(super) fn ws_may_watch(&self, key: usize, what: &str) -> Result<(), String> {
         let Some(ws) = self.ws_state(key) else {
             return Err(String::new());
         };
@@ -530,7 +496,7 @@ impl Relay {
     /// position, `replay-exhausted` first where the buffer no longer reaches back), then
     /// live delivery; or an `error` from the closed set with the same `id`. A refusal
     /// leaves the connection and its other subscriptions as they were.
-    fn ws_subscribe(&mut self, key: usize, obj: &Map<String, Value>, raw: &[u8]) {
+    pub(super) fn ws_subscribe(&mut self, key: usize, obj: &Map<String, Value>, raw: &[u8]) {
         let Some(id) = obj
             .get("id")
             .and_then(Value::as_str)
@@ -554,7 +520,7 @@ impl Relay {
         // order: frames already queued stay ahead of this replay, Events published later
         // follow it.
         let sub = self.hub.insert(Subscription {
-            conn: key,
+            conn: ConnId(key),
             filter: filter.clone(),
             ceiling,
             binding: Binding::Ws(Delivered::new(self.config.max_sessions)),
@@ -591,7 +557,7 @@ impl Relay {
 
     /// Checks a `subscribe` frame and compiles it, in the order the refusal codes are
     /// documented: `unauthorized`, `invalid-filter`, `unknown-dialect`, `limit-exceeded`.
-    fn ws_subscription_request(
+    pub(super) fn ws_subscription_request(
         &self,
         key: usize,
         id: &str,
@@ -653,7 +619,7 @@ impl Relay {
 
     /// `unsubscribe` by `id`, acknowledged with `unsubscribed` (also for an `id` that is
     /// not live: the outcome the peer asked for holds).
-    fn ws_unsubscribe(&mut self, key: usize, obj: &Map<String, Value>) {
+    pub(super) fn ws_unsubscribe(&mut self, key: usize, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "unsubscribe needs the string `id` of a subscription (AEP-0003 §6.5)";
             return self.ws_refuse(key, code::INVALID_FRAME, Ref::None, d);
@@ -673,7 +639,7 @@ impl Relay {
     /// `roster` (AEP-0003 §4.1): one entry per live (connection, claimed session) pair,
     /// with that connection's declarations verbatim, sorted by session then connection;
     /// a repeated session is a multi-claimant state, shown, never resolved.
-    fn ws_roster(&mut self, key: usize, obj: &Map<String, Value>) {
+    pub(super) fn ws_roster(&mut self, key: usize, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "roster needs a string `id` (AEP-0003 §4.1 rule 2)";
             return self.ws_refuse(key, code::INVALID_FRAME, Ref::None, d);
@@ -681,7 +647,7 @@ impl Relay {
         if let Err(d) = self.ws_may_watch(key, "read the roster") {
             return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(id), &d);
         }
-        let mut pairs: Vec<(&str, usize)> = self
+        let mut pairs: Vec<(&str, ConnId)> = self
             .claims
             .iter()
             .flat_map(|(s, conns)| conns.iter().map(move |k| (s, *k)))
@@ -690,7 +656,7 @@ impl Relay {
         let entries = pairs
             .into_iter()
             .filter_map(|(session, k)| {
-                let d = self.ws_state(k)?.hello.as_ref()?;
+                let d = self.ws_state(k.0)?.hello.as_ref()?;
                 Some(aep::roster_entry(session, d))
             })
             .collect();

@@ -1,10 +1,11 @@
-//! One connection: its socket, read buffer, bounded output queue and protocol phase.
+//! One connection as the core sees it: its read buffer, bounded output queue, protocol
+//! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
 use crate::envelope::Capture;
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::store::{ReplayFrom, StreamId};
-use crate::transport::Transport;
+use crate::fanout::SubId;
 use bytes::Bytes;
 use std::collections::HashSet;
 use std::collections::VecDeque;
@@ -26,6 +27,10 @@ pub(crate) struct OutQueue {
     bufs: VecDeque<Bytes>,
     front_off: usize,
     bytes: usize,
+    /// Bytes ever queued (never decreases): a connection's `offered` mark compares with
+    /// it to tell whether anything was queued since its socket was last offered the
+    /// queue.
+    pushed: u64,
 }
 
 /// What a flush achieved.
@@ -47,7 +52,13 @@ impl OutQueue {
             return;
         }
         self.bytes += b.len();
+        self.pushed += b.len() as u64;
         self.bufs.push_back(b);
+    }
+
+    /// Bytes ever queued.
+    pub(crate) fn pushed(&self) -> u64 {
+        self.pushed
     }
 
     /// Moves everything queued in `self` to the end of `other`.
@@ -151,7 +162,7 @@ impl OutQueue {
 #[derive(Debug)]
 pub(crate) struct ReplayJob {
     /// Hub key of the live subscription this replay precedes (`None`: SSE `live=0`).
-    pub(crate) sub: Option<usize>,
+    pub(crate) sub: Option<SubId>,
     /// The WS subscription id, for WS-framed output; `None` frames for SSE.
     pub(crate) ws_id: Option<Box<str>>,
     pub(crate) filter: Arc<Filter>,
@@ -218,7 +229,7 @@ pub(crate) enum Phase {
     /// Discarding a body whose request was already answered, then back to `Head`.
     Discard(BodyReader),
     /// Streaming SSE for the subscription with this key.
-    Sse { sub: usize },
+    Sse { sub: SubId },
     /// Upgraded to the WebSocket binding (`GET /socket`).
     Ws(Box<crate::ws::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
@@ -228,7 +239,6 @@ pub(crate) enum Phase {
 /// One client connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub(crate) sock: Transport,
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
     /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
@@ -241,8 +251,17 @@ pub(crate) struct Conn {
     pub(crate) want_write: bool,
     /// Close once the output queue is flushed.
     pub(crate) close_after_flush: bool,
-    /// Queued in the relay's dirty list for a flush.
+    /// Queued in the core's dirty list: announced as [`super::Output::Writable`].
     pub(crate) dirty: bool,
+    /// `out.pushed()` when the reactor last wrote this connection's queue: a consumer is
+    /// judged slow only once its socket was offered everything queued (see
+    /// `Hub::fanout`).
+    pub(crate) offered: u64,
+    /// Whether the reactor is told to read this connection ([`super::Interest::read`]).
+    pub(crate) reading: bool,
+    /// The deadline armed in the timer for this connection, with its generation
+    /// (see `timer::Timers`).
+    pub(crate) armed: Option<(Instant, u64)>,
     /// When the current phase's clock started (request timeouts, idle, linger).
     pub(crate) since: Instant,
     /// Last time anything was written to this connection (heartbeats).
@@ -279,9 +298,8 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(sock: Transport, peer: SocketAddr, now: Instant) -> Conn {
+    pub(crate) fn new(peer: SocketAddr, now: Instant) -> Conn {
         Conn {
-            sock,
             peer,
             rbuf: Vec::new(),
             head_scanned: 0,
@@ -290,6 +308,9 @@ impl Conn {
             want_write: false,
             close_after_flush: false,
             dirty: false,
+            offered: 0,
+            reading: true,
+            armed: None,
             since: now,
             last_write: now,
             mark: 0,
@@ -310,7 +331,7 @@ impl Conn {
     /// Whether a live Event just placed in the streams `placed` (`Store::last_placed`)
     /// is to be left to subscription `sub`'s replay in progress: one of those streams is
     /// still to be replayed for it, and the replay will reach the Event there, in order.
-    pub(crate) fn replay_covers(&self, sub: usize, placed: &[StreamId]) -> bool {
+    pub(crate) fn replay_covers(&self, sub: SubId, placed: &[StreamId]) -> bool {
         !placed.is_empty()
             && !self.replay.is_empty()
             && self

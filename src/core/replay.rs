@@ -11,8 +11,8 @@
 //! gap and no duplicate. If the ring evicts Events ahead of a slow replay, the next page
 //! carries a `replay-exhausted` marker, so even then nothing is lost silently.
 
-use super::Relay;
-use crate::conn::{Phase, ReplayJob};
+use super::Core;
+use super::conn::{Phase, ReplayJob};
 use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
 use crate::sse;
@@ -25,7 +25,7 @@ const PAGE: usize = 64;
 /// Pages one connection may take per pump before others get a turn.
 const PAGES_PER_PUMP: usize = 8;
 
-impl Relay {
+impl Core {
     /// Starts `job` on connection `key` behind any replay already in progress there,
     /// then advances it as far as the output queue allows.
     pub(super) fn start_replay(&mut self, key: usize, job: ReplayJob) {

@@ -1,0 +1,970 @@
+//! The relay's sans-IO core: everything the relay decides, from the bytes a peer sent
+//! and the time the caller says it is, with no socket, clock or file in sight.
+//!
+//! ```text
+//!   reactor (mio)                                   Core
+//!   ─────────────                                   ────
+//!   accept ─────────────── open(peer, now) ───────► Conn (HTTP phases → SSE | WS)
+//!   read   ─────── handle_input(id, bytes, now) ──► head · body · routes · refusals
+//!   EOF    ──────────── handle_eof(id, now) ──────►   ingest → Journal → store → fan-out
+//!   wake   ───────── handle_timeout(now) ─────────► deadlines (timer heap)
+//!   JSONL  ─────── publish_events(evs, now) ──────►
+//!          ◄──────────── poll_output() ─────────── Writable(id) · Interest(id, ..) ·
+//!                                                  ShutdownWrite(id) · Close(id) · Stop
+//!   writev ────── write_to(id, &mut impl Write) ─► drains that connection's queue
+//!   sleep until ◄──────── poll_timeout() ───────── next deadline
+//! ```
+//!
+//! The core owns every connection's read buffer and bounded output queue (their bounds
+//! are protocol policy, AEP-0003 §8.4), the replay store, the subscription hub, the
+//! session claims and the metrics. It never writes to a socket: fan-out queues frames,
+//! and a publication whose frames do not fit a queue pauses until the reactor has
+//! written (see [`Core::poll_output`]). Durable history is the [`Journal`] port, called
+//! before an answer. Time comes in as `now`; WebSocket `ping` times are counted from the
+//! wall-clock base given to [`Core::new`].
+//!
+//! A test, a fuzz target or a bench drives the core exactly as the reactor does, with
+//! virtual time and any `Write` as the peer's socket.
+
+use crate::config::Config;
+use crate::control::Claims;
+use crate::envelope::{self, Event};
+use crate::fanout::{Fanned, Hub};
+use crate::http;
+use crate::metrics::Metrics;
+use crate::sse;
+use crate::store::{Admission, ReplayFrom, Store, StreamId};
+use crate::subscription;
+use bytes::Bytes;
+use conn::{Conn, Flush, Phase};
+use serde_json::json;
+use slab::Slab;
+use smallvec::SmallVec;
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use timer::Timers;
+
+pub(crate) mod conn;
+mod request;
+mod journal;
+mod replay;
+mod status;
+mod timer;
+mod ws;
+
+pub use journal::{Journal, NoJournal, UnavailableJournal};
+
+/// The code of a 404 answer: counted in `/metrics`, but not among the `/status`
+/// refusals (see `Core::status_json`).
+const NOT_FOUND: &str = "not-found";
+
+/// How long a connection that got its final answer keeps draining input before it is
+/// dropped (so the peer sees the answer rather than a reset).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Replay rounds one `write_to` runs for one connection before others get a turn.
+const REPLAY_ROUNDS: usize = 4;
+
+/// A connection of the core. The reactor keeps its socket under the same id; ids of
+/// closed connections are reused (after [`Output::Close`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub(crate) usize);
+
+impl ConnId {
+    /// The slot number: dense from 0, below the number of connections ever open at once.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// What the core wants from a connection's socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interest {
+    /// Read it (`false` while request backpressure pauses reading; when it turns `true`
+    /// again the reactor reads at once: the readiness edge may have passed).
+    pub read: bool,
+    /// Tell the core when it is writable (some output did not fit the socket).
+    pub write: bool,
+}
+
+/// Why the core asks the reactor to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A graceful shutdown is complete: every connection was flushed and closed.
+    Drained,
+    /// The shutdown deadline passed with this many connections not flushed.
+    DeadlinePassed(usize),
+}
+
+/// What the reactor must do, in order ([`Core::poll_output`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// The connection has output queued: call [`Core::write_to`] with its socket.
+    Writable(ConnId),
+    /// Register the connection's socket for this interest (only on a change).
+    Interest(ConnId, Interest),
+    /// Everything is written: half-close the socket's writing side.
+    ShutdownWrite(ConnId),
+    /// The connection is gone from the core: drop its socket.
+    Close(ConnId),
+    /// Stop serving (graceful shutdown over).
+    Stop(Stop),
+}
+
+/// Where Events handed to [`Core::ingest`] come from (the metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `POST /events`, or an embedding host's own ingest.
+    Http,
+    /// A WebSocket emitter.
+    Ws,
+    /// A JSONL source (`--stdin`, `--ingest-file`).
+    Jsonl,
+}
+
+/// The streams a subscription's `from` replays, each with where it starts.
+///
+/// `all`: every held stream, least-recently-written first (AEP-0003 §5). Positions: a
+/// position names a bare session (AEP-0001 §7 #6), so it applies to every owning stream
+/// of that name `(source, session)` (AEP-0001 §5.2), each replayed strictly after it, in
+/// the order the positions are given and, within a name, the order the streams were
+/// created. A name given more than once replays each of its streams once, after the
+/// lowest of its positions (never less than any of them asked for: at-least-once,
+/// AEP-0001 §7 #4). A name not held adds nothing.
+fn replay_sessions(
+    store: &Store<Event>,
+    from: &subscription::From,
+) -> VecDeque<(StreamId, ReplayFrom)> {
+    match from {
+        subscription::From::Live => VecDeque::new(),
+        subscription::From::All => store
+            .stream_ids()
+            .into_iter()
+            .map(|s| (s, ReplayFrom::Start))
+            .collect(),
+        subscription::From::Positions(ps) => {
+            let mut out: VecDeque<(StreamId, ReplayFrom)> = VecDeque::new();
+            let mut at: HashMap<StreamId, usize> = HashMap::new();
+            for p in ps {
+                let pos = (p.epoch, p.seq);
+                for stream in store.streams(&p.session) {
+                    match at.get(&stream.id) {
+                        Some(&i) => {
+                            if let ReplayFrom::After(q) = &mut out[i].1 {
+                                *q = (*q).min(pos);
+                            }
+                        }
+                        None => {
+                            at.insert(stream.id, out.len());
+                            out.push_back((stream.id, ReplayFrom::After(pos)));
+                        }
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+/// An Event about to be published, made fit to be held in a replay buffer (AEP-0003 §5):
+/// when it may be held (it is session-scoped) and its bytes are only part of the
+/// `backing`-byte buffer it was read into (a batch body, a message with whitespace
+/// around the Event), its bytes are copied into an allocation of their own
+/// ([`Event::compact`]), so what the store keeps, and what `aep_buffered_bytes` counts,
+/// is the Event and not its batch. One copy per held Event at ingest, never per
+/// delivery; agent-scoped Events are never held and are not copied.
+pub(crate) fn keepable(mut ev: Event, backing: usize) -> Event {
+    if ev.scope() != envelope::Scope::Agent {
+        ev.compact(backing);
+    }
+    ev
+}
+
+/// A peer-influenced text made fit for one log line: control characters escaped, cut
+/// after 300 characters.
+fn loggable(s: &str) -> String {
+    const MAX: usize = 300;
+    let mut out = String::with_capacity(s.len().min(MAX + 8));
+    for (i, c) in s.chars().enumerate() {
+        if i == MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
+/// status and JSON error code (see [`Refusal::status`], [`Refusal::code`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// An Event failed envelope validation (400 `invalid-event`); `line` is 1-based.
+    #[error("line {line}: {detail}")]
+    InvalidEvent {
+        /// 1-based line of the failing Event in the body (1 for a single Event).
+        line: usize,
+        /// What was wrong, naming the attribute and section.
+        detail: String,
+    },
+    /// A batch held more Events than `max_batch_events` (413 `too-many-events`).
+    #[error("the batch holds {count} Events; at most {max} are accepted (AEP_MAX_BATCH)")]
+    TooManyEvents {
+        /// Events in the batch.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A command arrived on a binding that may not carry control (403 `forbidden`),
+    /// AEP-0004 §4.1.
+    #[error("line {line}: `{event_type}` is a command; control flows only on an authenticated duplex binding (WebSocket), never over HTTP POST (AEP-0004 §4.1)")]
+    Command {
+        /// 1-based line.
+        line: usize,
+        /// The command type.
+        event_type: String,
+    },
+    /// The durable history (`--history`) could not keep the Events, so none of them was
+    /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
+    #[error(
+        "the relay's history cannot keep these Events, so none was accepted; retry later: {detail}"
+    )]
+    HistoryUnavailable {
+        /// The failed operation and the OS error.
+        detail: String,
+    },
+}
+
+impl Refusal {
+    /// The HTTP status for this refusal.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::InvalidEvent { .. } => 400,
+            Refusal::TooManyEvents { .. } => 413,
+            Refusal::Command { .. } => 403,
+            Refusal::HistoryUnavailable { .. } => 503,
+        }
+    }
+
+    /// The JSON error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::InvalidEvent { .. } => "invalid-event",
+            Refusal::TooManyEvents { .. } => "too-many-events",
+            Refusal::Command { .. } => "forbidden",
+            Refusal::HistoryUnavailable { .. } => "history-unavailable",
+        }
+    }
+
+    /// The full JSON error body.
+    pub fn body(&self) -> Vec<u8> {
+        match self {
+            Refusal::InvalidEvent { line, detail } => {
+                http::error_body(self.code(), detail, &[("line", json!(line))])
+            }
+            Refusal::Command { line, .. } => {
+                http::error_body(self.code(), &self.to_string(), &[("line", json!(line))])
+            }
+            _ => http::error_body(self.code(), &self.to_string(), &[]),
+        }
+    }
+}
+
+/// The relay's logic: connections, replay store, subscriptions, claims and metrics,
+/// driven by bytes and time (module docs).
+#[derive(Debug)]
+pub struct Core {
+    config: Config,
+    conns: Slab<Conn>,
+    store: Store<Event>,
+    hub: Hub,
+    /// Which WebSocket connections claim which sessions (command routing, roster).
+    claims: Claims,
+    journal: Box<dyn Journal>,
+    /// Counters for `/metrics`.
+    metrics: Metrics,
+    /// When the core was made, and the wall-clock time then in ms since the Unix epoch.
+    started: Instant,
+    started_unix_ms: u64,
+    /// The time of the call being handled (every entry point sets it).
+    now: Instant,
+    timers: Timers,
+    /// Connections with output to announce ([`Output::Writable`]).
+    dirty: Vec<usize>,
+    /// Connections whose replay continues after the others had a turn.
+    deferred: Vec<usize>,
+    /// Connections to drop for backpressure (AEP-0003 §8.4).
+    doomed: Vec<usize>,
+    outputs: VecDeque<Output>,
+    /// Events accepted and not yet published, in order: a publication paused until the
+    /// reactor writes (`Fanned::Paused`). `front_placed`: the streams the front one was
+    /// admitted to, once admitted.
+    publishing: VecDeque<Arc<Event>>,
+    front_placed: Option<SmallVec<[StreamId; 2]>>,
+    /// Set once a graceful shutdown began: the deadline for flushing.
+    shutdown_deadline: Option<Instant>,
+    stopped: bool,
+    /// Events accepted since start.
+    ingested: u64,
+}
+
+impl Core {
+    /// A core with no connection. `now` is the reactor's clock now and `unix_ms` the
+    /// wall-clock time at the same moment (ms since the Unix epoch): the base of
+    /// WebSocket `ping` times. No syscall, no I/O.
+    ///
+    /// `config` is taken as valid ([`Config::validate`] is the caller's first step).
+    pub fn new(config: Config, journal: Box<dyn Journal>, now: Instant, unix_ms: u64) -> Core {
+        let store = Store::new(config.buffer_per_session, config.max_sessions);
+        Core {
+            conns: Slab::with_capacity(1024),
+            store,
+            hub: Hub::default(),
+            claims: Claims::default(),
+            journal,
+            metrics: Metrics::default(),
+            started: now,
+            started_unix_ms: unix_ms,
+            now,
+            timers: Timers::default(),
+            dirty: Vec::new(),
+            deferred: Vec::new(),
+            doomed: Vec::new(),
+            outputs: VecDeque::new(),
+            publishing: VecDeque::new(),
+            front_placed: None,
+            shutdown_deadline: None,
+            stopped: false,
+            ingested: 0,
+            config,
+        }
+    }
+
+    /// The replay store, to fill from durable history before serving
+    /// ([`crate::history::History::open`]).
+    pub fn store_mut(&mut self) -> &mut Store<Event> {
+        &mut self.store
+    }
+
+    /// Replaces the durable-history port (after the replay buffers were rebuilt from it).
+    pub fn set_journal(&mut self, journal: Box<dyn Journal>) {
+        self.journal = journal;
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Open connections.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Events accepted since start.
+    pub fn ingested(&self) -> u64 {
+        self.ingested
+    }
+
+    /// Time since [`Core::new`], as of the last call.
+    pub fn uptime(&self) -> Duration {
+        self.now.saturating_duration_since(self.started)
+    }
+
+    /// A new connection from `peer`.
+    ///
+    /// # Errors
+    /// At `max_connections`, the answer the peer gets instead (a complete 503
+    /// `too-many-connections` response with `Retry-After`, to write as is before closing);
+    /// counted and logged like every refusal.
+    pub fn open(&mut self, peer: SocketAddr, now: Instant) -> Result<ConnId, Vec<u8>> {
+        self.now = now;
+        if self.conns.len() >= self.config.max_connections || self.shutdown_deadline.is_some() {
+            self.metrics.refused_connections += 1;
+            // Counted under its code too, like every refusal.
+            self.metrics.reject("too-many-connections");
+            log::warn!(
+                "refused connection from {peer}: {} connections open (max_connections)",
+                self.conns.len()
+            );
+            return Err(http::error_response(
+                503,
+                "too-many-connections",
+                "the relay is at its connection limit (AEP_MAX_CONNECTIONS); retry later",
+                &[],
+                &[("Retry-After", "1")],
+                true,
+            ));
+        }
+        let key = self.conns.insert(Conn::new(peer, now));
+        self.rearm(key);
+        Ok(ConnId(key))
+    }
+
+    /// Bytes that arrived on `id`, in order. A connection that streams (SSE) or that
+    /// was answered for the last time discards them. Unknown ids are ignored.
+    pub fn handle_input(&mut self, id: ConnId, bytes: &[u8], now: Instant) {
+        self.now = now;
+        let key = id.0;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        match conn.phase {
+            Phase::Sse { .. } | Phase::Closing => {}
+            _ => {
+                if conn.rbuf.is_empty() && matches!(conn.phase, Phase::Head) {
+                    conn.since = now;
+                }
+                conn.rbuf.extend_from_slice(bytes);
+                self.process(key);
+            }
+        }
+        self.rearm(key);
+    }
+
+    /// The peer closed its writing side of `id` (a read returned 0).
+    pub fn handle_eof(&mut self, id: ConnId, now: Instant) {
+        self.now = now;
+        let key = id.0;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.peer_eof = true;
+        match conn.phase {
+            Phase::Sse { .. } | Phase::Ws(_) => self.close(key),
+            _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
+                self.close(key)
+            }
+            _ => {
+                // The peer half-closed: every complete request it sent is already
+                // answered (input is processed as it is read), so flush and close. The
+                // `Closing` phase puts the connection under the linger timer, so a peer
+                // that also stops reading cannot hold it open forever.
+                conn.close_after_flush = true;
+                conn.phase = Phase::Closing;
+                conn.since = now;
+                conn.rbuf.clear();
+                self.mark_dirty(key);
+                self.rearm(key);
+            }
+        }
+    }
+
+    /// The socket of `id` failed (a read or write error other than would-block): the
+    /// connection is dropped at once, its subscriptions and claims released.
+    pub fn handle_reset(&mut self, id: ConnId, now: Instant) {
+        self.now = now;
+        if let Some(c) = self.conns.get(id.0) {
+            log::info!("closing {} after a socket error", c.peer);
+        }
+        self.close(id.0);
+    }
+
+    /// Runs every deadline due at `now`: SSE heartbeats, WebSocket pings and idle
+    /// closes, request timeouts (408), keep-alive idle closes, lingering closes, and the
+    /// shutdown deadline. Also lets replays that yielded their turn continue.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        for key in std::mem::take(&mut self.deferred) {
+            self.mark_dirty(key);
+        }
+        while let Some((key, generation)) = self.timers.pop_due(now) {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if conn.armed.map(|(_, g)| g) != Some(generation) {
+                continue; // an earlier arming, or a connection that closed
+            }
+            conn.armed = None;
+            if self.deadline(key).is_some_and(|d| d <= now) {
+                self.expire(key);
+            }
+            self.rearm(key);
+        }
+        if let Some(deadline) = self.shutdown_deadline {
+            if !self.stopped && now >= deadline {
+                let n = self.conns.len();
+                log::warn!("shutdown deadline passed with {n} connections not flushed");
+                self.stopped = true;
+                self.outputs.push_back(Output::Stop(Stop::DeadlinePassed(n)));
+            }
+        }
+    }
+
+    /// The earliest deadline the core has (call [`Core::handle_timeout`] then), or
+    /// `None` when nothing is timed. Never earlier than needed; may be early (an entry
+    /// whose deadline moved later), which costs one empty wake.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let next = self.timers.next();
+        match (next, self.shutdown_deadline.filter(|_| !self.stopped)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the core has work that must not wait for a deadline: a replay that
+    /// yielded its turn (call [`Core::handle_timeout`] at once), or a publication that
+    /// waits for the reactor's writes.
+    pub fn is_busy(&self) -> bool {
+        !self.deferred.is_empty() || !self.publishing.is_empty()
+    }
+
+    /// Whether the reactor should read `id` now (see [`Interest::read`]).
+    pub fn wants_read(&self, id: ConnId) -> bool {
+        self.conns.get(id.0).is_some_and(|c| c.reading)
+    }
+
+    /// Ingests `ndjson` (one Event per line, blank lines ignored), all or nothing, as
+    /// `POST /events` with `application/x-ndjson` does: validated, kept by the
+    /// [`Journal`], then published. Returns how many Events were accepted.
+    ///
+    /// The core does not know what allocation `ndjson` is a slice of, so every Event it
+    /// keeps in a replay buffer is copied out of it (one copy of the Event's bytes).
+    ///
+    /// # Errors
+    /// [`Refusal`] as for the HTTP binding; nothing is published then.
+    pub fn ingest(&mut self, ndjson: Bytes, origin: Origin, now: Instant) -> Result<usize, Refusal> {
+        self.now = now;
+        self.ingest_body(ndjson, usize::MAX, true, origin)
+    }
+
+    /// Publishes Events already parsed and validated (a JSONL chunk), as one ingest unit:
+    /// kept by the [`Journal`] first.
+    ///
+    /// # Errors
+    /// [`Refusal::HistoryUnavailable`]: nothing was published; retry later.
+    pub fn publish_events(&mut self, events: &[Arc<Event>], now: Instant) -> Result<(), Refusal> {
+        self.now = now;
+        self.persist(events)?;
+        self.publish_unit(events.iter().cloned());
+        Ok(())
+    }
+
+    /// The next thing the reactor must do, or `None` when nothing is left for now. The
+    /// reactor drains this after every `handle_*`, `ingest` and `write_to` call.
+    ///
+    /// `Writable(id)` asks for [`Core::write_to`] on `id`. A publication paused for lack
+    /// of room continues here once every `Writable` it asked for was taken.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        loop {
+            if let Some(o) = self.outputs.pop_front() {
+                return Some(o);
+            }
+            if self.settle() {
+                continue;
+            }
+            if !self.publishing.is_empty() {
+                self.drain_publishing();
+                if self.settle() || !self.outputs.is_empty() {
+                    continue;
+                }
+            }
+            return None;
+        }
+    }
+
+    /// Writes `id`'s queued output to `w` (its socket), with one vectored write per
+    /// flush, continuing a replay in progress as the queue empties. Never names the
+    /// socket type: any `Write` is a peer (a test's `Vec<u8>`, a TLS stream).
+    /// Outcomes come out of [`Core::poll_output`]: interest changes, a half-close, a
+    /// close.
+    pub fn write_to<W: Write>(&mut self, id: ConnId, w: &mut W, now: Instant) {
+        self.now = now;
+        let key = id.0;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.dirty = false;
+        let mut had_output = false;
+        let mut rounds = 0;
+        let state = loop {
+            let conn = &mut self.conns[key];
+            if !conn.replay.is_empty() || !conn.backlog.is_empty() {
+                self.pump_replay(key);
+            }
+            let conn = &mut self.conns[key];
+            had_output |= !conn.out.is_empty();
+            let state = conn.out.flush(w);
+            conn.offered = conn.out.pushed();
+            let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            rounds += 1;
+            if state != Flush::Done || !more {
+                break state;
+            }
+            if rounds == REPLAY_ROUNDS {
+                // The socket keeps up: continue after the others had a turn.
+                if !self.deferred.contains(&key) {
+                    self.deferred.push(key);
+                }
+                break state;
+            }
+        };
+        let conn = &mut self.conns[key];
+        match state {
+            Flush::Closed => return self.close(key),
+            Flush::Done => {
+                if had_output {
+                    conn.last_write = now;
+                }
+                if conn.close_after_flush && conn.peer_eof {
+                    return self.close(key);
+                }
+                if conn.close_after_flush && !conn.write_shut {
+                    conn.write_shut = true;
+                    conn.phase = Phase::Closing;
+                    conn.since = now;
+                    self.outputs.push_back(Output::ShutdownWrite(id));
+                }
+                self.set_interest(key, None, Some(false));
+            }
+            Flush::Blocked => self.set_interest(key, None, Some(true)),
+        }
+        // Resume a connection paused by `over_output_bound`: first the requests already
+        // read, then the socket (its readiness edge has passed; the data is waiting).
+        let conn = &mut self.conns[key];
+        if conn.read_paused && conn.out.len() < self.config.max_output_bytes {
+            conn.read_paused = false;
+            self.process(key);
+            if self.conns.get(key).is_some_and(|c| !c.read_paused) {
+                self.set_interest(key, Some(true), None);
+            }
+        }
+        self.rearm(key);
+    }
+
+    /// Starts a graceful shutdown: no new connection; every SSE stream ends with
+    /// `: shutting-down`; WebSockets get `closing` and a close 1001; idle connections
+    /// close; requests in flight finish with `Connection: close`. [`Output::Stop`] comes
+    /// once every connection is gone, or when `shutdown_deadline` passes.
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        self.now = now;
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        log::info!(
+            "shutting down: {} connections to drain within {:?}",
+            self.conns.len(),
+            self.config.shutdown_deadline
+        );
+        self.shutdown_deadline = Some(now + self.config.shutdown_deadline);
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let conn = &mut self.conns[key];
+            match conn.phase {
+                Phase::Sse { sub } => {
+                    self.hub.remove(sub);
+                    conn.send(sse::SHUTTING_DOWN);
+                    conn.phase = Phase::Closing;
+                    conn.close_after_flush = true;
+                    conn.since = now;
+                    self.mark_dirty(key);
+                }
+                Phase::Ws(_) => {
+                    let going_away = crate::ws::rfc6455::close_code::GOING_AWAY;
+                    self.ws_close(key, "shutting down", going_away);
+                }
+                Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+                Phase::Closing => {}
+                _ => {
+                    // Answered with Connection: close when it completes (see `reply`).
+                }
+            }
+            self.rearm(key);
+        }
+        self.check_drained();
+    }
+
+    /// Bytes queued for output on `id` (`None`: no such connection). Each connection
+    /// stays within `max_output_bytes` plus one frame, replay pages aside (AEP-0003
+    /// §8.4): an invariant fuzz targets check.
+    pub fn queued(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id.0).map(|c| c.out.len())
+    }
+
+    /// Bytes of live frames held back on `id` behind a replay in progress, not yet in
+    /// its output queue; bounded like the queue.
+    pub fn backlog(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id.0).map(|c| c.backlog.len())
+    }
+
+    /// Deadlines held in the timer, stale entries included (for invariant checks: after
+    /// every connection closed and the clock passed every timeout, none remains).
+    pub fn armed_deadlines(&self) -> usize {
+        self.timers.len()
+    }
+
+    // ---- internals ----
+
+    fn mark_dirty(&mut self, key: usize) {
+        if let Some(c) = self.conns.get_mut(key) {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(key);
+            }
+        }
+    }
+
+    /// Records the interest wanted for `key` (`None`: unchanged) and announces it when
+    /// it changed.
+    fn set_interest(&mut self, key: usize, read: Option<bool>, write: Option<bool>) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let (r, w) = (read.unwrap_or(conn.reading), write.unwrap_or(conn.want_write));
+        if (r, w) != (conn.reading, conn.want_write) {
+            conn.reading = r;
+            conn.want_write = w;
+            let i = Interest { read: r, write: w };
+            self.outputs.push_back(Output::Interest(ConnId(key), i));
+        }
+    }
+
+    /// Closes the doomed and announces every connection with new output. Returns
+    /// whether it produced any output.
+    fn settle(&mut self) -> bool {
+        self.end_unit();
+        let before = self.outputs.len();
+        for key in std::mem::take(&mut self.doomed) {
+            match self.conns.get(key).map(|c| &c.phase) {
+                // A WebSocket gets `closing` with its positions, then the close frame.
+                Some(Phase::Ws(_)) => {
+                    log::info!(
+                        "closing WebSocket {} (backpressure, AEP-0003 §8.4)",
+                        self.conns[key].peer
+                    );
+                    let reason = "backpressure: the consumer fell behind";
+                    let code = crate::ws::rfc6455::close_code::TRY_AGAIN;
+                    self.ws_close(key, reason, code);
+                    continue;
+                }
+                Some(Phase::Closing) if self.conns[key].close_after_flush => continue,
+                _ => {}
+            }
+            if let Some(c) = self.conns.get(key) {
+                log::info!(
+                    "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
+                    c.peer, c.dropped
+                );
+            }
+            self.close(key);
+        }
+        for key in std::mem::take(&mut self.dirty) {
+            if self.conns.get(key).is_some_and(|c| c.dirty) {
+                self.outputs.push_back(Output::Writable(ConnId(key)));
+                self.rearm(key);
+            }
+        }
+        self.outputs.len() > before
+    }
+
+    /// Ends the open fan-out unit, if any: its pending frames are queued before anything
+    /// else is (see `fanout::Unit`).
+    fn end_unit(&mut self) {
+        self.hub.end_unit(&mut self.conns);
+    }
+
+    fn close(&mut self, key: usize) {
+        if !self.conns.contains(key) {
+            return;
+        }
+        self.end_unit();
+        let conn = self.conns.remove(key);
+        match &conn.phase {
+            Phase::Sse { sub } => self.hub.remove(*sub),
+            Phase::Ws(ws) => self.ws_release(key, ws),
+            _ => {}
+        }
+        self.outputs.push_back(Output::Close(ConnId(key)));
+        self.check_drained();
+    }
+
+    /// During a graceful shutdown, stops once the last connection is gone.
+    fn check_drained(&mut self) {
+        if self.shutdown_deadline.is_some() && self.conns.is_empty() && !self.stopped {
+            log::info!("shutdown complete: every connection flushed and closed");
+            self.stopped = true;
+            self.outputs.push_back(Output::Stop(Stop::Drained));
+        }
+    }
+
+    /// Appends a unit of valid Events to the journal, before they are published or
+    /// answered.
+    fn persist(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+        self.journal
+            .append(events, &self.store)
+            .map_err(|detail| Refusal::HistoryUnavailable { detail })
+    }
+
+    /// Publishes accepted Events as one ingest unit: their frames are coalesced (see
+    /// `fanout`). Behind a paused publication they wait their turn, in order.
+    fn publish_unit(&mut self, events: impl IntoIterator<Item = Arc<Event>>) {
+        self.publishing.extend(events);
+        self.drain_publishing();
+    }
+
+    /// Publishes one Event on its own (a WebSocket message; a command's copy for
+    /// observers), in order behind any paused publication.
+    fn publish(&mut self, ev: Arc<Event>) {
+        self.publish_unit(std::iter::once(ev));
+    }
+
+    /// Admits and fans out the Events waiting in `publishing`, in order, until done or
+    /// until a connection needs its socket offered first (`Fanned::Paused`).
+    fn drain_publishing(&mut self) {
+        // Inside a unit the caller opened (the WebSocket messages of one read) the
+        // frames join it; otherwise these Events are a unit of their own.
+        let own_unit = !self.hub.unit_open();
+        self.hub.begin_unit();
+        while let Some(ev) = self.publishing.front().cloned() {
+            let placed = match self.front_placed.take() {
+                Some(p) => p,
+                None => {
+                    self.ingested += 1;
+                    if let Admission::Conflict = self.store.admit(&ev) {
+                        log::warn!(
+                            "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
+                            ev.session().unwrap_or_default(),
+                            ev.source(),
+                            ev.epoch(),
+                            ev.seq().unwrap_or_default()
+                        );
+                    }
+                    SmallVec::from_slice(self.store.last_placed())
+                }
+            };
+            let fanned = self.hub.fanout(
+                &ev,
+                &placed,
+                &mut self.conns,
+                self.config.max_output_bytes,
+                &mut self.dirty,
+                &mut self.doomed,
+            );
+            match fanned {
+                Fanned::Done => {
+                    self.publishing.pop_front();
+                }
+                Fanned::Paused(conn) => {
+                    // Offer the queues to their sockets, then fan this Event out again.
+                    self.front_placed = Some(placed);
+                    self.mark_dirty(conn.0);
+                    break;
+                }
+            }
+        }
+        if own_unit {
+            self.end_unit();
+        }
+    }
+
+    /// When `key` must be looked at next, from its phase (see `timer`).
+    fn deadline(&self, key: usize) -> Option<Instant> {
+        let c = &self.config;
+        let conn = self.conns.get(key)?;
+        Some(match &conn.phase {
+            Phase::Sse { .. } => conn.last_write + c.heartbeat,
+            Phase::Ws(ws) => {
+                let idle = ws.last_read + c.ws_idle_timeout;
+                match ws.hello {
+                    Some(_) => idle.min(ws.last_ping + c.heartbeat),
+                    None => idle,
+                }
+            }
+            Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => {
+                conn.since + c.idle_timeout
+            }
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_) => {
+                if conn.close_after_flush {
+                    return None;
+                }
+                conn.since + c.request_timeout
+            }
+            Phase::Closing => {
+                if conn.out.is_empty() {
+                    conn.since + LINGER
+                } else {
+                    conn.since + c.request_timeout.max(LINGER)
+                }
+            }
+        })
+    }
+
+    /// Arms `key`'s deadline when it is earlier than the one armed (see `timer`).
+    fn rearm(&mut self, key: usize) {
+        let Some(at) = self.deadline(key) else {
+            return;
+        };
+        let conn = &mut self.conns[key];
+        if conn.armed.is_some_and(|(t, _)| t <= at) {
+            return;
+        }
+        let generation = self.timers.arm(at, key);
+        self.conns[key].armed = Some((at, generation));
+    }
+
+    /// `key`'s deadline has come: the heartbeat, the ping, or the timeout of its phase.
+    fn expire(&mut self, key: usize) {
+        let now = self.now;
+        let c = &self.config;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        match &mut conn.phase {
+            Phase::Sse { .. } => {
+                self.end_unit();
+                let conn = &mut self.conns[key];
+                conn.send(sse::PING);
+                conn.last_write = now;
+                self.mark_dirty(key);
+            }
+            Phase::Ws(ws) => {
+                if now.duration_since(ws.last_read) >= c.ws_idle_timeout {
+                    let reason = format!(
+                        "idle: nothing received for {} s",
+                        c.ws_idle_timeout.as_secs_f64()
+                    );
+                    let code = crate::ws::rfc6455::close_code::GOING_AWAY;
+                    return self.ws_close(key, &reason, code);
+                }
+                // A `ping` every `heartbeat` once `hello` is done, whatever else is being
+                // written, so a pure consumer always has something to answer
+                // (AEP-0003 §3.5 #5).
+                ws.last_ping = now;
+                let t = self.started_unix_ms
+                    + now.saturating_duration_since(self.started).as_millis() as u64;
+                self.end_unit();
+                let conn = &mut self.conns[key];
+                conn.send(crate::ws::aep::ping(t));
+                conn.last_write = now;
+                self.mark_dirty(key);
+            }
+            Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+            Phase::Discard(_) => {
+                // A body still arriving after its request was answered: no 408 for it.
+                self.close_after_answer(key)
+            }
+            Phase::Head | Phase::Body { .. } => {
+                let d = format!(
+                    "the request did not arrive within {} s",
+                    c.request_timeout.as_secs_f64()
+                );
+                self.reply_error(key, 408, "request-timeout", &d, true);
+            }
+            Phase::Closing => self.close(key),
+        }
+    }
+}

@@ -1,0 +1,676 @@
+//! HTTP/1.1 request sequencing in the core (RFC 9112; AEP-0003 §3.2, §3.3, §3.4): the
+//! head, the body (Content-Length or chunked), routing, the answers and their order,
+//! pipelining, request backpressure, and the hand-over to SSE or the WebSocket binding.
+//! Every refusal is answered, counted and logged once (`Core::refused`).
+
+use super::conn::{BodyReader, Phase, ReplayJob};
+use super::{keepable, loggable, replay_sessions, ConnId, Core, Origin, NOT_FOUND};
+use crate::auth::Scopes;
+use crate::envelope::{self, Event};
+use crate::fanout::{Binding, Subscription};
+use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::sse;
+use crate::Refusal;
+use bytes::Bytes;
+use serde_json::json;
+use std::sync::Arc;
+
+/// The status page served at `GET /` (one self-contained file, no external assets).
+#[cfg(feature = "status-page")]
+const STATUS_PAGE: &str = include_str!("../status.html");
+
+/// `METHOD /path` of a request for the log: never its query string (it may carry
+/// `access_token`, AEP-0003 §8.1).
+fn request_line(head: &RequestHead) -> String {
+    format!("{} {}", head.method, head.path)
+}
+
+fn cors_lines(origin: &str) -> String {
+    format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
+}
+
+impl Core {
+    /// Answers on `key`; with `close`, this is the connection's last answer.
+    pub(super) fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        self.end_unit();
+        let close = close || self.shutdown_deadline.is_some();
+        if let Some(conn) = self.conns.get_mut(key) {
+            match &conn.cors {
+                Some(origin) => conn.send(http::insert_headers(&bytes, &cors_lines(origin))),
+                None => conn.send(bytes),
+            }
+            if close {
+                conn.close_after_flush = true;
+                conn.phase = Phase::Closing;
+                conn.rbuf.clear();
+            }
+            conn.since = self.now;
+            self.mark_dirty(key);
+        }
+    }
+
+    /// Refuses what was read on `key` before it was a request with a head (a head too
+    /// large or malformed, a request too slow) or a body that cannot be read: counted,
+    /// logged (see [`Relay::refused`]) and answered.
+    pub(super) fn reply_error(
+        &mut self,
+        key: usize,
+        status: u16,
+        code: &'static str,
+        detail: &str,
+        close: bool,
+    ) {
+        self.refused(key, "request", Some(status), code, detail);
+        let body = http::error_response(status, code, detail, &[], &[], close);
+        self.reply(key, body, close);
+    }
+
+    /// The one place every refusal the relay answers passes through, once, whatever
+    /// the binding: it is counted under `code` (`aep_events_rejected_total{reason}`,
+    /// `/status`) and logged at `info` as
+    /// `refused {what} from {peer}: {status} {code}: {detail}` (README, "Logging").
+    /// `what` is the method and path of a request (`POST /events`) or the kind of
+    /// WebSocket unit (`WebSocket hello`); `status` the HTTP status or the close code,
+    /// `None` for an in-band `error` frame that leaves the connection open. Query strings
+    /// and credentials are never part of it; control characters in `detail` are escaped
+    /// and a long detail is cut.
+    pub(crate) fn refused(
+        &mut self,
+        key: usize,
+        what: &str,
+        status: Option<u16>,
+        code: &'static str,
+        detail: &str,
+    ) {
+        self.metrics.reject(code);
+        if !log::log_enabled!(log::Level::Info) {
+            return;
+        }
+        let peer = self.conns.get(key).map(|c| c.peer);
+        let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+        let status = status.map(|s| format!("{s} ")).unwrap_or_default();
+        log::info!(
+            "refused {what} from {peer}: {status}{code}: {}",
+            loggable(detail)
+        );
+    }
+
+    /// Runs the HTTP state machine over the connection's read buffer.
+    /// Request backpressure: whether the answers queued on `key` have reached
+    /// `max_output_bytes`, in which case reading and request processing pause (marked in
+    /// `Conn::read_paused`) until `flush` brings the queue back under the bound. Without
+    /// it a peer pipelining requests and never reading the answers grows the queue
+    /// without limit (each ~25-byte `GET /events` queues a ~400-byte answer). Only the
+    /// HTTP request phases pause: streams and closing connections discard their input
+    /// (and must see EOF), and WebSockets bound their replies themselves.
+    pub(super) fn over_output_bound(&mut self, key: usize) -> bool {
+        let max = self.config.max_output_bytes;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        let request = matches!(
+            conn.phase,
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
+        );
+        if !request || conn.out.len() < max {
+            return false;
+        }
+        conn.read_paused = true;
+        self.set_interest(key, Some(false), None);
+        true
+    }
+
+    pub(super) fn process(&mut self, key: usize) {
+        let max_head = self.config.max_head_bytes;
+        let max_body = self.config.max_body_bytes;
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            if conn.close_after_flush {
+                conn.rbuf.clear();
+                return;
+            }
+            match &mut conn.phase {
+                Phase::Head => {
+                    if conn.rbuf.is_empty() || self.over_output_bound(key) {
+                        return;
+                    }
+                    let Some(conn) = self.conns.get_mut(key) else {
+                        return;
+                    };
+                    // A head ends with a line feed, so it can only have completed if one
+                    // arrived since the last parse. Without this, a head of `max_head`
+                    // bytes (192 KiB by default) trickled in a byte at a time would be
+                    // parsed from its start once per byte: quadratic work on the reactor.
+                    // The first bytes are always parsed, so garbage is refused at once.
+                    let fresh = match conn.rbuf.get(conn.head_scanned..) {
+                        Some(new) => conn.head_scanned == 0 || memchr::memchr(b'\n', new).is_some(),
+                        None => true,
+                    };
+                    // No new line feed: still incomplete, as `parse_head` would say.
+                    let parsed = if fresh {
+                        http::parse_head(&conn.rbuf)
+                    } else {
+                        Ok(None)
+                    };
+                    match parsed {
+                        Ok(None) => {
+                            conn.head_scanned = conn.rbuf.len();
+                            if conn.rbuf.len() > max_head {
+                                let d = format!("the request head exceeds {max_head} bytes");
+                                self.reply_error(key, 431, "head-too-large", &d, true);
+                            }
+                            return;
+                        }
+                        Ok(Some((head, n))) => {
+                            if n > max_head {
+                                let d = format!("the request head exceeds {max_head} bytes");
+                                self.reply_error(key, 431, "head-too-large", &d, true);
+                                return;
+                            }
+                            conn.rbuf.drain(..n);
+                            conn.head_scanned = 0;
+                            self.on_head(key, head);
+                        }
+                        Err(HeadError::TooManyHeaders) => {
+                            let d = format!("more than {} header lines", http::MAX_HEADERS);
+                            self.reply_error(key, 431, "head-too-large", &d, true);
+                            return;
+                        }
+                        Err(HeadError::Malformed(why)) => {
+                            let d = format!("malformed request head: {why}");
+                            self.reply_error(key, 400, "bad-request", &d, true);
+                            return;
+                        }
+                    }
+                }
+                Phase::Body { reader, body, .. } => {
+                    match reader.take(&mut conn.rbuf, body, max_body) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => return self.chunk_error(key, e),
+                    }
+                    let Phase::Body { head, body, .. } =
+                        std::mem::replace(&mut conn.phase, Phase::Head)
+                    else {
+                        return;
+                    };
+                    conn.since = self.now;
+                    self.on_request(key, *head, body);
+                }
+                Phase::Discard(reader) => {
+                    // The answer went out already: read the body to its end and drop it.
+                    // A body that turns out malformed gets no second answer (one request,
+                    // one response): the connection just closes after what is queued.
+                    match reader.take(&mut conn.rbuf, &mut Vec::new(), max_body) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(_) => return self.close_after_answer(key),
+                    }
+                    conn.phase = Phase::Head;
+                    conn.since = self.now;
+                }
+                Phase::Sse { .. } | Phase::Closing => {
+                    conn.rbuf.clear();
+                    return;
+                }
+                Phase::Ws(_) => return self.ws_process(key),
+            }
+        }
+    }
+
+    /// Ends a connection whose current request already has its answer (a body being
+    /// discarded turned out malformed, too large or too slow): flush, then close, with no
+    /// second answer. HTTP/1.1 gives one final response per request (RFC 9112 §9.3); an
+    /// extra one is paired by a client or a proxy with its next request.
+    pub(super) fn close_after_answer(&mut self, key: usize) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.close_after_flush = true;
+            conn.phase = Phase::Closing;
+            conn.rbuf.clear();
+            conn.since = self.now;
+        }
+        self.mark_dirty(key);
+    }
+
+    pub(super) fn chunk_error(&mut self, key: usize, e: ChunkError) {
+        match e {
+            ChunkError::TooLarge => {
+                let d = format!(
+                    "the request body exceeds {} bytes (AEP_MAX_BODY)",
+                    self.config.max_body_bytes
+                );
+                self.reply_error(key, 413, "body-too-large", &d, true)
+            }
+            ChunkError::Malformed => {
+                self.reply_error(key, 400, "bad-request", "malformed chunked body", true)
+            }
+        }
+    }
+
+    /// Answers a request whose body we will not use: keep the connection when the body
+    /// can be skipped, close it otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reply_skipping_body(
+        &mut self,
+        key: usize,
+        head: &RequestHead,
+        resp_status: u16,
+        code: &'static str,
+        detail: &str,
+        more: &[(&str, serde_json::Value)],
+        extra: &[(&str, &str)],
+    ) {
+        let what = request_line(head);
+        self.refused(key, &what, Some(resp_status), code, detail);
+        let framing = http::framing(head, self.config.max_body_bytes);
+        let expect = head.header("expect").is_some();
+        let close = head.wants_close()
+            || expect
+            || !matches!(
+                framing,
+                Ok(Framing::None) | Ok(Framing::Length(_)) | Ok(Framing::Chunked)
+            );
+        let body = http::error_response(resp_status, code, detail, more, extra, close);
+        self.reply(key, body, close);
+        if !close {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.phase = match framing {
+                    Ok(Framing::Length(n)) => Phase::Discard(BodyReader::Length(n)),
+                    Ok(Framing::Chunked) => Phase::Discard(BodyReader::Chunked(Default::default())),
+                    _ => Phase::Head,
+                };
+            }
+        }
+    }
+
+    pub(super) fn on_head(&mut self, key: usize, head: RequestHead) {
+        let cors = self.cors_origin(&head);
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.cors = cors;
+        }
+        // Only `POST /events` reads a body; any other request that declares one has it
+        // skipped and is refused, never left in the buffer to parse as the next request
+        // (RFC 9112 §6.3: the framing headers delimit a body whatever the method).
+        if head.method != "POST"
+            && !matches!(
+                http::framing(&head, self.config.max_body_bytes),
+                Ok(Framing::None)
+            )
+        {
+            let d = format!("a {} request carries no body", head.method);
+            return self.reply_skipping_body(key, &head, 400, "bad-request", &d, &[], &[]);
+        }
+        if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
+            // A CORS preflight (Fetch standard §3.2.2).
+            let close = head.wants_close();
+            let resp = http::response(
+                204,
+                "text/plain",
+                &[
+                    ("Access-Control-Allow-Methods", "GET, POST"),
+                    (
+                        "Access-Control-Allow-Headers",
+                        "Authorization, AEP-Version, Content-Type, Last-Event-ID",
+                    ),
+                    ("Access-Control-Max-Age", "600"),
+                ],
+                b"",
+                close,
+            );
+            return self.reply(key, resp, close);
+        }
+        if head.path == "/healthz" && head.method == "GET" {
+            let body = self.health(
+                self.config
+                    .auth
+                    .check(&head)
+                    .is_ok_and(|g| g.authenticated || !self.config.auth.enabled()),
+            );
+            let close = head.wants_close();
+            let resp = http::response(200, "application/json", &[], &body, close);
+            return self.reply(key, resp, close);
+        }
+        let allow = match head.path.as_str() {
+            "/events" => "GET, POST",
+            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" | "/socket" => {
+                "GET"
+            }
+            #[cfg(feature = "status-page")]
+            "/" => "GET",
+            _ => {
+                let d = format!("no resource at {}", head.path);
+                return self.reply_skipping_body(key, &head, 404, NOT_FOUND, &d, &[], &[]);
+            }
+        };
+        let method_ok = allow.split(", ").any(|m| m == head.method);
+        if !method_ok {
+            let d = format!(
+                "{} is not allowed on {}; use {allow}",
+                head.method, head.path
+            );
+            return self.reply_skipping_body(
+                key,
+                &head,
+                405,
+                "method-not-allowed",
+                &d,
+                &[],
+                &[("Allow", allow)],
+            );
+        }
+        let grant = match self.config.auth.check(&head) {
+            Ok(g) => g,
+            Err(e) => {
+                let extra = [("WWW-Authenticate", "Bearer")];
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    401,
+                    "unauthorized",
+                    e.detail(),
+                    &[],
+                    &extra,
+                );
+            }
+        };
+        let needed = match (head.method.as_str(), head.path.as_str()) {
+            ("POST", "/events") => Scopes::EMIT,
+            ("GET", "/stream") | ("GET", "/metrics") | ("GET", "/status") | ("GET", "/") => {
+                Scopes::WATCH
+            }
+            _ => Scopes::NONE,
+        };
+        if !grant.scopes.contains(needed) {
+            let d = format!(
+                "this token lacks the `{}` scope needed for {} {} (AEP-0003 §8.1)",
+                needed.name(),
+                head.method,
+                head.path
+            );
+            return self.reply_skipping_body(key, &head, 403, "forbidden", &d, &[], &[]);
+        }
+        match (head.method.as_str(), head.path.as_str()) {
+            ("POST", "/events") => self.begin_ingest(key, head),
+            ("GET", "/events") | ("GET", "/.well-known/aep") => {
+                let close = head.wants_close();
+                let doc = self.discovery();
+                let body = http::response(200, "application/json", &[], &doc, close);
+                self.reply(key, body, close);
+            }
+            ("GET", "/stream") => self.begin_sse(key, head),
+            ("GET", "/socket") => self.begin_ws(key, head, grant),
+            ("GET", "/status") => {
+                let close = head.wants_close();
+                let body = self.status_json();
+                let resp = http::response(200, "application/json", &[], &body, close);
+                self.reply(key, resp, close);
+            }
+            #[cfg(feature = "status-page")]
+            ("GET", "/") => {
+                let close = head.wants_close();
+                let resp = http::response(
+                    200,
+                    "text/html; charset=utf-8",
+                    &[(
+                        "Content-Security-Policy",
+                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:",
+                    )],
+                    STATUS_PAGE.as_bytes(),
+                    close,
+                );
+                self.reply(key, resp, close);
+            }
+            ("GET", "/metrics") => {
+                let close = head.wants_close();
+                let text = self.metrics_text();
+                let body = http::response(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    &[],
+                    text.as_bytes(),
+                    close,
+                );
+                self.reply(key, body, close);
+            }
+            _ => {}
+        }
+    }
+
+    /// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is
+    /// allowed by `cors_origins`.
+    pub(super) fn cors_origin(&self, head: &RequestHead) -> Option<String> {
+        let origin = head.header("origin")?;
+        let allowed = &self.config.cors_origins;
+        if allowed.iter().any(|o| o == "*") {
+            Some("*".to_string())
+        } else if allowed.iter().any(|o| o == origin) {
+            Some(origin.to_string())
+        } else {
+            None
+        }
+    }
+
+    pub(super) fn begin_ingest(&mut self, key: usize, head: RequestHead) {
+        let framing = match http::framing(&head, self.config.max_body_bytes) {
+            Ok(f) => f,
+            // Unreadable framing: `reply_skipping_body` closes after the answer.
+            Err(FramingError::TooLarge(n)) => {
+                let d = format!(
+                    "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
+                    self.config.max_body_bytes
+                );
+                return self.reply_skipping_body(key, &head, 413, "body-too-large", &d, &[], &[]);
+            }
+            Err(FramingError::Bad(why)) => {
+                return self.reply_skipping_body(key, &head, 400, "bad-request", why, &[], &[]);
+            }
+        };
+        match head.header("aep-version") {
+            None => {
+                let d = "the AEP-Version request header is required (AEP-0003 §3.2.2)";
+                return self.reply_skipping_body(key, &head, 400, "version-required", d, &[], &[]);
+            }
+            Some(v) if !envelope::header_version_supported(v) => {
+                let d = format!("AEP-Version {v:?} is not supported (AEP-0003 §3.2.2)");
+                let more = [("versions", json!(envelope::SUPPORTED_VERSIONS))];
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    426,
+                    "version-unsupported",
+                    &d,
+                    &more,
+                    &[],
+                );
+            }
+            Some(_) => {}
+        }
+        match head.media_type().as_deref() {
+            Some("application/json") | Some("application/x-ndjson") => {}
+            other => {
+                let d = format!(
+                    "Content-Type must be application/json (one Event) or application/x-ndjson (a batch), got {} (AEP-0003 §3.2.1)",
+                    other.unwrap_or("none")
+                );
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    415,
+                    "unsupported-media-type",
+                    &d,
+                    &[],
+                    &[],
+                );
+            }
+        }
+        let reader = match framing {
+            Framing::None => return self.on_request(key, head, Vec::new()),
+            Framing::Length(n) => BodyReader::Length(n),
+            Framing::Chunked => BodyReader::Chunked(Default::default()),
+        };
+        if head
+            .header("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+        {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.send(&b"HTTP/1.1 100 Continue\r\n\r\n"[..]);
+            }
+            self.mark_dirty(key);
+        }
+        let cap = match reader {
+            BodyReader::Length(n) => n,
+            _ => 0,
+        };
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.phase = Phase::Body {
+                head: Box::new(head),
+                reader,
+                body: Vec::with_capacity(cap),
+            };
+        }
+    }
+
+    pub(super) fn on_request(&mut self, key: usize, head: RequestHead, body: Vec<u8>) {
+        let close = head.wants_close();
+        let batch = head.media_type().as_deref() == Some("application/x-ndjson");
+        // The allocation the body's Bytes keep alive: its capacity (a chunked body grew
+        // by doubling), not its length.
+        let backing = body.capacity();
+        let resp = match self.ingest_body(Bytes::from(body), backing, batch, Origin::Http) {
+            Ok(n) => http::response(
+                202,
+                "application/json",
+                &[],
+                format!("{{\"accepted\":{n}}}").as_bytes(),
+                close,
+            ),
+            Err(r) => {
+                self.refused(
+                    key,
+                    "POST /events",
+                    Some(r.status()),
+                    r.code(),
+                    &r.to_string(),
+                );
+                http::response(r.status(), "application/json", &[], &r.body(), close)
+            }
+        };
+        self.reply(key, resp, close);
+    }
+
+    /// Validates every Event of a body, then ingests them all in order, or none.
+    /// `backing` is the size of the allocation `body` is part of (`usize::MAX` when
+    /// unknown): every Event that may be held is given bytes of its own when it is only
+    /// part of it (see [`keepable`]).
+    pub(super) fn ingest_body(
+        &mut self,
+        body: Bytes,
+        backing: usize,
+        batch: bool,
+        origin: Origin,
+    ) -> Result<usize, Refusal> {
+        let mut events = Vec::new();
+        if batch {
+            let count = memchr::memchr_iter(b'\n', &body).count() + 1;
+            let mut start = 0;
+            let mut line = 0;
+            let max = self.config.max_batch_events;
+            if count > max {
+                // Blank lines do not count; only refuse when the Events really are too many.
+                let real = body
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
+                    .count();
+                if real > max {
+                    return Err(Refusal::TooManyEvents { count: real, max });
+                }
+            }
+            while start < body.len() {
+                let end = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |i| start + i);
+                line += 1;
+                let slice = &body[start..end];
+                if !slice.iter().all(|b| b.is_ascii_whitespace()) {
+                    events.push((line, Event::parse(body.slice(start..end))));
+                }
+                start = end + 1;
+            }
+        } else {
+            events.push((1, Event::parse(body)));
+        }
+        let mut ok = Vec::with_capacity(events.len());
+        for (line, ev) in events {
+            match ev {
+                Ok(ev) if ev.is_command() => {
+                    return Err(Refusal::Command {
+                        line,
+                        event_type: ev.event_type().to_string(),
+                    })
+                }
+                Ok(ev) => ok.push(Arc::new(keepable(ev, backing))),
+                Err(e) => {
+                    return Err(Refusal::InvalidEvent {
+                        line,
+                        detail: e.detail,
+                    })
+                }
+            }
+        }
+        let n = ok.len();
+        // Kept in the history before it is published or answered (issue 5).
+        self.persist(&ok)?;
+        match origin {
+            Origin::Ws => self.metrics.ingested_ws += n as u64,
+            Origin::Http | Origin::Jsonl => self.metrics.ingested_http += n as u64,
+        }
+        // One ingest unit: the batch's frames are coalesced (see `fanout`).
+        self.publish_unit(ok);
+        Ok(n)
+    }
+
+    pub(super) fn begin_sse(&mut self, key: usize, head: RequestHead) {
+        let req = match sse::parse_request(&head, self.config.max_from_positions) {
+            Ok(r) => r,
+            Err(e) => {
+                return self.reply_skipping_body(key, &head, 400, e.code, &e.detail, &[], &[]);
+            }
+        };
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        match &conn.cors {
+            Some(origin) => conn.send(http::insert_headers(sse::STREAM_HEAD, &cors_lines(origin))),
+            None => conn.send(sse::STREAM_HEAD),
+        }
+        conn.last_write = self.now;
+        // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
+        // (see `relay::replay`): no gap and no duplicate across the boundary.
+        let sub = req.live.then(|| {
+            self.hub.insert(Subscription {
+                conn: ConnId(key),
+                filter: req.filter.clone(),
+                ceiling: req.ceiling,
+                binding: Binding::Sse,
+            })
+        });
+        let conn = &mut self.conns[key];
+        conn.phase = match sub {
+            Some(sub) => Phase::Sse { sub },
+            None => Phase::Closing,
+        };
+        let sessions = replay_sessions(&self.store, &req.from);
+        self.start_replay(
+            key,
+            ReplayJob {
+                sub,
+                ws_id: None,
+                pending: sessions.iter().map(|(s, _)| *s).collect(),
+                sessions,
+                filter: req.filter,
+                ceiling: req.ceiling,
+                end_after: !req.live,
+            },
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! What the core reports about itself: `GET /status` (the status page's JSON),
+//! `GET /metrics` (Prometheus text), `GET /healthz`, and the capabilities both the
+//! discovery document and the WebSocket `hello` declare (AEP-0003 §3.4, §4).
+
+use super::conn::Phase;
+use super::{Core, NOT_FOUND};
+use crate::envelope;
+use crate::metrics::{self, Exposition};
+use serde_json::json;
+
+impl Core {
+    /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
+    /// the client's deltas), and the 100 most recently written sessions with their
+    /// positions.
+    pub(super) fn status_json(&self) -> Vec<u8> {
+        let (mut http_n, mut sse_n, mut ws_n) = (0u64, 0u64, 0u64);
+        for (_, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
+                _ => http_n += 1,
+            }
+        }
+        let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
+        let count = self.store.session_count();
+        let recent: Vec<serde_json::Value> = self
+            .store
+            .sessions()
+            .skip(count.saturating_sub(100))
+            .map(|s| {
+                // One row per owning stream `(source, session)` (AEP-0001 §5.2): two
+                // emitters sharing a name are two rows; `source` and `agent` say whose
+                // (`null` for a name's stream of foreign Events only).
+                json!({
+                    "session": s.name,
+                    "source": s.source,
+                    "agent": s.agent,
+                    "events": s.events,
+                    "earliest": pos(s.earliest),
+                    "latest": pos(s.latest),
+                })
+            })
+            .collect();
+        // A 404 is an unknown path (a browser's `/favicon.ico`, a scanner), not a refused
+        // Event or request of the protocol: `/metrics` counts it under `not-found`, the
+        // status page's refusals leave it out and show it as `not_found`.
+        let rejected: serde_json::Map<String, serde_json::Value> = self
+            .metrics
+            .rejected
+            .iter()
+            .filter(|(c, _)| *c != NOT_FOUND)
+            .map(|(c, n)| (c.to_string(), json!(n)))
+            .collect();
+        let not_found = self
+            .metrics
+            .rejected
+            .iter()
+            .find(|(c, _)| *c == NOT_FOUND)
+            .map_or(0, |(_, n)| *n);
+        let st = &self.hub.stats;
+        let doc = json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n, "ws": ws_n},
+            "subscriptions": self.hub.len(),
+            "sessions": {"count": count, "recent": recent},
+            "buffered_events": self.store.len(),
+            // The bytes the held Events retain: each has an allocation of its own
+            // (`keepable`), so this is the sum of their sizes.
+            "buffered_bytes": self.store.byte_len(),
+            "ingested": self.ingested,
+            "deliveries": st.deliveries,
+            "dropped": st.dropped,
+            "backpressure_disconnects": st.backpressure_disconnects,
+            "rejected": rejected,
+            "not_found": not_found,
+        });
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The Prometheus exposition of `GET /metrics`.
+    pub(super) fn metrics_text(&self) -> String {
+        let mut x = Exposition::default();
+        x.family(metrics::INGESTED, "counter", "Events ingested, by binding.")
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "http")],
+                self.metrics.ingested_http as f64,
+            )
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "ws")],
+                self.metrics.ingested_ws as f64,
+            );
+        x.family(
+            metrics::REJECTED,
+            "counter",
+            "Requests or Events refused, by reason.",
+        );
+        for (code, n) in &self.metrics.rejected {
+            x.sample(metrics::REJECTED, &[("reason", code)], *n as f64);
+        }
+        let st = &self.hub.stats;
+        x.family(
+            metrics::DELIVERIES,
+            "counter",
+            "Frames delivered to subscribers, by binding.",
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "sse")],
+            (st.deliveries - st.deliveries_ws) as f64,
+        )
+        .sample(
+            metrics::DELIVERIES,
+            &[("binding", "ws")],
+            st.deliveries_ws as f64,
+        );
+        x.family(
+            metrics::DROPPED,
+            "counter",
+            "debug/info Events not delivered to slow consumers (AEP-0003 §8.4).",
+        )
+        .sample(metrics::DROPPED, &[], st.dropped as f64);
+        x.family(
+            metrics::DISCONNECTS,
+            "counter",
+            "Consumers disconnected because a notice-or-above Event could not be queued.",
+        )
+        .sample(
+            metrics::DISCONNECTS,
+            &[],
+            st.backpressure_disconnects as f64,
+        );
+        x.family(
+            metrics::REFUSED_CONNECTIONS,
+            "counter",
+            "Connections refused at the connection limit.",
+        )
+        .sample(
+            metrics::REFUSED_CONNECTIONS,
+            &[],
+            self.metrics.refused_connections as f64,
+        );
+        let (mut http_n, mut sse_n, mut ws_n, mut queued) = (0u64, 0u64, 0u64, 0usize);
+        x.family(
+            metrics::CONN_DROPPED,
+            "gauge",
+            "Events dropped toward each live connection that had drops.",
+        );
+        for (key, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse_n += 1,
+                Phase::Ws(_) => ws_n += 1,
+                _ => http_n += 1,
+            }
+            queued += c.out.len();
+            if c.dropped > 0 {
+                let k = key.to_string();
+                let peer = c.peer.to_string();
+                x.sample(
+                    metrics::CONN_DROPPED,
+                    &[("conn", &k), ("peer", &peer)],
+                    c.dropped as f64,
+                );
+            }
+        }
+        x.family(
+            metrics::CONNECTIONS,
+            "gauge",
+            "Open connections, by binding.",
+        )
+        .sample(metrics::CONNECTIONS, &[("binding", "http")], http_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64)
+        .sample(metrics::CONNECTIONS, &[("binding", "ws")], ws_n as f64);
+        x.family(metrics::SUBSCRIPTIONS, "gauge", "Live subscriptions.")
+            .sample(metrics::SUBSCRIPTIONS, &[], self.hub.len() as f64);
+        x.family(
+            metrics::SESSIONS,
+            "gauge",
+            "Sessions held in the replay store, one per owning stream (source, session).",
+        )
+        .sample(metrics::SESSIONS, &[], self.store.session_count() as f64);
+        x.family(
+            metrics::BUFFERED_EVENTS,
+            "gauge",
+            "Events held in the replay store.",
+        )
+        .sample(metrics::BUFFERED_EVENTS, &[], self.store.len() as f64);
+        x.family(
+            metrics::BUFFERED_BYTES,
+            "gauge",
+            "Bytes the Events held in the replay store retain (each Event's own bytes: a held Event never keeps its batch body alive).",
+        )
+        .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
+        x.family(
+            metrics::QUEUED_BYTES,
+            "gauge",
+            "Bytes queued for output across all connections.",
+        )
+        .sample(metrics::QUEUED_BYTES, &[], queued as f64);
+        x.family(metrics::UPTIME, "gauge", "Seconds since start.")
+            .sample(metrics::UPTIME, &[], self.started.elapsed().as_secs_f64());
+        x.finish()
+    }
+
+    /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
+    pub(super) fn health(&self, detailed: bool) -> Vec<u8> {
+        let doc = if detailed {
+            json!({
+                "ok": true,
+                "sessions": self.store.session_count(),
+                "subscribers": self.hub.len(),
+                "connections": self.conns.len(),
+                "uptime_s": self.started.elapsed().as_secs(),
+            })
+        } else {
+            json!({ "ok": true })
+        };
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The discovery document (AEP-0003 §3.4) with what this relay really does.
+    pub(super) fn discovery(&self) -> Vec<u8> {
+        let doc = json!({
+            "aep": envelope::SUPPORTED_VERSIONS,
+            "role": "relay",
+            "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
+            "capabilities": {
+                "filters": ["attr-match"],
+                "replay": {
+                    "buffer": self.config.buffer_per_session,
+                    "per": "session",
+                    "sessions": self.config.max_sessions,
+                    "all": true
+                },
+                "capture": ["none", "metadata", "redacted", "full"],
+                "roster": {},
+                "control": { "accepts": [], "routes": self.config.auth.enabled() },
+                "experimental": {}
+            }
+        });
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+}

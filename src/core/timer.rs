@@ -1,0 +1,77 @@
+//! Connection deadlines: one armed deadline per connection, kept in a min-heap with a
+//! generation, so the core's next wake-up is a heap peek and no timer tick scans every
+//! connection.
+//!
+//! A connection's deadline depends on its phase (request timeout, keep-alive idle,
+//! linger, SSE heartbeat, WebSocket ping and idle). The core does not move an entry when
+//! a deadline gets *later* (a write resets the heartbeat): the entry fires early, the
+//! core recomputes the deadline and re-arms. It pushes a new entry only when a deadline
+//! gets *earlier* than the one armed (a connection entering `Closing`). Entries of a
+//! connection that closed, or of an earlier arming, carry a generation that no longer
+//! matches and are dropped when they come due. Generations are never reused, so a
+//! connection slot reused by a new connection does not inherit a stale deadline.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+/// Armed deadlines: `(when, connection slot, generation)`, earliest first.
+///
+/// Invariant: every live connection with a deadline has exactly one entry whose
+/// generation matches its `Conn::armed`; other entries are stale.
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    generation: u64,
+}
+
+impl Timers {
+    /// Arms a deadline at `at` for slot `key`; returns the generation that names it.
+    pub(crate) fn arm(&mut self, at: Instant, key: usize) -> u64 {
+        self.generation += 1;
+        self.heap.push(Reverse((at, key, self.generation)));
+        self.generation
+    }
+
+    /// The earliest entry's time (possibly stale: waking early is harmless).
+    pub(crate) fn next(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Takes the earliest entry due at `now` (time at or before it).
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(usize, u64)> {
+        match self.heap.peek() {
+            Some(Reverse((at, _, _))) if *at <= now => {
+                self.heap.pop().map(|Reverse((_, key, generation))| (key, generation))
+            }
+            _ => None,
+        }
+    }
+
+    /// Entries held, stale ones included.
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn pops_in_deadline_order_and_only_when_due() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut t = Timers::default();
+        let a = t.arm(t0 + s(5), 1);
+        let b = t.arm(t0 + s(2), 2);
+        assert_ne!(a, b);
+        assert_eq!(t.next(), Some(t0 + s(2)));
+        assert_eq!(t.pop_due(t0 + s(1)), None);
+        assert_eq!(t.pop_due(t0 + s(5)), Some((2, b)));
+        assert_eq!(t.pop_due(t0 + s(5)), Some((1, a)));
+        assert_eq!(t.pop_due(t0 + s(9)), None);
+        assert_eq!(t.len(), 0);
+    }
+}
