@@ -41,7 +41,6 @@ const NOT_FOUND: &str = "not-found";
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-const SIGNALS: Token = Token(2);
 const FIRST_CONN: usize = 3;
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
@@ -274,7 +273,6 @@ pub struct Relay {
     stop: Arc<AtomicBool>,
     graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
-    signals: Option<signal_hook_mio::v1_0::Signals>,
     /// Set once a graceful shutdown began: the deadline for flushing.
     shutdown_deadline: Option<Instant>,
     /// Counters for `/metrics`.
@@ -349,7 +347,6 @@ impl Relay {
             stop: Arc::new(AtomicBool::new(false)),
             graceful: Arc::new(AtomicBool::new(false)),
             waker,
-            signals: None,
             shutdown_deadline: None,
             metrics: Metrics::default(),
             started: now,
@@ -382,21 +379,6 @@ impl Relay {
             graceful: self.graceful.clone(),
             waker: self.waker.clone(),
         }
-    }
-
-    /// Handles SIGTERM and SIGINT inside the reactor (through signal-hook's mio source,
-    /// never by interrupting a write): the first one starts a graceful shutdown.
-    ///
-    /// # Errors
-    /// When the signal handlers cannot be installed.
-    pub fn handle_signals(&mut self) -> io::Result<()> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let mut signals = signal_hook_mio::v1_0::Signals::new([SIGTERM, SIGINT])?;
-        self.poll
-            .registry()
-            .register(&mut signals, SIGNALS, Interest::READABLE)?;
-        self.signals = Some(signals);
-        Ok(())
     }
 
     /// Runs until stopped through a [`StopHandle`] or, after a graceful shutdown (a
@@ -511,17 +493,6 @@ impl Relay {
                         self.begin_shutdown();
                     }
                     self.on_wake();
-                }
-                SIGNALS => {
-                    let got: Vec<i32> = self
-                        .signals
-                        .as_mut()
-                        .map(|s| s.pending().collect())
-                        .unwrap_or_default();
-                    if !got.is_empty() {
-                        log::info!("received signal {got:?}");
-                        self.begin_shutdown();
-                    }
                 }
                 Token(t) => {
                     let key = t - FIRST_CONN;
