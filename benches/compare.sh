@@ -112,7 +112,8 @@ if (($(ulimit -n) < max_subs + 64)); then
     fi
 fi
 
-cargo build --release --bin aep-relay --bin aep-load >&2
+# One workspace, one target dir: both binaries land in target/release.
+cargo build --release -p aep-relay -p aep-load >&2
 BIN="$CARGO_TARGET_DIR/release"
 
 mkdir -p "$RESULTS"

@@ -39,8 +39,8 @@
 //! [`Relay`] is the whole server. [`Relay::bind`] validates a [`Config`] and binds the
 //! listener; then either
 //! - [`Relay::run`] blocks the calling thread until a [`StopHandle`] stops it
-//!   (`stop` at once, `shutdown` gracefully), or a signal does after
-//!   [`Relay::handle_signals`];
+//!   (`stop` at once, `shutdown` gracefully; the `aep-relay` binary calls `shutdown` on
+//!   SIGTERM and SIGINT);
 //! - or the host calls [`Relay::poll_once`] from its own loop.
 //!
 //! [`Relay::ingest`] hands Events to the relay in-process, without a socket, with the
@@ -82,21 +82,23 @@
 //! [`filter`] (attr-match), [`capture`] (capture ceilings and down-leveling),
 //! [`store`] (replay rings), [`fanout`] (subscriptions and their index), [`sse`],
 //! [`ws`] (the WebSocket codec, handshake and AEP frames), [`control`] (session claims
-//! and command routing), [`http`], [`auth`], [`metrics`]. [`check`] is the live conformance
-//! checker behind `aep-relay check`.
+//! and command routing), [`http`], [`auth`], [`metrics`]. The live conformance
+//! checker behind `aep-relay check` is a crate of its own in the workspace, `aep-check`.
 //!
 //! # Features
 //!
+//! - `cli` (default): the `aep-relay` binary and its dependencies (clap, env_logger,
+//!   signal-hook, ureq, aep-check); the library uses none of them.
 //! - `tls` (default): native TLS with rustls and the ring provider.
 //! - `status-page` (default): the HTML status page at `GET /`.
 //!
-//! A small host builds with `default-features = false`.
+//! A small host builds with `default-features = false` (adding `tls` or `status-page` as
+//! it needs).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod auth;
 pub mod capture;
-pub mod check;
 pub mod config;
 pub mod control;
 pub mod envelope;

@@ -3,13 +3,17 @@
 //!
 //! Subcommands (`src/cli`) do something else instead of running the relay: `tail`,
 //! `validate`, and `check URL`, which checks a running relay's conformance over the wire
-//! ([`aep_relay::check`]).
+//! (the workspace's `aep-check` crate, [`aep_check`]).
+//!
+//! SIGTERM and SIGINT are caught here, not in the library: a thread waits for them and
+//! calls [`StopHandle::shutdown`], a graceful shutdown (the relay's `run` then returns
+//! once every connection is flushed, and the process exits 0).
 
 use aep_relay::auth::Auth;
 use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
-use aep_relay::Relay;
+use aep_relay::{Relay, StopHandle};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -163,6 +167,28 @@ fn init_logging() {
         .init();
 }
 
+/// Starts the thread that turns SIGTERM and SIGINT into [`StopHandle::shutdown`]: each
+/// one asks for a graceful shutdown (stop accepting, end every stream with
+/// `: shutting-down`, flush within the shutdown deadline). Once installed, the signals no
+/// longer terminate the process by their default action.
+///
+/// # Errors
+/// When the handlers cannot be installed or the thread cannot be started.
+fn shutdown_on_signals(stop: StopHandle) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let name = if sig == SIGTERM { "SIGTERM" } else { "SIGINT" };
+                log::info!("received signal {sig} ({name}): shutting down");
+                stop.shutdown();
+            }
+        })?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     init_logging();
@@ -183,6 +209,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before the start-up line: whoever reads it may signal the relay at once.
+    if let Err(e) = shutdown_on_signals(relay.stop_handle()) {
+        eprintln!("aep-relay: cannot install signal handlers: {e}");
+        return ExitCode::FAILURE;
+    }
     let c = relay.config();
     let posture = if c.auth.enabled() {
         "auth: bearer tokens required"
@@ -198,10 +229,6 @@ fn main() -> ExitCode {
         c.max_body_bytes,
         c.max_batch_events
     );
-    if let Err(e) = shutdown_on_signals(relay.stop_handle()) {
-        eprintln!("aep-relay: cannot install signal handlers: {e}");
-        return ExitCode::FAILURE;
-    }
     match relay.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -209,21 +236,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// SIGTERM and SIGINT start a graceful shutdown (the first one; the relay exits 0 once
-/// every connection is flushed), from a thread of their own: the reactor is never
-/// interrupted mid-write.
-fn shutdown_on_signals(stop: aep_relay::StopHandle) -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                log::info!("received signal {sig}");
-                stop.shutdown();
-            }
-        })?;
-    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The binary's `--help` names every environment variable it reads (issue 12 §4): the
 //! names are taken from the source itself (every clap `env = "…"` and every
-//! `std::env::var("…")` under `src/`), so a variable added without being documented
+//! `std::env::var("…")` under `src/` and under `crates/aep-check/src/`, the checker the
+//! binary runs as `check`), so a variable added without being documented
 //! fails here. The relay's own `--help` names all of them; each subcommand's (`tail`,
 //! `validate`, `check`) names those its own arguments read and the log filter
 //! (`AEP_LOG`, `RUST_LOG`), which every command honours.
@@ -80,9 +81,15 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
+/// The sources of `aep-relay check`: the workspace's checker crate.
+fn checker_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/aep-check/src")
+}
+
 #[test]
 fn relay_help_names_every_environment_variable_the_code_reads() {
-    let files = sources(&src());
+    let mut files = sources(&src());
+    files.extend(sources(&checker_src()));
     let mut all = reads(&files, CLAP);
     all.extend(reads(&files, STD));
     // The scan itself works: the log filter (read with std::env::var in main.rs), a clap
@@ -108,7 +115,7 @@ fn subcommand_help_names_the_variables_it_reads_and_the_log_filter() {
     for (cmd, files) in [
         ("tail", vec![src.join("cli/tail.rs")]),
         ("validate", vec![src.join("cli/validate.rs")]),
-        ("check", sources(&src.join("check"))),
+        ("check", sources(&checker_src())),
     ] {
         let mut names = reads(&files, CLAP);
         names.extend(reads(&files, STD));

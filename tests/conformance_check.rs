@@ -1,4 +1,4 @@
-//! The live checker (`aep-relay check`, [`aep_relay::check`]) against this relay: in
+//! The live checker (`aep-relay check`, the `aep-check` crate, [`aep_check`]) against this relay: in
 //! process against a [`TestRelay`] with a small buffer, with and without a token and with
 //! `--evict`; and the binary end to end against a [`RelayProcess`] (lines, summary line,
 //! JSON report, exit status).
@@ -12,8 +12,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use aep_check::{self as check, Options, Report, Status, CHECKS};
 use aep_relay::auth::Auth;
-use aep_relay::check::{self, Options, Report, Status, CHECKS};
 use common::{RelayProcess, TestRelay};
 use serde_json::Value;
 

@@ -1,6 +1,6 @@
 //! The binary's JSONL flags and its commands for people: `aep-relay tail`,
 //! `aep-relay validate` (issue 5) and `aep-relay check` (issue 6, the live conformance
-//! checker in [`aep_relay::check`]). Plain `aep-relay [FLAGS]` still runs the relay.
+//! checker, the workspace's `aep-check` crate). Plain `aep-relay [FLAGS]` still runs the relay.
 
 use aep_relay::history::{self, Fsync, HistoryConfig};
 use aep_relay::jsonl::{self, JsonlConfig};
@@ -32,7 +32,7 @@ pub enum Command {
     /// ingest, SSE and WebSocket delivery, resume, capture ceilings, roster, control;
     /// PASS/FAIL/SKIP per check, exit status 0 only when nothing failed.
     #[command(after_help = LOG_ENV_HELP)]
-    Check(aep_relay::check::CheckArgs),
+    Check(aep_check::CheckArgs),
 }
 
 /// Runs a command.
@@ -40,7 +40,7 @@ pub fn run(cmd: Command) -> ExitCode {
     match cmd {
         Command::Tail(a) => tail::run(a),
         Command::Validate(a) => validate::run(a),
-        Command::Check(a) => aep_relay::check::main(a),
+        Command::Check(a) => aep_check::main(a),
     }
 }
 

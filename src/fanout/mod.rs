@@ -7,13 +7,14 @@
 //!
 //! **Coalescing.** The frames of one *ingest unit* (an NDJSON body, the WebSocket
 //! messages read in one wake, a JSONL chunk) are laid out back to back in one buffer per
-//! binding and capture level (an *arena*, see [`Unit`]). A connection that takes a run of
-//! consecutive frames of an arena gets one reference-counted slice for the whole run, so
-//! queue entries, refcounts and iovecs cost per run, not per delivery, and a subscriber
-//! that matches everything gets one contiguous write per batch. Filters and ceilings
-//! still select exactly: a run breaks where a subscriber's selection does (a frame it
-//! does not take sits between two it does). The bytes are those ingested. Nothing is
-//! held back to wait for more: a unit ends when its input is consumed.
+//! binding and capture level (an *arena*, held by the crate-private `Unit`). A connection
+//! that takes a run of consecutive frames of an arena gets one reference-counted slice
+//! for the whole run, so queue entries, refcounts and iovecs cost per run, not per
+//! delivery, and a subscriber that matches everything gets one contiguous write per
+//! batch. Filters and ceilings still select exactly: a run breaks where a subscriber's
+//! selection does (a frame it does not take sits between two it does). The bytes are
+//! those ingested. Nothing is held back to wait for more: a unit ends when its input is
+//! consumed.
 
 pub mod index;
 

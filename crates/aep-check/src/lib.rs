@@ -1,5 +1,11 @@
-//! `aep-relay check`: a live conformance checker for any AEP relay, over the wire
+//! `aep-check`: a live conformance checker for any AEP relay, over the wire
 //! (AEP-0001 §10, AEP-0003 §10, AEP-0004 §7).
+//!
+//! It runs as `aep-relay check URL …` (the relay's binary depends on this crate) or on
+//! its own as `aep-check URL …` (`cargo run -p aep-check -- URL …`), with the same
+//! arguments ([`CheckArgs`]), output and exit status. As a library, [`run`] returns a
+//! [`Report`]. It depends on nothing of the relay: it checks the relay only through what
+//! the relay sends.
 //!
 //! Frames and connection behaviour are not fixture-shaped, so AEP-0003 §10 puts them in
 //! a live checker. This one talks to a running relay exactly as a client would: HTTP
@@ -41,6 +47,9 @@
 //!
 //! Plain `http://` targets only: the checker carries no TLS client. Check a TLS relay
 //! through a loopback listener or a local TLS-terminating tunnel.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -295,10 +304,16 @@ pub struct CheckArgs {
 
 /// Runs the `check` subcommand: prints each check and the summary line, writes the JSON
 /// report when asked, and returns the exit status (0: nothing failed; 1: a check failed;
-/// 2: a usage error).
+/// 2: a usage error). Error messages start `aep-relay check:`.
 pub fn main(args: CheckArgs) -> ExitCode {
+    main_as("aep-relay check", args)
+}
+
+/// [`main`] for a program named `prog` (the prefix of its error messages): the
+/// `aep-check` binary passes `aep-check`.
+pub fn main_as(prog: &str, args: CheckArgs) -> ExitCode {
     let Ok(timeout) = Duration::try_from_secs_f64(args.timeout) else {
-        eprintln!("aep-relay check: --timeout must be a non-negative number of seconds");
+        eprintln!("{prog}: --timeout must be a non-negative number of seconds");
         return ExitCode::from(2);
     };
     let opts = Options {
@@ -320,7 +335,7 @@ pub fn main(args: CheckArgs) -> ExitCode {
     }) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("aep-relay check: {e}");
+            eprintln!("{prog}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -336,7 +351,7 @@ pub fn main(args: CheckArgs) -> ExitCode {
             std::fs::write(path, text)
         };
         if let Err(e) = written {
-            eprintln!("aep-relay check: cannot write the report to {path}: {e}");
+            eprintln!("{prog}: cannot write the report to {path}: {e}");
             return ExitCode::from(2);
         }
     }

@@ -162,9 +162,48 @@ fn short(s: &str) -> String {
     out
 }
 
+/// Reads an SSE `id:` the way a consumer does: `{session}:{epoch}:{seq}` (AEP-0003
+/// §3.3 #2), the two numbers taken from the right (a session may hold `:`), then each
+/// `%XX` of the session (hex, either case) decoded to its byte. `None` when the two
+/// numbers are missing, a `%` is not followed by two hex digits, or the decoded session
+/// is not UTF-8.
+///
+/// A relay escapes a session this way so that any session string fits one printable
+/// `id:` line; this decoder follows the rule as the README ("How a session is written in
+/// `id:`") documents it, written from that text and not from the relay's encoder, so the
+/// checker judges the relay by what it sends, not by the relay's own code. It only
+/// decodes: a resume sends back the `id:` the relay wrote, as an `EventSource` does.
+fn parse_event_id(id: &str) -> Option<(String, u64, u64)> {
+    let number = |s: &str| -> Option<u64> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse().ok()
+    };
+    let mut parts = id.rsplitn(3, ':');
+    let seq = number(parts.next()?)?;
+    let epoch = number(parts.next()?)?;
+    let session = parts.next()?.as_bytes();
+    let mut out = Vec::with_capacity(session.len());
+    let mut i = 0;
+    while i < session.len() {
+        if session[i] == b'%' {
+            let hex = |b: u8| char::from(b).to_digit(16);
+            let hi = hex(*session.get(i + 1)?)?;
+            let lo = hex(*session.get(i + 2)?)?;
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(session[i]);
+            i += 1;
+        }
+    }
+    Some((String::from_utf8(out).ok()?, epoch, seq))
+}
+
 /// Checks that SSE `items` carry exactly `want` (the posted lines, in order): each
-/// `data:` byte-identical, `event:` its type, `id:` `{session}:{epoch}:{seq}` (the
-/// session escaped as [`crate::sse::event_id`] writes it).
+/// `data:` byte-identical, `event:` its type, `id:` naming the Event's position,
+/// `{session}:{epoch}:{seq}` (read by [`parse_event_id`]).
 fn expect_sse_lines(items: &[SseItem], want: &[&String]) -> Result<(), Verdict> {
     let got = messages(items);
     for (i, line) in want.iter().enumerate() {
@@ -189,10 +228,10 @@ fn expect_sse_lines(items: &[SseItem], want: &[&String]) -> Result<(), Verdict> 
             "message {} has event: {event:?}, expected {ty:?} (AEP-0003 §3.3 #2)",
             i + 1
         );
-        let want_id = crate::sse::event_id(&session, epoch, seq);
+        let read = id.and_then(parse_event_id);
         ensure!(
-            id == Some(want_id.as_str()),
-            "message {} has id: {id:?}, expected {want_id:?} (AEP-0003 §3.3 #2)",
+            read.as_ref() == Some(&(session.clone(), epoch, seq)),
+            "message {} has id: {id:?}, which names {read:?}, expected {session:?} at ({epoch}, {seq}) (AEP-0003 §3.3 #2)",
             i + 1
         );
     }
@@ -896,7 +935,14 @@ impl Ctx {
         };
         let items = self.replay_after(&s, 0, 3)?;
         check(&items, 3, "from (0, 3)")?;
-        let id = crate::sse::event_id(&s, 0, 8);
+        // Resume as an EventSource does: send back the `id:` the relay wrote on the
+        // message of seq 8 (`check` has read it as (0, 8)).
+        let id = messages(&items)
+            .into_iter()
+            .find(|&(_, _, data)| data == lines[4].as_str())
+            .and_then(|(_, id, _)| id)
+            .map(str::to_string)
+            .ok_or("from (0, 3): the message of seq 8 carries no id:")?;
         let items = self.replay(&[], &[("Last-Event-ID", &id)])?;
         check(&items, 8, "Last-Event-ID (0, 8)")?;
         let items = self.replay_after(&s, 0, 4)?;
@@ -1837,4 +1883,34 @@ fn expect_replay_all(lines: &[String], got: &[String]) -> Result<(), Verdict> {
         lines.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_event_id;
+
+    /// The README's examples of how a session is written in `id:` (AEP-0003 §3.3 #2).
+    #[test]
+    fn event_ids_read_as_the_readme_writes_them() {
+        let id = |s: &str, e, q| Some((s.to_string(), e, q));
+        assert_eq!(parse_event_id("s_8f2c:0:187"), id("s_8f2c", 0, 187));
+        assert_eq!(parse_event_id("a:b:0:3"), id("a:b", 0, 3));
+        assert_eq!(parse_event_id("run 7:2:9"), id("run 7", 2, 9));
+        assert_eq!(parse_event_id("50%25:0:3"), id("50%", 0, 3));
+        assert_eq!(parse_event_id("s%C3%A9ance:0:3"), id("séance", 0, 3));
+        assert_eq!(parse_event_id("s%c3%a9ance:0:3"), id("séance", 0, 3));
+        assert_eq!(parse_event_id("a%0Ab:1:2"), id("a\nb", 1, 2));
+        assert_eq!(parse_event_id("séance:0:3"), id("séance", 0, 3));
+        assert_eq!(parse_event_id(":0:3"), id("", 0, 3));
+    }
+
+    #[test]
+    fn malformed_event_ids_name_no_position() {
+        for bad in [
+            "", "s", "s:3", "s:x:3", "s:0:", "s:0:+3", "s:-1:3", "50%:0:3", "50%2:0:3", "5%zz:0:3",
+            "%C3:0:3",
+        ] {
+            assert_eq!(parse_event_id(bad), None, "{bad:?}");
+        }
+    }
 }

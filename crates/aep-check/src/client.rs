@@ -25,7 +25,7 @@ impl Target {
     /// a missing host, a query or a fragment.
     ///
     /// ```
-    /// use aep_relay::check::Target;
+    /// use aep_check::Target;
     /// let t = Target::parse("http://127.0.0.1:8787/aep/").unwrap();
     /// assert_eq!((t.authority.as_str(), t.base_path.as_str()), ("127.0.0.1:8787", "/aep"));
     /// assert_eq!(t.http("/events"), "http://127.0.0.1:8787/aep/events");
