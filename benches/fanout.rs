@@ -2,8 +2,8 @@
 //! **ns per delivery** (Throughput: deliveries/s), and **heap allocations per delivery**
 //! (printed once, counted by a counting global allocator).
 //!
-//! Each subscriber is an in-memory connection (`Relay::connect_memory`) that sent
-//! `GET /stream` with no filter. One iteration is `Relay::ingest` of one distinct
+//! Each subscriber is an in-memory connection (`Sim::connect_memory`) that sent
+//! `GET /stream` with no filter. One iteration is `Sim::ingest` of one distinct
 //! ~600-byte Event: envelope parse, replay-store admission, index lookup, one shared SSE
 //! frame built once, 10 000 queue pushes, and the flush of every subscriber. The flush
 //! writes into the in-memory pipe, i.e. a `memcpy` of the ~700-byte frame per subscriber
@@ -15,9 +15,11 @@
 //! allocations of the same ingest with none) / 10 000. The in-memory pipe keeps its
 //! buffer's capacity across `take_output`, so in steady state it allocates nothing.
 
+use aep_relay::ConnId;
+use aep_sim::Sim;
 use std::time::Duration;
 
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -28,19 +30,19 @@ mod support;
 const SUBSCRIBERS: usize = 10_000;
 const SIZE: usize = 600;
 
-fn relay() -> Relay {
+fn relay() -> Sim {
     let c = Config {
         listen: "127.0.0.1:0".parse().expect("addr"),
         ..Config::default()
     };
-    Relay::bind(c).expect("relay")
+    Sim::new(c).expect("relay")
 }
 
-fn subscribe(relay: &mut Relay, n: usize, query: &str) -> Vec<usize> {
+fn subscribe(relay: &mut Sim, n: usize, query: &str) -> Vec<ConnId> {
     let req = format!("GET /stream{query} HTTP/1.1\r\nHost: x\r\n\r\n");
     (0..n)
         .map(|_| {
-            let k = relay.connect_memory(None);
+            let k = relay.connect(None);
             relay.feed(k, req.as_bytes(), false);
             let head = relay.take_output(k).expect("open");
             assert!(head.starts_with(b"HTTP/1.1 200"), "subscribe failed");
@@ -49,15 +51,15 @@ fn subscribe(relay: &mut Relay, n: usize, query: &str) -> Vec<usize> {
         .collect()
 }
 
-fn drain(relay: &mut Relay, subs: &[usize]) -> usize {
+fn drain(relay: &mut Sim, subs: &[ConnId]) -> usize {
     subs.iter()
         .map(|&k| relay.take_output(k).map_or(0, |o| o.len()))
         .sum()
 }
 
 struct Bench {
-    relay: Relay,
-    subs: Vec<usize>,
+    relay: Sim,
+    subs: Vec<ConnId>,
     next: u64,
 }
 

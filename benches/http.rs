@@ -4,17 +4,19 @@
 //!   (Throughput: bytes) — the `POST /events` head an emitter sends and a
 //!   `GET /stream` head with a filter.
 //! - `http/ingest/*`: one `POST /events` of 1 000 distinct ~600-byte Events as NDJSON
-//!   fed whole to an in-memory connection (`Relay::connect_memory` + `Relay::feed`),
+//!   fed whole to an in-memory connection (`Sim::connect_memory` + `Sim::feed`),
 //!   with 0 and with 10 SSE subscribers, in **Events/s** (Throughput: Events). This is
 //!   the whole server-side path minus the socket: read into the connection buffer, head,
 //!   body, line split, envelope parse of every line, store admission, fan-out and the
 //!   flush into the subscribers' in-memory pipes (a memcpy each), and the 202 answer.
 //!   Bodies are generated and outputs drained outside the timed region.
 
+use aep_relay::ConnId;
+use aep_sim::Sim;
 use std::time::Duration;
 
 use aep_relay::http;
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 
 mod support;
@@ -50,16 +52,16 @@ fn ingest(c: &mut Criterion<support::CpuTime>) {
             listen: "127.0.0.1:0".parse().expect("addr"),
             ..Config::default()
         };
-        let mut relay = Relay::bind(config).expect("relay");
-        let subs: Vec<usize> = (0..subscribers)
+        let mut relay = Sim::new(config).expect("relay");
+        let subs: Vec<ConnId> = (0..subscribers)
             .map(|_| {
-                let k = relay.connect_memory(None);
+                let k = relay.connect(None);
                 relay.feed(k, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
                 relay.take_output(k);
                 k
             })
             .collect();
-        let emitter = relay.connect_memory(None);
+        let emitter = relay.connect(None);
         let mut next = 0u64;
         g.bench_function(format!("ndjson_1000x600B_{subscribers}_subscribers"), |b| {
             b.iter_custom(|iters| {

@@ -101,6 +101,7 @@ pub mod auth;
 pub mod capture;
 pub mod config;
 pub mod control;
+pub mod core;
 pub mod envelope;
 pub mod fanout;
 pub mod filter;
@@ -108,16 +109,15 @@ pub mod history;
 pub mod http;
 pub mod jsonl;
 pub mod metrics;
-pub mod core;
 pub mod reactor;
 pub mod sse;
-pub mod subscription;
 pub mod store;
+pub mod subscription;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub(crate) mod transport;
 pub mod ws;
 
-pub use config::Config;
 pub use crate::core::{ConnId, Core, Output, Refusal};
+pub use config::Config;
 pub use reactor::{Relay, StartError, StopHandle};

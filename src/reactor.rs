@@ -311,7 +311,12 @@ impl Relay {
             self.read(id);
             self.drain();
         }
-        if self.jsonl.as_ref().and_then(|j| j.retry_at()).is_some_and(|t| t <= self.now) {
+        if self
+            .jsonl
+            .as_ref()
+            .and_then(|j| j.retry_at())
+            .is_some_and(|t| t <= self.now)
+        {
             self.on_wake(); // JSONL: retry a chunk the history refused (issue 5)
         }
         self.core.handle_timeout(self.now);
@@ -364,12 +369,18 @@ impl Relay {
         };
         let mut socket = Socket {
             io,
-            want: Want { read: true, write: false },
+            want: Want {
+                read: true,
+                write: false,
+            },
             pending: false,
             registered_write: false,
         };
         let registry = self.poll.registry();
-        if let Err(e) = socket.io.register(registry, conn_token(id), Interest::READABLE) {
+        if let Err(e) = socket
+            .io
+            .register(registry, conn_token(id), Interest::READABLE)
+        {
             log::warn!("cannot register connection from {peer}: {e}");
             return self.core.handle_reset(id, self.now);
         }
@@ -441,7 +452,8 @@ impl Relay {
             } else {
                 Interest::READABLE
             };
-            let _ = s.io.reregister(self.poll.registry(), conn_token(id), interest);
+            let _ =
+                s.io.reregister(self.poll.registry(), conn_token(id), interest);
         }
     }
 

@@ -8,8 +8,10 @@ use crate::http::RequestHead;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 
-use crate::subscription::{parse_capture, parse_from_value, From, Position, RequestError, SubscriptionRequest};
 use crate::subscription::invalid;
+use crate::subscription::{
+    parse_capture, parse_from_value, From, Position, RequestError, SubscriptionRequest,
+};
 
 /// A `u64` written as ASCII decimal digits only, the form the relay writes in `id:`
 /// (`str::parse` alone would also take a leading `+`).

@@ -131,4 +131,3 @@ pub fn parse_from_value(v: &serde_json::Value, max: usize) -> Result<From, Reque
         )),
     }
 }
-

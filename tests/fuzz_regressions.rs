@@ -4,12 +4,13 @@
 //! Each test names the target that found it and the fault class; the fix lives in the
 //! module the test exercises.
 
-use std::time::{Duration, Instant};
+use aep_sim::Sim;
+use std::time::Duration;
 
 use aep_relay::http::RequestHead;
 use aep_relay::sse;
 use aep_relay::subscription::{From, Position};
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
 
 fn config() -> Config {
     Config {
@@ -19,8 +20,8 @@ fn config() -> Config {
     }
 }
 
-fn relay() -> Relay {
-    Relay::bind(config()).unwrap()
+fn relay() -> Sim {
+    Sim::new(config()).unwrap()
 }
 
 fn stream_request(query: &str, last_event_id: Option<&str>) -> RequestHead {
@@ -95,15 +96,15 @@ fn half_closed_peer_that_never_reads_is_reaped() {
         b"GET /events HTTP/1.1\r\n\r\nPOST /events HTTP/1.1\r\nContent-Length: 10\r\n\r\n{",
     ] {
         let mut relay = relay();
-        let c = relay.connect_memory(Some(0)); // a consumer that stopped reading
+        let c = relay.connect(Some(0)); // a consumer that stopped reading
         relay.feed(c, input, true);
         assert!(relay.is_open(c), "the answer is still queued");
-        relay.tick_at(Instant::now() + Duration::from_secs(3600));
+        relay.advance(Duration::from_secs(3600));
         assert!(!relay.is_open(c), "{:?}", String::from_utf8_lossy(input));
     }
     // A peer that does read gets its answers and the close.
     let mut relay = relay();
-    let c = relay.connect_memory(None);
+    let c = relay.connect(None);
     relay.feed(c, b"GET /events HTTP/1.1\r\n\r\n", true);
     assert!(!relay.is_open(c));
     let out = relay.take_output(c).unwrap();
@@ -127,14 +128,14 @@ fn pipelined_requests_pause_at_the_output_bound() {
     };
 
     // Never reads: the queue stops at the bound (plus the answer that crossed it).
-    let stalled = relay.connect_memory(Some(0));
+    let stalled = relay.connect(Some(0));
     relay.feed(stalled, requests.as_bytes(), false);
     let queued = relay.queued_output(stalled).unwrap();
     assert!(queued >= max && queued < max + 1024, "{queued}");
 
     // Reads slowly, 4 KiB at a time: every request is answered, in order, and the queue
     // never passes the bound.
-    let slow = relay.connect_memory(Some(4096));
+    let slow = relay.connect(Some(4096));
     relay.feed(slow, requests.as_bytes(), true);
     let mut out = Vec::new();
     while relay.is_open(slow) {
@@ -190,7 +191,7 @@ fn replay_is_paced_by_the_output_bound() {
         ..config()
     };
     let max = c.max_output_bytes;
-    let mut relay = Relay::bind(c).unwrap();
+    let mut relay = Sim::new(c).unwrap();
     for ev in padded_events(8, 16, 0) {
         relay.ingest(ev).unwrap();
     }
@@ -199,13 +200,13 @@ fn replay_is_paced_by_the_output_bound() {
         .collect();
 
     // A reader that never reads: the queue stops at the bound, plus one frame.
-    let stalled = relay.connect_memory(Some(0));
+    let stalled = relay.connect(Some(0));
     relay.feed(stalled, b"GET /stream?from=all HTTP/1.1\r\n\r\n", false);
     let queued = relay.queued_output(stalled).unwrap();
     assert!(queued < max + 2048, "{queued}");
 
     // A slow reader with live Events arriving mid-replay: everything, in order, once.
-    let slow = relay.connect_memory(Some(4096));
+    let slow = relay.connect(Some(4096));
     relay.feed(slow, b"GET /stream?from=all HTTP/1.1\r\n\r\n", false);
     let mut out = relay.take_output(slow).unwrap();
     let live = padded_events(1, 4, 16); // p0-16 .. p0-19
@@ -226,7 +227,7 @@ fn replay_is_paced_by_the_output_bound() {
     assert_eq!(stream_ids(&out), want);
 
     // `live=0`: the whole replay, then the stream ends.
-    let once = relay.connect_memory(Some(4096));
+    let once = relay.connect(Some(4096));
     relay.feed(once, b"GET /stream?from=all&live=0 HTTP/1.1\r\n\r\n", false);
     let mut out = Vec::new();
     while relay.is_open(once) {
@@ -277,12 +278,12 @@ fn repeated_subscription_parameters_are_refused() {
 /// answer instead.
 #[test]
 fn a_malformed_body_after_an_early_refusal_gets_no_second_answer() {
-    let mut relay = Relay::bind(Config {
+    let mut relay = Sim::new(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..Config::default()
     })
     .unwrap();
-    let c = relay.connect_memory(None);
+    let c = relay.connect(None);
     relay.feed(
         c,
         b"POST /events HTTP/1.1\r\nAEP-Version: 0.1\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcdXX2\r\n",
@@ -321,7 +322,7 @@ fn a_skipped_body_never_draws_a_second_answer() {
         "1;ext\nx",        // bare LF in a chunk line
     ] {
         let mut r = relay();
-        let c = r.connect_memory(None);
+        let c = r.connect(None);
         r.feed(c, format!("{head}{body}").as_bytes(), false);
         let out = r.take_output(c).unwrap();
         assert_eq!(
@@ -336,10 +337,10 @@ fn a_skipped_body_never_draws_a_second_answer() {
     }
     // Too slow: the rest of the skipped body never comes; no 408 for an answered request.
     let mut r = relay();
-    let c = r.connect_memory(None);
+    let c = r.connect(None);
     r.feed(c, format!("{head}10\r\nabc").as_bytes(), false);
-    r.tick_at(Instant::now() + Duration::from_secs(3600));
-    r.tick_at(Instant::now() + Duration::from_secs(7200));
+    r.advance(Duration::from_secs(3600));
+    r.advance(Duration::from_secs(7200));
     assert!(!r.is_open(c));
     let out = r.take_output(c).unwrap();
     assert_eq!(
@@ -350,7 +351,7 @@ fn a_skipped_body_never_draws_a_second_answer() {
     );
     // A well-formed skipped body keeps the connection for the next request.
     let mut r = relay();
-    let c = r.connect_memory(None);
+    let c = r.connect(None);
     r.feed(
         c,
         format!("{head}3\r\nabc\r\n0\r\n\r\nGET /events HTTP/1.1\r\n\r\n").as_bytes(),

@@ -10,7 +10,8 @@
 //! no other test allocates while one measures (JSONL, whose follower threads outlive
 //! their relay by a poll interval, is measured alone in `tests/ingest_memory_jsonl.rs`).
 
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
+use aep_sim::Sim;
 use bytes::Bytes;
 
 mod common;
@@ -58,8 +59,8 @@ fn config() -> Config {
 
 /// `aep_buffered_bytes` and `aep_buffered_events` of `GET /metrics`, read over an
 /// in-memory connection.
-fn buffered(relay: &mut Relay) -> (usize, usize) {
-    let c = relay.connect_memory(None);
+fn buffered(relay: &mut Sim) -> (usize, usize) {
+    let c = relay.connect(None);
     relay.feed(
         c,
         b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
@@ -69,13 +70,13 @@ fn buffered(relay: &mut Relay) -> (usize, usize) {
 }
 
 /// AEP-0003 §5, issue 12 §3: 32 sessions with a buffer of one, each fed one 1 MiB NDJSON
-/// body through `Relay::ingest` (the same path as `POST /events`), hold 32 Events; what
+/// body through `Sim::ingest` (the same path as `POST /events`), hold 32 Events; what
 /// the relay keeps allocated is their bytes plus a constant each, not 32 bodies. Before
 /// the fix each held Event kept its 1 MiB body alive (measured: 33.6 MB for 32 Events).
 #[test]
 fn a_held_event_of_a_large_batch_costs_its_own_bytes() {
     let _one = one_at_a_time();
-    let mut relay = Relay::bind(config()).unwrap();
+    let mut relay = Sim::new(config()).unwrap();
     let mut kept = 0;
     let before = live();
     for i in 0..SESSIONS {
@@ -87,7 +88,7 @@ fn a_held_event_of_a_large_batch_costs_its_own_bytes() {
     assert_held_at_own_size("held from 1 MiB batches", before, kept, SESSIONS, 0);
     // The metric and the status document say what is held: the Events' own bytes.
     assert_eq!(buffered(&mut relay), (kept, SESSIONS));
-    let c = relay.connect_memory(None);
+    let c = relay.connect(None);
     relay.feed(
         c,
         b"GET /status HTTP/1.1\r\nConnection: close\r\n\r\n",

@@ -1,10 +1,11 @@
 //! In-memory connections run the same HTTP/SSE state machine as TCP ones (the surface
 //! fuzz targets and benchmarks drive).
 
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
+use aep_sim::Sim;
 
-fn relay() -> Relay {
-    Relay::bind(Config {
+fn relay() -> Sim {
+    Sim::new(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..Config::default()
     })
@@ -16,12 +17,12 @@ const EV: &str = r#"{"aep":"0.1","id":"e1","type":"tool.completed","time":"2026-
 #[test]
 fn post_and_stream_over_memory_connections() {
     let mut relay = relay();
-    let sub = relay.connect_memory(None);
+    let sub = relay.connect(None);
     assert!(relay.feed(sub, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false));
     let head = String::from_utf8(relay.take_output(sub).unwrap()).unwrap();
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
 
-    let emitter = relay.connect_memory(None);
+    let emitter = relay.connect(None);
     let req = format!(
         "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{EV}",
         EV.len()
@@ -42,7 +43,7 @@ fn post_and_stream_over_memory_connections() {
 #[test]
 fn a_closed_memory_connection_keeps_its_last_answer_once() {
     let mut relay = relay();
-    let c = relay.connect_memory(None);
+    let c = relay.connect(None);
     relay.feed(c, b"GET /nope HTTP/1.1\r\nConnection: close\r\n\r\n", true);
     let out = String::from_utf8(relay.take_output(c).unwrap()).unwrap();
     assert!(out.starts_with("HTTP/1.1 404"), "{out}");
@@ -53,13 +54,13 @@ fn a_closed_memory_connection_keeps_its_last_answer_once() {
 /// (the queue offers its socket the backlog before dropping anything, AEP-0003 §8.4).
 #[test]
 fn a_batch_larger_than_the_output_bound_reaches_a_consumer_that_keeps_up() {
-    let mut relay = Relay::bind(Config {
+    let mut relay = Sim::new(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         max_output_bytes: 64 * 1024,
         ..Config::default()
     })
     .unwrap();
-    let sub = relay.connect_memory(None);
+    let sub = relay.connect(None);
     relay.feed(sub, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
     relay.take_output(sub).unwrap();
     let pad = "p".repeat(2000);

@@ -3,7 +3,9 @@
 //! (AEP-0003 §5, §7, §8.4). Driven through in-memory connections, whose unread output is
 //! capped exactly like a consumer that reads slowly.
 
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
+use aep_relay::ConnId;
+use aep_sim::Sim;
 use bytes::Bytes;
 
 const MAX_OUTPUT: usize = 64 * 1024;
@@ -41,7 +43,7 @@ impl Reader {
 
 #[test]
 fn a_large_replay_is_paced_and_live_events_follow_it_exactly_once() {
-    let mut relay = Relay::bind(Config {
+    let mut relay = Sim::new(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         buffer_per_session: 50_000,
         max_output_bytes: MAX_OUTPUT,
@@ -54,7 +56,7 @@ fn a_large_replay_is_paced_and_live_events_follow_it_exactly_once() {
         relay.ingest(Bytes::from(body)).unwrap();
     }
     // A consumer that holds at most 16 KiB unread at a time.
-    let c = relay.connect_memory(Some(16 * 1024));
+    let c = relay.connect(Some(16 * 1024));
     relay.feed(
         c,
         b"GET /stream?from=all HTTP/1.1\r\nHost: x\r\n\r\n",

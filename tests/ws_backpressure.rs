@@ -4,7 +4,9 @@
 //! in-memory connection (a pipe that stops taking output), so the stall is exact and
 //! needs no timing.
 
-use aep_relay::{Config, Relay};
+use aep_relay::Config;
+use aep_relay::ConnId;
+use aep_sim::Sim;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -42,14 +44,14 @@ fn frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 
 /// A relay with a 64 KiB output bound and an in-memory consumer whose pipe takes
 /// `pipe` bytes before it stops reading; the upgrade and `hello` are done.
-fn stalled_consumer(pipe: usize) -> (Relay, usize) {
+fn stalled_consumer(pipe: usize) -> (Sim, ConnId) {
     let c = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         max_output_bytes: 64 * 1024,
         ..Config::default()
     };
-    let mut relay = Relay::bind(c).unwrap();
-    let k = relay.connect_memory(Some(pipe));
+    let mut relay = Sim::new(c).unwrap();
+    let k = relay.connect(Some(pipe));
     relay.feed(
         k,
         b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -67,7 +69,7 @@ fn stalled_consumer(pipe: usize) -> (Relay, usize) {
 }
 
 /// Everything the relay still sends to `k`, until it closes the connection.
-fn drain_to_close(relay: &mut Relay, k: usize) -> Vec<(u8, Vec<u8>)> {
+fn drain_to_close(relay: &mut Sim, k: ConnId) -> Vec<(u8, Vec<u8>)> {
     let mut out = Vec::new();
     while relay.is_open(k) {
         let chunk = relay.take_output(k).unwrap();

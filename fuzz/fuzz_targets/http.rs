@@ -1,4 +1,4 @@
-//! One in-memory connection's whole HTTP/SSE state machine (`Relay::connect_memory`,
+//! One in-memory connection's whole HTTP/SSE state machine (`aep_sim::Sim`,
 //! `feed`), with arbitrary bytes delivered in arbitrary chunks, and a stalled SSE
 //! subscriber beside it.
 //!
@@ -34,9 +34,10 @@
 //!    with `Content-Length` and reads it as the next request, answers more.
 #![no_main]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aep_relay::{Config, Relay};
+use aep_relay::{Config, ConnId};
+use aep_sim::Sim;
 use libfuzzer_sys::fuzz_target;
 
 const MAX_HEAD: usize = 1024;
@@ -201,7 +202,7 @@ fn final_responses(mut out: &[u8]) -> usize {
     count
 }
 
-fn bounded(relay: &Relay, key: usize, what: &str) {
+fn bounded(relay: &Sim, key: ConnId, what: &str) {
     if let Some(q) = relay.queued_output(key) {
         assert!(
             q <= MAX_OUTPUT + ONE_ANSWER,
@@ -227,16 +228,15 @@ fuzz_target!(|data: &[u8]| {
     let prefill = flags & 8 != 0;
     let repeat = 1 + usize::from(flags >> 4);
 
-    let mut relay = Relay::bind(config()).expect("bind 127.0.0.1:0");
+    let mut relay = Sim::new(config()).expect("config");
     if prefill {
         for ev in prefill_events() {
             relay.ingest(ev).expect("prefill Events are valid");
         }
     }
-    let mut clock = Instant::now();
-
+    
     let sub = with_sub.then(|| {
-        let sub = relay.connect_memory(Some(0));
+        let sub = relay.connect(Some(0));
         relay.feed(
             sub,
             b"GET /stream?from=all HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -244,7 +244,7 @@ fuzz_target!(|data: &[u8]| {
         );
         sub
     });
-    let key = relay.connect_memory(stalled.then_some(usize::from(*limit)));
+    let key = relay.connect(stalled.then_some(usize::from(*limit)));
 
     let mut out = Vec::new();
     let mut open = true;
@@ -258,8 +258,7 @@ fuzz_target!(|data: &[u8]| {
                 .unwrap_or(u8::MAX);
             turn += 1;
             if len == 0 && jumps {
-                clock += Duration::from_secs(3600);
-                relay.tick_at(clock);
+                relay.advance(Duration::from_secs(3600));
             }
             let len = usize::from(len).max(1);
             let chunk = &payload[at..(at + len).min(payload.len())];
@@ -282,8 +281,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // Every timer runs: request timeout (408), linger, idle.
     for _ in 0..3 {
-        clock += Duration::from_secs(3600);
-        relay.tick_at(clock);
+        relay.advance(Duration::from_secs(3600));
     }
     assert!(
         !relay.is_open(key),

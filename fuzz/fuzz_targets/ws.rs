@@ -35,9 +35,10 @@
 //! 5. After EOF and every timer, the connection is closed.
 #![no_main]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aep_relay::{Config, Relay};
+use aep_relay::{Config, ConnId};
+use aep_sim::Sim;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
@@ -153,7 +154,7 @@ fn server_frames(mut b: &[u8]) -> Vec<(bool, u8, Vec<u8>)> {
     frames
 }
 
-fn bounded(relay: &Relay, key: usize) {
+fn bounded(relay: &Sim, key: ConnId) {
     if let Some(q) = relay.queued_output(key) {
         assert!(
             q <= 2 * MAX_OUTPUT + ONE_ANSWER,
@@ -178,7 +179,7 @@ fuzz_target!(|data: &[u8]| {
     let stalled = flags & 4 != 0;
     let prefill = flags & 8 != 0;
 
-    let mut relay = Relay::bind(config()).expect("bind 127.0.0.1:0");
+    let mut relay = Sim::new(config()).expect("config");
     if prefill {
         for ev in prefill_events() {
             relay.ingest(ev).expect("prefill Events are valid");
@@ -186,7 +187,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // A stalled peer reads the upgrade answer (in pieces of at most `limit` bytes), then
     // nothing more: the pipe keeps `limit` bytes and the rest stays in the relay's queue.
-    let key = relay.connect_memory(stalled.then(|| usize::from(*limit).max(1)));
+    let key = relay.connect(stalled.then(|| usize::from(*limit).max(1)));
     relay.feed(key, HANDSHAKE, false);
     let mut answer = Vec::new();
     while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -230,10 +231,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     relay.feed(key, &[], true);
-    let mut clock = Instant::now();
-    for _ in 0..3 {
-        clock += Duration::from_secs(3600);
-        relay.tick_at(clock);
+        for _ in 0..3 {
+        relay.advance(Duration::from_secs(3600));
         if !stalled {
             out.extend(relay.take_output(key).unwrap_or_default());
         }

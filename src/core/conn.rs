@@ -2,10 +2,10 @@
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
 use crate::envelope::Capture;
+use crate::fanout::SubId;
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::store::{ReplayFrom, StreamId};
-use crate::fanout::SubId;
 use bytes::Bytes;
 use std::collections::HashSet;
 use std::collections::VecDeque;

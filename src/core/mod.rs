@@ -48,9 +48,9 @@ use std::time::{Duration, Instant};
 use timer::Timers;
 
 pub(crate) mod conn;
-mod request;
 mod journal;
 mod replay;
+mod request;
 mod status;
 mod timer;
 mod ws;
@@ -500,7 +500,8 @@ impl Core {
                 let n = self.conns.len();
                 log::warn!("shutdown deadline passed with {n} connections not flushed");
                 self.stopped = true;
-                self.outputs.push_back(Output::Stop(Stop::DeadlinePassed(n)));
+                self.outputs
+                    .push_back(Output::Stop(Stop::DeadlinePassed(n)));
             }
         }
     }
@@ -537,7 +538,12 @@ impl Core {
     ///
     /// # Errors
     /// [`Refusal`] as for the HTTP binding; nothing is published then.
-    pub fn ingest(&mut self, ndjson: Bytes, origin: Origin, now: Instant) -> Result<usize, Refusal> {
+    pub fn ingest(
+        &mut self,
+        ndjson: Bytes,
+        origin: Origin,
+        now: Instant,
+    ) -> Result<usize, Refusal> {
         self.now = now;
         self.ingest_body(ndjson, usize::MAX, true, origin)
     }
@@ -724,7 +730,10 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let (r, w) = (read.unwrap_or(conn.reading), write.unwrap_or(conn.want_write));
+        let (r, w) = (
+            read.unwrap_or(conn.reading),
+            write.unwrap_or(conn.want_write),
+        );
         if (r, w) != (conn.reading, conn.want_write) {
             conn.reading = r;
             conn.want_write = w;

@@ -11,8 +11,8 @@
 //! gap and no duplicate. If the ring evicts Events ahead of a slow replay, the next page
 //! carries a `replay-exhausted` marker, so even then nothing is lost silently.
 
-use super::Core;
 use super::conn::{Phase, ReplayJob};
+use super::Core;
 use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
 use crate::sse;

@@ -41,9 +41,10 @@ impl Timers {
     /// Takes the earliest entry due at `now` (time at or before it).
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(usize, u64)> {
         match self.heap.peek() {
-            Some(Reverse((at, _, _))) if *at <= now => {
-                self.heap.pop().map(|Reverse((_, key, generation))| (key, generation))
-            }
+            Some(Reverse((at, _, _))) if *at <= now => self
+                .heap
+                .pop()
+                .map(|Reverse((_, key, generation))| (key, generation)),
             _ => None,
         }
     }

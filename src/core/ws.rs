@@ -12,16 +12,16 @@
 //! socket dies first), and it then drains in `Phase::Closing` like any last HTTP answer.
 //! Its `ping` and idle deadlines are `Core::deadline`'s.
 
-use super::{Core, ConnId};
-use crate::auth::{Grant, Scopes};
 use super::conn::{Conn, Phase, ReplayJob};
+use super::{ConnId, Core};
+use crate::auth::{Grant, Scopes};
 use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Subscription};
 use crate::filter::{self, Filter};
 use crate::http::RequestHead;
 use crate::subscription;
-use crate::ws::rfc6455::{self, close_code, Incoming};
 use crate::ws::aep::{self, code, Ref};
+use crate::ws::rfc6455::{self, close_code, Incoming};
 use crate::ws::{handshake, Delivered, WsState};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -119,9 +119,10 @@ impl Core {
             Incoming::Pong => {}
             // The peer started the close handshake: echo its code, then close
             // (RFC 6455 §5.5.1, §7.4.1).
-            Incoming::Close(code) => {
-                self.ws_shut(key, &[rfc6455::close(code.unwrap_or(close_code::NORMAL), "")])
-            }
+            Incoming::Close(code) => self.ws_shut(
+                key,
+                &[rfc6455::close(code.unwrap_or(close_code::NORMAL), "")],
+            ),
         }
     }
 
@@ -586,7 +587,9 @@ impl Core {
         };
         let ceiling = match obj.get("capture") {
             None => None,
-            Some(Value::String(c)) => Some(subscription::parse_capture(c).map_err(|e| invalid(e.detail))?),
+            Some(Value::String(c)) => {
+                Some(subscription::parse_capture(c).map_err(|e| invalid(e.detail))?)
+            }
             Some(_) => return Err(invalid("`capture` must be a string (AEP-0003 §6.4)".into())),
         };
         let from = match obj.get("from") {

@@ -21,9 +21,9 @@
 //! (either side), or a deliberate close by the relay with a `closing` frame carrying the
 //! last delivered position per subscription (shutdown, backpressure, idle peer).
 
-pub mod rfc6455;
 pub mod aep;
 pub mod handshake;
+pub mod rfc6455;
 
 use crate::auth::Grant;
 use crate::store::StreamId;
