@@ -15,7 +15,7 @@
 //! A failing case is reported by name with what was expected and what happened; all
 //! failures of a corpus are collected before the test fails, so one run shows them all.
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,8 +25,8 @@ use aep_relay::envelope::{is_command_type, Attr, Capture, Event, Scalar};
 use aep_relay::filter::Filter;
 use aep_relay::store::Store;
 use bytes::Bytes;
-use common::{enc, TestRelay};
 use serde_json::{Map, Value};
+use support::{enc, Endpoint, TestRelay};
 
 // ---------------------------------------------------------------------------------------
 // Loading
@@ -561,7 +561,7 @@ fn project_resume_cases_over_sse() {
             other => other.to_string(),
         };
         let url = format!("{}?from={}&live=0", relay.url("/stream"), enc(&from));
-        let body = match common::agent().get(&url).call() {
+        let body = match support::agent().get(&url).call() {
             Ok(r) => r.into_string().expect("stream body"),
             Err(e) => {
                 failures.push(format!("{n}: GET /stream failed: {e}"));

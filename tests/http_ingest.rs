@@ -1,10 +1,10 @@
 //! `POST /events` and the HTTP/1.1 layer through the real server over TCP
 //! (AEP-0003 §3.2, §3.4; AEP-0004 §4.1).
 
-mod common;
-use common::*;
+mod support;
 use serde_json::Value;
 use std::io::Write;
+use support::*;
 
 fn ev(seq: u64) -> String {
     event("s1", 0, seq, "tool.completed", "")

@@ -6,10 +6,10 @@
 //! or a message to a consumer's stream, and `Last-Event-ID` must resume exactly the
 //! session it names, whatever its bytes.
 
-mod common;
-use common::whatwg::{Message, Parser, Refused, Stream};
-use common::*;
+mod support;
 use std::io::{Read, Write};
+use support::whatwg::{Message, Parser, Refused, Stream};
+use support::*;
 
 /// Hostile sessions and the exact session part of the `id:` the relay writes for each:
 /// `%`, C0 controls, DEL, non-ASCII bytes and a leading space become `%XX`; everything

@@ -1,9 +1,9 @@
 //! `GET /stream` through the real server: byte identity, filters, capture ceilings,
 //! resume and replay (AEP-0003 §3.3, §5, §6, §7).
 
-mod common;
-use common::*;
+mod support;
 use std::io::{BufRead, BufReader, Write};
+use support::*;
 
 fn ev(session: &str, seq: u64) -> String {
     event(session, 0, seq, "tool.completed", "")
