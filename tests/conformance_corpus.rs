@@ -17,7 +17,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use aep_relay::capture::{downlevel, downlevel_value, target_level};
@@ -26,7 +26,7 @@ use aep_relay::filter::Filter;
 use aep_relay::store::Store;
 use bytes::Bytes;
 use serde_json::{Map, Value};
-use support::{enc, Endpoint, TestRelay};
+use support::{enc, fixture_json, shared, Endpoint, TestRelay};
 
 // ---------------------------------------------------------------------------------------
 // Loading
@@ -40,26 +40,8 @@ fn project(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
-/// `../shared/aep-fixtures/<rel>`, or `None` after saying that it is absent.
-fn upstream_path(rel: &str) -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/aep-fixtures")
-        .join(rel);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIP: upstream fixture {} is absent (../shared/aep-fixtures not checked out)",
-            path.display()
-        );
-        None
-    }
-}
-
 fn upstream(rel: &str) -> Option<Value> {
-    let path = upstream_path(rel)?;
-    let text = std::fs::read_to_string(&path).expect("read fixture");
-    Some(serde_json::from_str(&text).expect("fixture is JSON"))
+    fixture_json(&format!("aep-fixtures/{rel}"))
 }
 
 fn array<'a>(doc: &'a Value, key: &str) -> &'a [Value] {
@@ -645,7 +627,7 @@ fn upstream_downlevel() {
 /// and never above its own capture level after any ceiling.
 #[test]
 fn upstream_golden() {
-    let Some(path) = upstream_path("golden/golden.jsonl") else {
+    let Some(path) = shared("aep-fixtures/golden/golden.jsonl") else {
         return;
     };
     let text = std::fs::read_to_string(path).unwrap();

@@ -23,6 +23,14 @@ pub fn fixture(rel: &str) -> Option<String> {
         .map(|p| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
 }
 
+/// `../shared/{rel}` parsed as JSON, or `None` after saying that it is absent. Panics
+/// when it is not JSON.
+pub fn fixture_json(rel: &str) -> Option<serde_json::Value> {
+    fixture(rel).map(|t| {
+        serde_json::from_str(&t).unwrap_or_else(|e| panic!("fixture {rel} is not JSON: {e}"))
+    })
+}
+
 /// A valid sequenced Event of agent `a` in `session` at (`epoch`, `seq`), with optional
 /// extra members (a string starting with `,` inserted before the closing brace).
 pub fn event(session: &str, epoch: u64, seq: u64, ty: &str, extra: &str) -> String {
