@@ -1,8 +1,8 @@
 //! Bearer tokens and scopes over HTTP and SSE (AEP-0003 §8.1).
 
-mod common;
+mod support;
 use aep_relay::auth::{Auth, Scopes};
-use common::*;
+use support::*;
 
 fn relay() -> TestRelay {
     TestRelay::with(|c| {

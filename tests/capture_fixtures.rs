@@ -11,29 +11,16 @@
 //!
 //! Skips with a message when `../shared` is absent.
 
-use std::path::{Path, PathBuf};
+mod support;
+use support::{fixture_json, shared};
 
 use aep_relay::capture::{downlevel, downlevel_value, schema, target_level, Field, Gate, Shape};
 use aep_relay::envelope::{Capture, Event};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-fn fixture(rel: &str) -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/aep-fixtures")
-        .join(rel);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("SKIP: fixture {} is absent", path.display());
-        None
-    }
-}
-
 fn load(rel: &str) -> Option<Value> {
-    let path = fixture(rel)?;
-    let text = std::fs::read_to_string(&path).expect("read fixture");
-    Some(serde_json::from_str(&text).expect("fixture is JSON"))
+    fixture_json(&format!("aep-fixtures/{rel}"))
 }
 
 fn level(v: &Value) -> Capture {
@@ -296,7 +283,7 @@ fn honors(members: &Map<String, Value>, fields: &[Field], target: Capture, path:
 /// hop at the same ceiling changes nothing.
 #[test]
 fn golden_events_honor_every_ceiling() {
-    let Some(path) = fixture("golden/golden.jsonl") else {
+    let Some(path) = shared("aep-fixtures/golden/golden.jsonl") else {
         return;
     };
     let text = std::fs::read_to_string(path).unwrap();

@@ -7,15 +7,15 @@
 //! the three control checks that need one (AEP-0004 §4.1). With a token the run is all
 //! PASS.
 
-mod common;
+mod support;
 
 use std::process::Command;
 use std::time::Duration;
 
 use aep_check::{self as check, Options, Report, Status, CHECKS};
 use aep_relay::auth::Auth;
-use common::{RelayProcess, TestRelay};
 use serde_json::Value;
+use support::{RelayProcess, TestRelay};
 
 /// Checks that need `--token` (AEP-0004 §4.1: control needs authentication).
 const NEED_TOKEN: [&str; 3] = ["control-no-route", "control-route", "control-ambiguous"];
@@ -89,7 +89,7 @@ fn checker_fails_with_a_wrong_token() {
 /// The binary: per-check lines, the exact summary line, the JSON report, exit 0.
 #[test]
 fn check_subcommand_end_to_end() {
-    let relay = RelayProcess::spawn(&["--buffer", "8", "--token", "e2e-token"], &[]);
+    let relay = RelayProcess::spawn(&["--buffer", "8", "--token", "e2e-token"]);
     let dir = std::env::temp_dir().join(format!("aep-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json_path = dir.join("report.json");
@@ -206,7 +206,7 @@ fn check_subcommand_refuses_a_url_it_cannot_use() {
 /// fails; with it, nothing fails and the control checks, which need the token, pass.
 #[test]
 fn check_subcommand_takes_the_token_from_aep_token() {
-    let relay = RelayProcess::spawn(&["--token", "env-token"], &[]);
+    let relay = RelayProcess::spawn(&["--token", "env-token"]);
     let run = |token: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_aep-relay"));
         cmd.args(["check", &format!("http://{}", relay.addr)])

@@ -15,9 +15,9 @@
 //! A failing case is reported by name with what was expected and what happened; all
 //! failures of a corpus are collected before the test fails, so one run shows them all.
 
-mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use aep_relay::capture::{downlevel, downlevel_value, target_level};
@@ -25,8 +25,8 @@ use aep_relay::envelope::{is_command_type, Attr, Capture, Event, Scalar};
 use aep_relay::filter::Filter;
 use aep_relay::store::Store;
 use bytes::Bytes;
-use common::{enc, TestRelay};
 use serde_json::{Map, Value};
+use support::{enc, fixture_json, shared, Endpoint, TestRelay};
 
 // ---------------------------------------------------------------------------------------
 // Loading
@@ -40,26 +40,8 @@ fn project(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
-/// `../shared/aep-fixtures/<rel>`, or `None` after saying that it is absent.
-fn upstream_path(rel: &str) -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/aep-fixtures")
-        .join(rel);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIP: upstream fixture {} is absent (../shared/aep-fixtures not checked out)",
-            path.display()
-        );
-        None
-    }
-}
-
 fn upstream(rel: &str) -> Option<Value> {
-    let path = upstream_path(rel)?;
-    let text = std::fs::read_to_string(&path).expect("read fixture");
-    Some(serde_json::from_str(&text).expect("fixture is JSON"))
+    fixture_json(&format!("aep-fixtures/{rel}"))
 }
 
 fn array<'a>(doc: &'a Value, key: &str) -> &'a [Value] {
@@ -561,7 +543,7 @@ fn project_resume_cases_over_sse() {
             other => other.to_string(),
         };
         let url = format!("{}?from={}&live=0", relay.url("/stream"), enc(&from));
-        let body = match common::agent().get(&url).call() {
+        let body = match support::agent().get(&url).call() {
             Ok(r) => r.into_string().expect("stream body"),
             Err(e) => {
                 failures.push(format!("{n}: GET /stream failed: {e}"));
@@ -645,7 +627,7 @@ fn upstream_downlevel() {
 /// and never above its own capture level after any ceiling.
 #[test]
 fn upstream_golden() {
-    let Some(path) = upstream_path("golden/golden.jsonl") else {
+    let Some(path) = shared("aep-fixtures/golden/golden.jsonl") else {
         return;
     };
     let text = std::fs::read_to_string(path).unwrap();

@@ -17,13 +17,15 @@
 //! ranges) plus generated strings, numbers and nestings at the edges. No new dependency:
 //! a xorshift generator with fixed seeds, so a failure reproduces exactly.
 
+mod support;
+use support::fixture;
+
 use aep_relay::envelope::{is_valid_extension_name, Attr, Capture, Event, Scalar, Severity};
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::fmt;
-use std::path::Path;
 
 /// The top-level members in wire order, duplicates kept (a `Value` map would merge them).
 struct Members(Vec<(String, Value)>);
@@ -305,23 +307,13 @@ fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
 }
 
 fn golden() -> Option<Vec<String>> {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/aep-fixtures/golden/golden.jsonl");
-    match std::fs::read_to_string(&p) {
-        Ok(t) => Some(
-            t.lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(str::to_owned)
-                .collect(),
-        ),
-        Err(_) => {
-            eprintln!(
-                "SKIPPED: {} not found (../shared/aep-fixtures is absent)",
-                p.display()
-            );
-            None
-        }
-    }
+    let t = fixture("aep-fixtures/golden/golden.jsonl")?;
+    Some(
+        t.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 /// A small Event to plant generated pieces into when the golden corpus is absent too.

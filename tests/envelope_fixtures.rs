@@ -6,25 +6,12 @@
 //!
 //! The fixtures are read in place; when `../shared` is absent the tests say so and skip.
 
+mod support;
+use support::shared;
+
 use aep_relay::envelope::{Attr, Capture, Event, Scalar, Severity};
 use bytes::Bytes;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-fn fixture(rel: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/aep-fixtures")
-        .join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: fixture {} not found (../shared/aep-fixtures is absent)",
-            p.display()
-        );
-        None
-    }
-}
 
 /// Asserts that `ev`'s extracted attributes equal `serde_json`'s reading of the same bytes.
 fn assert_same_as_serde(ev: &Event, v: &Value, what: &str) {
@@ -120,7 +107,7 @@ fn assert_same_as_serde(ev: &Event, v: &Value, what: &str) {
 /// and reads the same routing attributes `serde_json` does.
 #[test]
 fn golden_events_parse_and_match_serde() {
-    let Some(path) = fixture("golden/golden.jsonl") else {
+    let Some(path) = shared("aep-fixtures/golden/golden.jsonl") else {
         return;
     };
     let text = std::fs::read_to_string(path).unwrap();
@@ -273,7 +260,7 @@ fn parse_value(v: &Value) -> Result<Event, aep_relay::envelope::InvalidEvent> {
 
 #[test]
 fn invalid_cases_are_classified_and_envelope_ones_refused() {
-    let Some(path) = fixture("invalid/cases.json") else {
+    let Some(path) = shared("aep-fixtures/invalid/cases.json") else {
         return;
     };
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();

@@ -6,27 +6,17 @@
 //! per-attribute value rules, without the presence rules of `Event::parse`): the same
 //! scanner and accessors the relay matches live Events with.
 
-use std::path::{Path, PathBuf};
+mod support;
+use support::fixture_json;
 
 use aep_relay::envelope::Event;
 use aep_relay::filter::Filter;
 use bytes::Bytes;
 use serde_json::Value;
 
-fn cases_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/aep-fixtures/attr-match/cases.json")
-}
-
 /// The corpus, or `None` (and a note) when the shared fixtures are not checked out.
 fn load() -> Option<Value> {
-    let path = cases_path();
-    match std::fs::read(&path) {
-        Ok(bytes) => Some(serde_json::from_slice(&bytes).expect("cases.json is JSON")),
-        Err(e) => {
-            eprintln!("skipping: attr-match fixtures not found at {path:?}: {e}");
-            None
-        }
-    }
+    fixture_json("aep-fixtures/attr-match/cases.json")
 }
 
 fn cases<'a>(corpus: &'a Value, section: &str) -> &'a [Value] {

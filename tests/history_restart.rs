@@ -3,23 +3,19 @@
 //! ignored, hostile agent/session names stay inside DIR without colliding, and a history
 //! that cannot be written answers 503 instead of accepting (AEP-0003 §3.1, §5, §7, §9.6).
 
-mod binary;
+mod support;
 use aep_relay::history::{decode_component, Decoded};
-use binary::*;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-
-fn enc(v: &str) -> String {
-    form_urlencoded::byte_serialize(v.as_bytes()).collect()
-}
+use support::*;
 
 /// What a consumer resuming from `seq` of session `s` gets: (comments, data).
-fn resume(relay: &Relay, session: &str, seq: u64) -> (Vec<String>, Vec<String>) {
+fn resume(relay: &RelayProcess, session: &str, seq: u64) -> (Vec<String>, Vec<String>) {
     let from = enc(&format!(
         r#"[{{"session":"{session}","epoch":0,"seq":{seq}}}]"#
     ));
-    let msgs = relay.sse(&format!("from={from}&live=0")).rest();
+    let msgs = relay.sse(&format!("from={from}&live=0"), &[]).rest();
     let comments = msgs.iter().flat_map(|m| m.comments.clone()).collect();
     (comments, msgs.into_iter().map(|m| m.data).collect())
 }
@@ -36,7 +32,7 @@ fn a_sigkilled_relay_restarts_with_the_exact_tail() {
         "--fsync",
         "batch",
     ];
-    let mut relay = Relay::spawn(&args);
+    let mut relay = RelayProcess::spawn(&args);
     let lines: Vec<String> = (0..12).map(|i| ev("a", "s", i)).collect();
     for chunk in lines.chunks(4) {
         relay.post_ok(chunk);
@@ -57,7 +53,7 @@ fn a_sigkilled_relay_restarts_with_the_exact_tail() {
     let all_before = relay.replay_all();
 
     relay.kill();
-    let relay = Relay::spawn(&args);
+    let relay = RelayProcess::spawn(&args);
     relay.stderr.wait("the rebuild report", |l| {
         l.contains("1 of 1 session files read, 12 Events offered")
     });
@@ -79,7 +75,7 @@ fn a_torn_last_line_is_ignored_and_cut_off() {
     let dir = temp_dir("torn");
     let h = dir.join("h");
     let args = ["--history", h.to_str().unwrap()];
-    let mut relay = Relay::spawn(&args);
+    let mut relay = RelayProcess::spawn(&args);
     let lines: Vec<String> = (0..3).map(|i| ev("a", "s", i)).collect();
     relay.post_ok(&lines);
     relay.kill();
@@ -88,7 +84,7 @@ fn a_torn_last_line_is_ignored_and_cut_off() {
     let mut f = OpenOptions::new().append(true).open(&file).unwrap();
     f.write_all(&ev("a", "s", 3).as_bytes()[..40]).unwrap();
     drop(f);
-    let relay = Relay::spawn(&args);
+    let relay = RelayProcess::spawn(&args);
     relay.stderr.wait("the torn-line warning", |l| {
         l.contains("s.jsonl: ignoring an unterminated last line (40 bytes")
     });
@@ -144,7 +140,7 @@ fn hostile_names_stay_inside_the_directory_without_collisions() {
             .to_string()
         })
         .collect();
-    let mut relay = Relay::spawn(&args);
+    let mut relay = RelayProcess::spawn(&args);
     relay.post_ok(&events);
     let files = files_under(&h);
     assert_eq!(
@@ -188,7 +184,7 @@ fn hostile_names_stay_inside_the_directory_without_collisions() {
     );
     // And it all comes back after a restart.
     relay.kill();
-    let relay = Relay::spawn(&args);
+    let relay = RelayProcess::spawn(&args);
     let mut held = relay.replay_all();
     held.sort();
     let mut want = events.clone();
@@ -197,8 +193,8 @@ fn hostile_names_stay_inside_the_directory_without_collisions() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-fn answer(relay: &Relay, lines: &[String]) -> (u16, String) {
-    let (status, json) = relay.post(lines);
+fn answer(relay: &RelayProcess, lines: &[String]) -> (u16, String) {
+    let (status, json) = relay.post_lines(lines);
     (
         status,
         json["error"].as_str().unwrap_or_default().to_string(),
@@ -214,8 +210,8 @@ fn an_unwritable_history_answers_503_and_keeps_nothing_of_the_batch() {
     std::os::unix::fs::symlink("/dev/full", h.join("a/full.jsonl")).unwrap();
     // A regular file where an agent directory should be: ENOTDIR.
     fs::write(h.join("blocked"), b"").unwrap();
-    let relay = Relay::spawn(&["--history", h.to_str().unwrap()]);
-    let mut live = relay.sse("");
+    let relay = RelayProcess::spawn(&["--history", h.to_str().unwrap()]);
+    let mut live = relay.sse("", &[]);
     let ok0 = ev("a", "ok", 0);
     relay.post_ok(std::slice::from_ref(&ok0));
     assert_eq!(live.expect().data, ok0);
@@ -253,12 +249,13 @@ fn jsonl_ingest_pauses_while_the_history_fails_and_resumes_after() {
     fs::create_dir_all(h.join("a")).unwrap();
     let full = h.join("a/full.jsonl");
     std::os::unix::fs::symlink("/dev/full", &full).unwrap();
-    let mut relay = Relay::spawn_with(
+    let mut relay = RelayProcess::spawn_with(
         &["--stdin", "--history", h.to_str().unwrap()],
+        &[],
         true,
         "127.0.0.1:0",
     );
-    let mut live = relay.sse("");
+    let mut live = relay.sse("", &[]);
     let lines = [ev("a", "full", 0), ev("a", "ok", 0)];
     let mut stdin = relay.stdin.take().unwrap();
     writeln!(stdin, "{}\n{}", lines[0], lines[1]).unwrap();
@@ -286,7 +283,7 @@ fn a_second_relay_on_the_same_history_refuses_to_start() {
     let dir = temp_dir("locked");
     let h = dir.join("h");
     let args = ["--history", h.to_str().unwrap()];
-    let mut first = Relay::spawn(&args);
+    let mut first = RelayProcess::spawn(&args);
     first.post_ok(&[ev("a", "s", 0)]);
 
     let mut child = std::process::Command::new(bin())
@@ -299,7 +296,7 @@ fn a_second_relay_on_the_same_history_refuses_to_start() {
         .unwrap();
     let lines = Lines::collect(child.stderr.take().unwrap(), "second");
     // Killed on drop, should it run instead of exiting.
-    let mut refused = Relay {
+    let mut refused = RelayProcess {
         child,
         addr: "127.0.0.1:0".parse().unwrap(),
         stderr: lines,
@@ -330,7 +327,7 @@ fn a_second_relay_on_the_same_history_refuses_to_start() {
     );
 
     first.kill();
-    let second = Relay::spawn(&args);
+    let second = RelayProcess::spawn(&args);
     assert_eq!(second.replay_all(), vec![ev("a", "s", 0)]);
     assert_eq!(
         fs::read_to_string(h.join(aep_relay::history::LOCK_FILE)).unwrap(),
@@ -349,7 +346,7 @@ fn a_pretty_printed_event_survives_a_restart() {
     let dir = temp_dir("pretty");
     let h = dir.join("h");
     let args = ["--history", h.to_str().unwrap()];
-    let mut relay = Relay::spawn(&args);
+    let mut relay = RelayProcess::spawn(&args);
     let pretty =
         ev("a", "s", 1)
             .replacen(',', ",\n  ", 1)
@@ -370,7 +367,7 @@ fn a_pretty_printed_event_survives_a_restart() {
     assert!(!file.contains('\r'), "{file:?}");
 
     relay.kill();
-    let relay = Relay::spawn(&args);
+    let relay = RelayProcess::spawn(&args);
     assert_eq!(
         relay.replay_all(),
         before,

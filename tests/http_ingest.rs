@@ -1,10 +1,10 @@
 //! `POST /events` and the HTTP/1.1 layer through the real server over TCP
 //! (AEP-0003 §3.2, §3.4; AEP-0004 §4.1).
 
-mod common;
-use common::*;
+mod support;
 use serde_json::Value;
 use std::io::Write;
+use support::*;
 
 fn ev(seq: u64) -> String {
     event("s1", 0, seq, "tool.completed", "")
@@ -31,8 +31,7 @@ fn ndjson_batch_keeps_order_and_allows_a_final_newline() {
     let lines: Vec<String> = (0..20).map(ev).collect();
     let (status, json) = relay.post("application/x-ndjson", &(lines.join("\n") + "\n"));
     assert_eq!((status, json["accepted"].as_u64()), (202, Some(20)));
-    let got = relay.sse("from=all&live=0", &[]).rest();
-    let got: Vec<String> = got.into_iter().map(|m| m.data).collect();
+    let got = relay.replay_all();
     assert_eq!(got, lines, "batch order is preserved (AEP-0003 §3.2.1)");
 }
 
@@ -107,7 +106,7 @@ fn batch_over_max_batch_is_413_and_nothing_is_ingested() {
     let (status, json) = relay.post("application/x-ndjson", &lines.join("\n"));
     assert_eq!(status, 413);
     assert_eq!(json["error"], "too-many-events");
-    assert!(relay.sse("from=all&live=0", &[]).rest().is_empty());
+    assert!(relay.replay_all().is_empty());
     // Exactly at the limit is fine.
     let (status, _) = relay.post("application/x-ndjson", &lines[..5].join("\n"));
     assert_eq!(status, 202);
@@ -127,7 +126,7 @@ fn commands_are_refused_over_http_403() {
     // In a batch too, and nothing of the batch is ingested.
     let (status, json) = relay.post("application/x-ndjson", &format!("{}\n{cmd}\n", ev(0)));
     assert_eq!((status, json["line"].as_u64()), (403, Some(2)));
-    assert!(relay.sse("from=all&live=0", &[]).rest().is_empty());
+    assert!(relay.replay_all().is_empty());
 }
 
 #[test]
@@ -135,12 +134,7 @@ fn foreign_emitter_events_without_seq_are_accepted() {
     let relay = TestRelay::start();
     let routed = r#"{"aep":"0.1","id":"r1","type":"attention.routed","subject":"q1","time":"2026-07-03T10:00:01Z","source":"aep://h/agent/router","agent":"router","session":"s1"}"#;
     relay.post_ok(&[&ev(0), routed, &ev(1)]);
-    let got: Vec<String> = relay
-        .sse("from=all&live=0", &[])
-        .rest()
-        .into_iter()
-        .map(|m| m.data)
-        .collect();
+    let got: Vec<String> = relay.replay_all();
     assert_eq!(
         got,
         vec![ev(0), routed.to_string(), ev(1)],

@@ -14,11 +14,11 @@ use aep_relay::Config;
 use aep_sim::Sim;
 use bytes::Bytes;
 
-mod common;
 mod counting;
-mod wsclient;
+mod support;
 
 use counting::{assert_held_at_own_size, buffered_of_metrics, live, one_at_a_time};
+use support::Endpoint;
 
 const MIB: usize = 1024 * 1024;
 /// Sessions, each with a replay buffer of one Event: what is held at the end (each
@@ -112,11 +112,11 @@ const PAD: usize = 256 * 1024;
 #[test]
 fn a_held_event_of_a_padded_websocket_message_costs_its_own_bytes() {
     let _one = one_at_a_time();
-    let relay = common::TestRelay::with(|c| {
+    let relay = support::TestRelay::with(|c| {
         c.buffer_per_session = 1;
         c.max_sessions = SESSIONS;
     });
-    let mut ws = wsclient::Raw::connect(&relay);
+    let mut ws = support::Raw::connect(&relay);
     ws.send(
         0x81,
         br#"{"type":"hello","versions":["0.1"],"role":"emitter","identity":{"agent":"claude-code"}}"#,

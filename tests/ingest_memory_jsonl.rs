@@ -5,10 +5,11 @@
 
 use std::io::Write;
 
-mod common;
 mod counting;
+mod support;
 
 use counting::{assert_held_at_own_size, buffered_of_metrics, live, one_at_a_time};
+use support::Endpoint;
 
 /// Sessions, each with a replay buffer of one Event: what is held at the end.
 const SESSIONS: usize = 32;
@@ -43,7 +44,7 @@ fn a_held_event_of_a_padded_jsonl_line_costs_its_own_bytes() {
         }
     }
     let before = live();
-    let relay = common::TestRelay::with(|c| {
+    let relay = support::TestRelay::with(|c| {
         c.buffer_per_session = 1;
         c.max_sessions = SESSIONS;
         c.jsonl.files = vec![path.clone()];

@@ -2,10 +2,10 @@
 //! per-line validation, reports with source and line number, unsupported versions
 //! reported once, commands refused, a followed file's growth, truncation and replacement.
 
-mod binary;
-use binary::*;
+mod support;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
+use support::*;
 
 fn count(lines: &[String], needle: &str) -> usize {
     lines.iter().filter(|l| l.contains(needle)).count()
@@ -17,8 +17,8 @@ fn command_line() -> String {
 
 #[test]
 fn stdin_is_ingested_line_by_line_and_bad_lines_are_reported() {
-    let mut relay = Relay::spawn_with(&["--stdin"], true, "127.0.0.1:0");
-    let mut stream = relay.sse("");
+    let mut relay = RelayProcess::spawn_with(&["--stdin"], &[], true, "127.0.0.1:0");
+    let mut stream = relay.sse("", &[]);
     let e: Vec<String> = (0..3).map(|i| ev("a", "s", i)).collect();
     let v1 = |i: u64| ev("a", "s", 100 + i).replace(r#""aep":"0.1""#, r#""aep":"1.0""#);
     let input = [
@@ -78,13 +78,14 @@ fn stdin_is_ingested_line_by_line_and_bad_lines_are_reported() {
 fn exit_on_stdin_eof_stops_after_the_last_line() {
     let dir = temp_dir("stdin-exit");
     let hist = dir.join("h");
-    let mut relay = Relay::spawn_with(
+    let mut relay = RelayProcess::spawn_with(
         &[
             "--stdin",
             "--exit-on-stdin-eof",
             "--history",
             hist.to_str().unwrap(),
         ],
+        &[],
         true,
         "127.0.0.1:0",
     );
@@ -111,11 +112,11 @@ fn a_followed_file_is_read_through_growth_truncation_and_replacement() {
     let dir = temp_dir("follow");
     let path = dir.join("in.jsonl");
     let p = path.to_str().unwrap();
-    let relay = Relay::spawn(&["--ingest-file", p, "--follow-interval-ms", "10"]);
+    let relay = RelayProcess::spawn(&["--ingest-file", p, "--follow-interval-ms", "10"]);
     relay.stderr.wait("the wait for the absent file", |l| {
         l.contains("in.jsonl: cannot open") && l.contains("waiting for it")
     });
-    let mut stream = relay.sse("");
+    let mut stream = relay.sse("", &[]);
     let e: Vec<String> = (0..6).map(|i| ev("a", "s", i)).collect();
     let v2 = |i: u64| ev("a", "s", 100 + i).replace(r#""aep":"0.1""#, r#""aep":"2.0""#);
 
@@ -174,7 +175,7 @@ fn two_files_and_stdin_feed_one_relay() {
     let (a, b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
     fs::write(&a, format!("{}\n{}\n", ev("x", "sa", 0), ev("x", "sa", 1))).unwrap();
     fs::write(&b, format!("{}\n", ev("y", "sb", 0))).unwrap();
-    let mut relay = Relay::spawn_with(
+    let mut relay = RelayProcess::spawn_with(
         &[
             "--ingest-file",
             a.to_str().unwrap(),
@@ -184,6 +185,7 @@ fn two_files_and_stdin_feed_one_relay() {
             "--follow-interval-ms",
             "10",
         ],
+        &[],
         true,
         "127.0.0.1:0",
     );
@@ -191,7 +193,7 @@ fn two_files_and_stdin_feed_one_relay() {
     writeln!(stdin, "{}", ev("z", "sc", 0)).unwrap();
     drop(stdin);
     // Replay of everything held, then live: no gap between the two (AEP-0003 §5).
-    let mut stream = relay.sse("from=all");
+    let mut stream = relay.sse("from=all", &[]);
     let mut first: Vec<String> = (0..4).map(|_| stream.expect().data).collect();
     first.sort();
     let mut want = vec![

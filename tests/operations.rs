@@ -1,11 +1,11 @@
 //! Operations: metrics, limits that answer, backpressure, graceful shutdown, logging
 //! (AEP-0003 §8, §8.4, §11).
 
-mod common;
+mod support;
 use aep_relay::auth::{Auth, Scopes};
-use common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::time::Duration;
+use support::*;
 
 fn metric(text: &str, name_and_labels: &str) -> f64 {
     text.lines()
@@ -230,7 +230,7 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
 
 #[test]
 fn sigterm_drains_sse_consumers_and_exits_0() {
-    let relay = RelayProcess::spawn(&[], &[]);
+    let relay = RelayProcess::spawn(&[]);
     let mut s = std::net::TcpStream::connect(relay.addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     s.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -252,7 +252,12 @@ fn sigterm_drains_sse_consumers_and_exits_0() {
 
 #[test]
 fn query_tokens_never_reach_the_log_and_startup_states_posture() {
-    let relay = RelayProcess::spawn(&[], &[("AEP_TOKEN", "right-token"), ("AEP_LOG", "debug")]);
+    let relay = RelayProcess::spawn_with(
+        &[],
+        &[("AEP_TOKEN", "right-token"), ("AEP_LOG", "debug")],
+        false,
+        "127.0.0.1:0",
+    );
     let resp = agent()
         .get(&format!(
             "{}?access_token=WRONG-SECRET-QUERY",

@@ -4,15 +4,12 @@
 //! `hello` that was sent but lacks what AEP-0003 §4 requires is `invalid-hello` naming
 //! the member, and a close reason is spelled as its error code.
 
-mod binary;
-mod common;
-mod wsclient;
+mod support;
 
-use common::TestRelay;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use wsclient::{Raw, Ws};
+use support::{Endpoint, Raw, TestRelay, Ws};
 
 /// A valid Event with `agent` spelled as the JSON text `agent` (raw, not escaped).
 fn event_with_agent(agent: &str, ty: &str) -> String {
@@ -25,7 +22,7 @@ fn event_with_agent(agent: &str, ty: &str) -> String {
 /// connection's local address (the peer the relay logs) and the answer.
 fn exchange(addr: SocketAddr, req: &[u8]) -> (SocketAddr, String) {
     let mut tcp = TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(common::WAIT)).unwrap();
+    tcp.set_read_timeout(Some(support::WAIT)).unwrap();
     let peer = tcp.local_addr().unwrap();
     tcp.write_all(req).unwrap();
     let mut out = Vec::new();
@@ -37,7 +34,7 @@ fn exchange(addr: SocketAddr, req: &[u8]) -> (SocketAddr, String) {
 /// returns its local address and the raw client.
 fn ws_raw(addr: SocketAddr, auth: &str) -> (SocketAddr, Raw) {
     let tcp = TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(common::WAIT)).unwrap();
+    tcp.set_read_timeout(Some(support::WAIT)).unwrap();
     let peer = tcp.local_addr().unwrap();
     (peer, Raw::upgrade(tcp, auth).0)
 }
@@ -67,8 +64,14 @@ const TOKEN: &str = "s3cret-token-XYZ";
 /// WebSocket `hello` refusals and in-band errors.
 #[test]
 fn every_refusal_is_logged_once_at_info_with_its_code_and_peer() {
-    let relay =
-        binary::Relay::spawn(&["--token", TOKEN, "--max-body", "4096", "--max-head", "2048"]);
+    let relay = support::RelayProcess::spawn(&[
+        "--token",
+        TOKEN,
+        "--max-body",
+        "4096",
+        "--max-head",
+        "2048",
+    ]);
     let addr = relay.addr;
     let auth = format!("Authorization: Bearer {TOKEN}\r\n");
     let post = |headers: &str, body: &str| {
@@ -228,8 +231,10 @@ fn count(list: &[(String, u64)], code: &str) -> u64 {
 #[test]
 fn every_refusal_is_counted_under_its_code() {
     let relay = TestRelay::with(|c| c.max_ws_message_bytes = 1024);
-    let resp = common::agent().get(&relay.url("/stream?filter=%7B")).call();
-    let (status, body) = common::status_json(resp);
+    let resp = support::agent()
+        .get(&relay.url("/stream?filter=%7B"))
+        .call();
+    let (status, body) = support::status_json(resp);
     assert_eq!(
         (status, body["error"].as_str()),
         (400, Some("invalid-filter")),
@@ -279,11 +284,11 @@ fn every_refusal_is_counted_under_its_code() {
 #[test]
 fn status_refusals_leave_out_unknown_paths() {
     let relay = TestRelay::start();
-    let (status, _) = common::status_json(common::agent().get(&relay.url("/favicon.ico")).call());
+    let (status, _) = support::status_json(support::agent().get(&relay.url("/favicon.ico")).call());
     assert_eq!(status, 404);
     let (status, _) = relay.post("application/json", "{}");
     assert_eq!(status, 400);
-    let (_, doc) = common::status_json(common::agent().get(&relay.url("/status")).call());
+    let (_, doc) = support::status_json(support::agent().get(&relay.url("/status")).call());
     assert_eq!(doc["rejected"], json!({"invalid-event": 1}), "{doc}");
     assert_eq!(doc["not_found"], 1, "{doc}");
     assert_eq!(count(&rejected(&relay), "not-found"), 1);

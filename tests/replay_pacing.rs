@@ -4,7 +4,6 @@
 //! capped exactly like a consumer that reads slowly.
 
 use aep_relay::Config;
-use aep_relay::ConnId;
 use aep_sim::Sim;
 use bytes::Bytes;
 

@@ -1,9 +1,9 @@
 //! Findings of a review against the real server (README walk-through and adversarial
 //! probing), each one a minimal reproduction.
 
-mod common;
-use common::*;
+mod support;
 use std::io::Write;
+use support::*;
 
 /// The smuggled request hidden in a body: a POST of one Event.
 fn smuggled_post() -> String {

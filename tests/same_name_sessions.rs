@@ -8,15 +8,12 @@
 //! `beta-agent`, both at seq 0): every sequenced golden Event must come back from
 //! `from=all`, byte-identical, live and after a SIGKILL restart with `--history`.
 
-mod binary;
-mod common;
-mod wsclient;
+mod support;
 
-use common::{enc, TestRelay};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use wsclient::Ws;
+use support::{enc, Endpoint, TestRelay, Ws};
 
 const A: &str = "aep://host-a/agent/a/session/s";
 const B: &str = "aep://host-b/agent/a/session/s";
@@ -129,7 +126,7 @@ fn eviction_and_replay_exhausted_are_per_stream() {
 fn max_sessions_counts_owning_streams() {
     let relay = TestRelay::with(|c| c.max_sessions = 2);
     let (a0, b5, a1) = (of(A, 0), of(B, 5), of(A, 1));
-    let t0 = common::event("t", 0, 0, "run.started", "");
+    let t0 = support::event("t", 0, 0, "run.started", "");
     relay.post_ok(&[&a0, &b5, &a1, &t0]);
     assert_eq!(
         replay(&relay, "from=all", &[]),
@@ -186,7 +183,7 @@ fn closing_names_the_last_position_per_owning_stream() {
 fn status_lists_each_owning_stream() {
     let relay = TestRelay::start();
     relay.post_ok(&[&of(A, 0), &of(B, 0)]);
-    let (_, s) = common::status_json(common::agent().get(&relay.url("/status")).call());
+    let (_, s) = support::status_json(support::agent().get(&relay.url("/status")).call());
     assert_eq!(s["sessions"]["count"], 2);
     let rows: Vec<(Value, Value, Value)> = s["sessions"]["recent"]
         .as_array()
@@ -214,7 +211,7 @@ fn status_lists_each_owning_stream() {
 /// The golden lines HTTP accepts (commands are refused there, AEP-0004 §4.1), as the
 /// README posts them.
 fn golden_postable() -> Option<Vec<String>> {
-    let path = binary::shared("aep-fixtures/golden/golden.jsonl")?;
+    let path = support::shared("aep-fixtures/golden/golden.jsonl")?;
     let text = std::fs::read_to_string(path).unwrap();
     let lines: Vec<String> = text
         .lines()
@@ -254,11 +251,11 @@ fn stream_of(line: &str) -> Option<((String, String), (u64, u64))> {
 /// replay order, after checking every message is an input line byte for byte and every
 /// `id:` names its position.
 fn replayed_streams(
-    relay: &binary::Relay,
+    relay: &support::RelayProcess,
     input: &[String],
 ) -> BTreeMap<(String, String), Vec<String>> {
     let mut streams: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for m in relay.sse("from=all&live=0").rest() {
+    for m in relay.sse("from=all&live=0", &[]).rest() {
         assert!(
             input.contains(&m.data),
             "replayed bytes differ from every posted line: {}",
@@ -298,10 +295,10 @@ fn the_golden_corpus_replays_every_sequenced_event_live_and_after_a_sigkill() {
     let shared: Vec<&(String, String)> = want.keys().filter(|k| k.1 == "s_shared").collect();
     assert_eq!(shared.len(), 2, "the corpus's two s_shared emitters");
 
-    let dir = binary::temp_dir("golden-streams");
+    let dir = support::temp_dir("golden-streams");
     let h = dir.join("h");
     let args = ["--history", h.to_str().unwrap()];
-    let mut relay = binary::Relay::spawn(&args);
+    let mut relay = support::RelayProcess::spawn(&args);
     relay.post_ok(&lines);
     let live = replayed_streams(&relay, &lines);
     assert_eq!(
@@ -321,7 +318,7 @@ fn the_golden_corpus_replays_every_sequenced_event_live_and_after_a_sigkill() {
     )));
 
     relay.kill();
-    let relay = binary::Relay::spawn(&args);
+    let relay = support::RelayProcess::spawn(&args);
     relay
         .stderr
         .wait("the rebuild report", |l| l.contains("session files read"));
@@ -335,8 +332,8 @@ fn the_golden_corpus_replays_every_sequenced_event_live_and_after_a_sigkill() {
 }
 
 /// `/status` rows as (session, source, agent), sorted.
-fn status_streams(relay: &binary::Relay) -> Vec<(String, Value, Value)> {
-    let body = common::get_text(&relay.url("/status"));
+fn status_streams(relay: &support::RelayProcess) -> Vec<(String, Value, Value)> {
+    let body = support::get_text(&relay.url("/status"));
     let s: Value = serde_json::from_str(&body).unwrap();
     let mut rows: Vec<(String, Value, Value)> = s["sessions"]["recent"]
         .as_array()
@@ -360,11 +357,11 @@ fn status_streams(relay: &binary::Relay) -> Vec<(String, Value, Value)> {
 /// the file hold both streams or only one.
 #[test]
 fn one_history_file_of_two_streams_rebuilds_both_exactly() {
-    let dir = binary::temp_dir("shared-file");
+    let dir = support::temp_dir("shared-file");
     let h = dir.join("h");
     // Buffer 3: the rebuild reads the newest 2 × 3 + 16 = 22 lines of a file first.
     let args = ["--history", h.to_str().unwrap(), "--buffer", "3"];
-    let mut relay = binary::Relay::spawn(&args);
+    let mut relay = support::RelayProcess::spawn(&args);
     // b's stream first and short, then a long run of a's: the newest lines miss b.
     let mut lines = vec![of(B, 0), of(B, 1)];
     lines.extend((0..30).map(|q| of(A, q)));
@@ -379,10 +376,12 @@ fn one_history_file_of_two_streams_rebuilds_both_exactly() {
         lines.push(t(B, q));
     }
     relay.post_ok(&lines);
-    assert_eq!(binary::files_under(&h).len(), 2, "a/s.jsonl and a/t.jsonl");
+    assert_eq!(support::files_under(&h).len(), 2, "a/s.jsonl and a/t.jsonl");
 
-    let resume = |relay: &binary::Relay, session: &str, seq: u64| {
-        let msgs = relay.sse(&format!("{}&live=0", from(session, seq))).rest();
+    let resume = |relay: &support::RelayProcess, session: &str, seq: u64| {
+        let msgs = relay
+            .sse(&format!("{}&live=0", from(session, seq)), &[])
+            .rest();
         msgs.into_iter()
             .map(|m| (m.comments, m.data))
             .collect::<Vec<_>>()
@@ -406,7 +405,7 @@ fn one_history_file_of_two_streams_rebuilds_both_exactly() {
     );
 
     relay.kill();
-    let relay = binary::Relay::spawn(&args);
+    let relay = support::RelayProcess::spawn(&args);
     relay
         .stderr
         .wait("the rebuild report", |l| l.contains("session files read"));

@@ -1,15 +1,15 @@
 //! Producer strings in SSE lines and the `GET /stream` request surface, through the real
-//! server over TCP, read with a WHATWG-conformant parser (`common::whatwg`) exactly as a
+//! server over TCP, read with a WHATWG-conformant parser (`support::whatwg`) exactly as a
 //! browser's `EventSource` reads it (AEP-0003 §3.3, §6.2, §7, §11).
 //!
 //! `session` is an arbitrary producer string (AEP-0001 §12): it must never add a field
 //! or a message to a consumer's stream, and `Last-Event-ID` must resume exactly the
 //! session it names, whatever its bytes.
 
-mod common;
-use common::whatwg::{Message, Parser, Refused, Stream};
-use common::*;
+mod support;
 use std::io::{Read, Write};
+use support::whatwg::{Message, Parser, Refused, Stream};
+use support::*;
 
 /// Hostile sessions and the exact session part of the `id:` the relay writes for each:
 /// `%`, C0 controls, DEL, non-ASCII bytes and a leading space become `%XX`; everything

@@ -1,9 +1,9 @@
 //! `GET /stream` through the real server: byte identity, filters, capture ceilings,
 //! resume and replay (AEP-0003 §3.3, §5, §6, §7).
 
-mod common;
-use common::*;
+mod support;
 use std::io::{BufRead, BufReader, Write};
+use support::*;
 
 fn ev(session: &str, seq: u64) -> String {
     event(session, 0, seq, "tool.completed", "")
@@ -49,7 +49,7 @@ fn agent_scoped_events_carry_no_id() {
     let m = stream.expect();
     assert_eq!((m.data.as_str(), m.id), (hb, None));
     // Agent-scoped Events are never buffered (AEP-0003 §5 via the store rules).
-    assert!(relay.sse("from=all&live=0", &[]).rest().is_empty());
+    assert!(relay.replay_all().is_empty());
 }
 
 #[test]
@@ -150,12 +150,7 @@ fn backfill_is_replayed_in_epoch_seq_order() {
     let relay = TestRelay::start();
     let e = |epoch, seq| event("s", epoch, seq, "tool.completed", "");
     relay.post_ok(&[&e(0, 1), &e(1, 0), &e(0, 3), &e(0, 2)]);
-    let got: Vec<String> = relay
-        .sse("from=all&live=0", &[])
-        .rest()
-        .into_iter()
-        .map(|m| m.data)
-        .collect();
+    let got: Vec<String> = relay.replay_all();
     assert_eq!(got, vec![e(0, 1), e(0, 2), e(0, 3), e(1, 0)]);
 }
 
@@ -172,12 +167,7 @@ fn redelivery_is_forwarded_live_but_buffered_once() {
         vec![ev("s", 0), ev("s", 0), ev("s", 1)],
         "live fan-out forwards redelivery (AEP-0003 §5)"
     );
-    let replay: Vec<String> = relay
-        .sse("from=all&live=0", &[])
-        .rest()
-        .into_iter()
-        .map(|m| m.data)
-        .collect();
+    let replay: Vec<String> = relay.replay_all();
     assert_eq!(
         replay,
         vec![ev("s", 0), ev("s", 1)],
@@ -236,12 +226,7 @@ fn replay_then_live_with_a_filter_applies_the_filter_to_both() {
 fn session_cap_evicts_the_least_recently_written_session() {
     let relay = TestRelay::with(|c| c.max_sessions = 2);
     relay.post_ok(&[&ev("a", 0), &ev("b", 0), &ev("a", 1), &ev("c", 0)]);
-    let mut got: Vec<String> = relay
-        .sse("from=all&live=0", &[])
-        .rest()
-        .into_iter()
-        .map(|m| m.data)
-        .collect();
+    let mut got: Vec<String> = relay.replay_all();
     got.sort();
     let mut want = vec![ev("a", 0), ev("a", 1), ev("c", 0)];
     want.sort();

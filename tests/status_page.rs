@@ -1,9 +1,9 @@
 //! The status page at `GET /` and its data at `GET /status` (auth: `watch`).
 #![cfg(feature = "status-page")]
 
-mod common;
+mod support;
 use aep_relay::auth::{Auth, Scopes};
-use common::*;
+use support::*;
 
 #[test]
 fn status_page_is_self_contained_html_behind_watch() {

@@ -2,9 +2,9 @@
 //! across a relay restart with no duplicate and no gap (from `all` and from positions),
 //! `--live=0`, `replay-exhausted` on stderr, a refused request ending with status 2.
 
-mod binary;
-use binary::*;
+mod support;
 use std::process::{Child, Command, Stdio};
+use support::*;
 
 struct Tail {
     child: Child,
@@ -48,7 +48,7 @@ fn from_all_resumes_across_a_relay_restart_without_duplicates_or_gaps() {
     let dir = temp_dir("tail-all");
     let h = dir.join("h");
     let hist = ["--history", h.to_str().unwrap()];
-    let mut relay = Relay::spawn(&hist);
+    let mut relay = RelayProcess::spawn(&hist);
     let addr = relay.addr.to_string();
     let mut want: Vec<String> = (0..5).map(|i| ev("a", "s", i)).collect();
     want.extend((0..2).map(|i| ev("a", "t", i)));
@@ -65,7 +65,7 @@ fn from_all_resumes_across_a_relay_restart_without_duplicates_or_gaps() {
     tail.err.wait("the disconnection", |l| {
         l.contains("aep-relay tail: disconnected")
     });
-    let relay = Relay::spawn_with(&hist, false, &addr);
+    let relay = RelayProcess::spawn_with(&hist, &[], false, &addr);
     // While tail is still away: more of `s`, and a session that began meanwhile.
     let more: Vec<String> = (5..8)
         .map(|i| ev("a", "s", i))
@@ -107,7 +107,7 @@ fn live_tail_resumes_from_its_last_positions_after_a_restart() {
     let dir = temp_dir("tail-live");
     let h = dir.join("h");
     let hist = ["--history", h.to_str().unwrap()];
-    let mut relay = Relay::spawn(&hist);
+    let mut relay = RelayProcess::spawn(&hist);
     let addr = relay.addr.to_string();
     let tail = Tail::spawn(&[&format!("http://{addr}/")]);
     tail.err.wait("the subscription", |l| {
@@ -121,7 +121,7 @@ fn live_tail_resumes_from_its_last_positions_after_a_restart() {
     tail.err.wait("the disconnection", |l| {
         l.contains("aep-relay tail: disconnected")
     });
-    let relay = Relay::spawn_with(&hist, false, &addr);
+    let relay = RelayProcess::spawn_with(&hist, &[], false, &addr);
     let missed: Vec<String> = (3..6).map(|i| ev("a", "s", i)).collect();
     relay.post_ok(&missed);
     tail.err.wait("the reconnection", |l| {
@@ -137,7 +137,7 @@ fn live_tail_resumes_from_its_last_positions_after_a_restart() {
 
 #[test]
 fn live_0_prints_the_replay_reports_exhaustion_and_exits() {
-    let relay = Relay::spawn(&["--buffer", "3"]);
+    let relay = RelayProcess::spawn(&["--buffer", "3"]);
     let lines: Vec<String> = (0..10).map(|i| ev("a", "s", i)).collect();
     relay.post_ok(&lines);
     let mut tail = Tail::spawn(&[
@@ -164,7 +164,7 @@ fn live_0_prints_the_replay_reports_exhaustion_and_exits() {
 
 #[test]
 fn a_refused_request_exits_2_with_the_relays_answer() {
-    let relay = Relay::spawn(&[]);
+    let relay = RelayProcess::spawn(&[]);
     let mut tail = Tail::spawn(&[&relay.url(""), "--filter", r#"{"seq":5}"#]);
     let err = tail.err.wait_closed("tail's errors");
     assert!(
@@ -218,7 +218,7 @@ fn tail_resumes_hostile_sessions_exactly() {
     let dir = temp_dir("tail-hostile");
     let h = dir.join("h");
     let hist = ["--history", h.to_str().unwrap()];
-    let mut relay = Relay::spawn(&hist);
+    let mut relay = RelayProcess::spawn(&hist);
     let addr = relay.addr.to_string();
     let tail = Tail::spawn(&[&format!("http://{addr}")]);
     tail.err.wait("the subscription", |l| {
@@ -241,10 +241,10 @@ fn tail_resumes_hostile_sessions_exactly() {
     });
     // While tail is away, a relay it cannot reach keeps more Events in the same history.
     let missed = batch(3..5);
-    let side = Relay::spawn(&hist);
+    let side = RelayProcess::spawn(&hist);
     side.post_ok(&missed);
     drop(side);
-    let relay = Relay::spawn_with(&hist, false, &addr);
+    let relay = RelayProcess::spawn_with(&hist, &[], false, &addr);
     let line = tail.err.wait("the reconnection", |l| {
         l.contains("aep-relay tail: reconnected; resuming from ")
     });
@@ -298,7 +298,7 @@ fn same_named_sessions_of_two_emitters_resume_each_from_its_own_position() {
     let dir = temp_dir("tail-shared");
     let h = dir.join("h");
     let hist = ["--history", h.to_str().unwrap()];
-    let mut relay = Relay::spawn(&hist);
+    let mut relay = RelayProcess::spawn(&hist);
     let addr = relay.addr.to_string();
     let url = format!("http://{addr}");
     let live = Tail::spawn(&[&url]);
@@ -328,10 +328,10 @@ fn same_named_sessions_of_two_emitters_resume_each_from_its_own_position() {
         .map(|q| ev("a", s, q))
         .chain((4..7).map(|q| ev("b", s, q)))
         .collect();
-    let side = Relay::spawn(&hist);
+    let side = RelayProcess::spawn(&hist);
     side.post_ok(&missed);
     drop(side);
-    let relay = Relay::spawn_with(&hist, false, &addr);
+    let relay = RelayProcess::spawn_with(&hist, &[], false, &addr);
     let line = live.err.wait("the reconnection", |l| {
         l.contains("aep-relay tail: reconnected; resuming from ")
     });

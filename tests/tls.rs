@@ -2,12 +2,12 @@
 //! Native TLS: HTTPS POST and SSE over TLS with a certificate generated in the test, and
 //! the start-up refusal of an insecure off-host binding (AEP-0003 §8.1).
 
-mod common;
-use common::*;
+mod support;
 use rustls::pki_types::ServerName;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
+use support::*;
 
 struct Tls {
     relay: TestRelay,

@@ -3,10 +3,10 @@
 //! reported, each at its own line (payload-schema cases are not a relay's to check,
 //! AEP-0001 §5). Exit status 0 / 1 / 2; standard input when no file is named.
 
-mod binary;
-use binary::*;
+mod support;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use support::*;
 
 fn validate(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(bin())

@@ -4,23 +4,15 @@
 //! in-memory connection (a pipe that stops taking output), so the stall is exact and
 //! needs no timing.
 
-use aep_relay::Config;
-use aep_relay::ConnId;
+use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 fn masked(payload: &[u8]) -> Vec<u8> {
-    let mask = [9u8, 8, 7, 6];
-    let mut f = vec![0x81];
-    if payload.len() < 126 {
-        f.push(0x80 | payload.len() as u8);
-    } else {
-        f.push(0x80 | 126);
-        f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-    }
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
+    let mut f = Vec::new();
+    client_frame(0x81, payload, Some([9, 8, 7, 6]), &mut f);
     f
 }
 

@@ -3,13 +3,11 @@
 //! in-band, commands reach exactly one claimant or are refused with a `cause`-correlated
 //! error that never enters history.
 
-mod common;
-mod wsclient;
+mod support;
 
 use aep_relay::auth::{Auth, Scopes};
-use common::{event, TestRelay};
 use serde_json::{json, Value};
-use wsclient::Ws;
+use support::{event, Endpoint, TestRelay, Ws};
 
 fn ev(session: &str, seq: u64) -> String {
     event(session, 0, seq, "tool.started", "")

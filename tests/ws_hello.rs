@@ -1,13 +1,11 @@
 //! `GET /socket`: the upgrade and the `hello` exchange (AEP-0003 §3.5 #1, §4), over a
 //! real TCP connection.
 
-mod common;
-mod wsclient;
+mod support;
 
 use aep_relay::auth::Auth;
-use common::{raw_request, TestRelay};
 use serde_json::json;
-use wsclient::Ws;
+use support::{raw_request, Endpoint, TestRelay, Ws};
 
 #[test]
 fn hello_is_answered_with_one_version_and_real_capabilities() {
@@ -43,7 +41,7 @@ fn a_first_frame_other_than_hello_gets_hello_required_then_close() {
     let relay = TestRelay::start();
     for first in [
         json!({"type": "subscribe", "id": "s", "filter": {}}),
-        serde_json::from_str(&common::event("s", 0, 1, "tool.started", "")).unwrap(),
+        serde_json::from_str(&support::event("s", 0, 1, "tool.started", "")).unwrap(),
     ] {
         let mut ws = Ws::connect(&relay, "");
         ws.send_json(&first);
@@ -168,7 +166,7 @@ fn a_plain_get_of_socket_is_told_to_upgrade() {
 #[test]
 fn discovery_names_the_socket_roster_and_control() {
     let relay = TestRelay::start();
-    let (status, doc) = common::status_json(common::agent().get(&relay.url("/events")).call());
+    let (status, doc) = support::status_json(support::agent().get(&relay.url("/events")).call());
     assert_eq!(status, 200);
     assert_eq!(doc["endpoints"]["socket"], "/socket");
     assert_eq!(doc["capabilities"]["roster"], json!({}));

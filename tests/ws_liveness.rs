@@ -2,13 +2,11 @@
 //! relay's `ping` every heartbeat, `pong` for the peer's `ping`, and a silent peer closed
 //! with `closing` (its last delivered positions) and 1001.
 
-mod common;
-mod wsclient;
+mod support;
 
-use common::{event, TestRelay};
 use serde_json::json;
 use std::time::Duration;
-use wsclient::Ws;
+use support::{event, Endpoint, TestRelay, Ws};
 
 fn quick() -> TestRelay {
     TestRelay::with(|c| {

@@ -2,17 +2,15 @@
 //! socket `closing` and 1001 and still exits 0 (AEP-0003 §3.5 #4), and `/metrics`
 //! counts WS connections, ingest and deliveries by binding.
 
-mod common;
-mod wsclient;
+mod support;
 
-use common::{event, RelayProcess, TestRelay};
 use serde_json::json;
-use wsclient::Ws;
+use support::{event, Endpoint, RelayProcess, TestRelay, Ws};
 
 #[test]
 fn sigterm_sends_websockets_closing_and_1001_and_exits_0() {
-    let relay = RelayProcess::spawn(&[], &[]);
-    let mut ws = Ws::connect_addr(relay.addr, "");
+    let relay = RelayProcess::spawn(&[]);
+    let mut ws = Ws::connect(&relay, "");
     ws.send_json(
         &json!({"type": "hello", "versions": ["0.1"], "role": "both", "identity": {"agent": "a"}}),
     );

@@ -2,11 +2,9 @@
 //! fragmentation with control frames in between, ping/pong, the close handshake, and
 //! the failure closes (1002 unmasked, 1003 binary, 1007 bad UTF-8, 1009 too big).
 
-mod common;
-mod wsclient;
+mod support;
 
-use common::TestRelay;
-use wsclient::{Raw, Ws};
+use support::{Raw, TestRelay, Ws};
 
 #[test]
 fn a_fragmented_message_is_reassembled_around_a_ping() {

@@ -5,13 +5,11 @@
 //! "Nothing else arrived" is shown with a sentinel: a later Event that every
 //! subscription matches, read as the very next frame.
 
-mod common;
-mod wsclient;
+mod support;
 
 use aep_relay::auth::{Auth, Scopes};
-use common::{event, TestRelay};
 use serde_json::{json, Value};
-use wsclient::Ws;
+use support::{event, Endpoint, TestRelay, Ws};
 
 fn ev(session: &str, seq: u64, ty: &str) -> String {
     event(session, 0, seq, ty, "")
@@ -223,7 +221,7 @@ fn a_posted_line_arrives_byte_identical_in_a_ws_frame() {
         line,
         "the frame payload is the Event's original bytes"
     );
-    let golden = common::fixture("aep-fixtures/golden/golden.jsonl");
+    let golden = support::fixture("aep-fixtures/golden/golden.jsonl");
     let Some(golden) = golden else { return };
     // Commands are refused over HTTP; every other golden Event round-trips.
     let lines: Vec<&str> = golden

@@ -37,6 +37,7 @@
 
 use std::time::Duration;
 
+use aep_relay::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use libfuzzer_sys::fuzz_target;
@@ -80,24 +81,10 @@ fn prefill_events() -> Vec<bytes::Bytes> {
     out
 }
 
-/// One masked client frame (RFC 6455 §5.2).
-fn client_frame(first: u8, payload: &[u8], out: &mut Vec<u8>) {
-    out.push(first);
-    let mask_bit = 0x80;
-    match payload.len() {
-        n if n < 126 => out.push(mask_bit | n as u8),
-        n if n <= 0xFFFF => {
-            out.push(mask_bit | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(mask_bit | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
+/// One masked client frame (RFC 6455 §5.2), its key derived from the payload's length.
+fn masked_frame(first: u8, payload: &[u8], out: &mut Vec<u8>) {
     let key = [0x37, 0xfa, 0x21, payload.len() as u8];
-    out.extend_from_slice(&key);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    client_frame(first, payload, Some(key), out);
 }
 
 /// The client frames of framed mode; also whether the first one is a complete text
@@ -105,7 +92,7 @@ fn client_frame(first: u8, payload: &[u8], out: &mut Vec<u8>) {
 fn framed(payload: &[u8], hello: bool) -> (Vec<u8>, Option<Vec<u8>>) {
     let mut out = Vec::new();
     if hello {
-        client_frame(0x81, HELLO, &mut out);
+        masked_frame(0x81, HELLO, &mut out);
     }
     let mut first_text = None;
     for (i, line) in payload.split(|b| *b == b'\n').enumerate() {
@@ -119,7 +106,7 @@ fn framed(payload: &[u8], hello: bool) -> (Vec<u8>, Option<Vec<u8>>) {
         if i == 0 && first == 0x81 && !hello {
             first_text = Some(body.to_vec());
         }
-        client_frame(first, body, &mut out);
+        masked_frame(first, body, &mut out);
     }
     (out, first_text)
 }

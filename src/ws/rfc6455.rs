@@ -1,6 +1,7 @@
 //! RFC 6455 framing for the server side, sans-IO: a [`Decoder`] that turns the bytes a
 //! client sent into complete messages and control frames, and builders for the frames
-//! the relay sends.
+//! the relay sends; [`client_frame`] builds the other side's frames, for test clients,
+//! fuzz targets and load generators.
 //!
 //! Frame headers are parsed and formatted by tungstenite ([`FrameHeader`]); message
 //! assembly, the protocol checks and every limit are ours, so they run inside the
@@ -311,27 +312,63 @@ pub fn close(code: u16, reason: &str) -> Bytes {
     frame(OpCode::Control(Control::Close), &p)
 }
 
+/// Appends one client-to-server frame to `out`, for test clients, fuzz targets and load
+/// generators (the relay itself only decodes client frames).
+///
+/// `first_byte` is the frame's first byte as sent: FIN (0x80), RSV1–3 (0x40, 0x20, 0x10)
+/// and the opcode in the low nibble, e.g. 0x81 a final text frame, 0x01 a first text
+/// fragment, 0x80 the last continuation, 0x89 a ping, 0x88 a close; it is written as
+/// given, so reserved bits and opcodes can be sent on purpose. The length takes the
+/// shortest form of RFC 6455 §5.2 (7 bits, then 16, then 64). With `Some(key)` the mask
+/// bit is set, the 4-byte key follows and the payload is XORed with it (§5.3); `None`
+/// builds the unmasked frame a conformant server must refuse (§5.1: the relay closes
+/// with 1002). `out` grows by 2 to 14 header bytes plus `payload.len()`.
+///
+/// ```
+/// use aep_relay::ws::rfc6455::{client_frame, Decoder, Incoming};
+///
+/// let mut buf = Vec::new();
+/// client_frame(0x81, br#"{"type":"ping","t":1}"#, Some([1, 2, 3, 4]), &mut buf);
+/// assert_eq!(&buf[..2], &[0x81, 0x80 | 21]);
+/// let (mut decoder, mut used) = (Decoder::new(1024), 0);
+/// assert_eq!(
+///     decoder.next(&mut buf, &mut used),
+///     Ok(Some(Incoming::Text(br#"{"type":"ping","t":1}"#.as_ref().into())))
+/// );
+/// assert_eq!(used, buf.len());
+///
+/// let mut unmasked = Vec::new();
+/// client_frame(0x81, b"{}", None, &mut unmasked);
+/// assert_eq!(unmasked, b"\x81\x02{}");
+/// assert_eq!(decoder.next(&mut unmasked, &mut 0).unwrap_err().code, 1002);
+/// ```
+pub fn client_frame(first_byte: u8, payload: &[u8], mask: Option<[u8; 4]>, out: &mut Vec<u8>) {
+    let header = FrameHeader {
+        is_final: first_byte & 0x80 != 0,
+        rsv1: first_byte & 0x40 != 0,
+        rsv2: first_byte & 0x20 != 0,
+        rsv3: first_byte & 0x10 != 0,
+        opcode: OpCode::from(first_byte & 0x0F),
+        mask,
+    };
+    out.reserve(14 + payload.len());
+    header
+        .format(payload.len() as u64, out)
+        .expect("writing to a Vec cannot fail");
+    match mask {
+        Some(key) => out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i & 3])),
+        None => out.extend_from_slice(payload),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A masked client frame.
     fn client(first: u8, payload: &[u8]) -> Vec<u8> {
-        let mask = [0x11, 0x22, 0x33, 0x44];
-        let mut out = vec![first];
-        match payload.len() {
-            n if n < 126 => out.push(0x80 | n as u8),
-            n if n < 65536 => {
-                out.push(0x80 | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0x80 | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
+        let mut out = Vec::new();
+        client_frame(first, payload, Some([0x11, 0x22, 0x33, 0x44]), &mut out);
         out
     }
 
@@ -411,6 +448,30 @@ mod tests {
         assert_eq!(c[0], 0x88);
         assert!(c.len() <= 127);
         assert!(std::str::from_utf8(&c[4..]).is_ok());
+    }
+
+    #[test]
+    fn client_frames_round_trip_at_every_length_form() {
+        for len in [0, 1, 125, 126, 65_535, 65_536, 70_000] {
+            let payload: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let mut f = Vec::new();
+            client_frame(0x81, &payload, Some([0xde, 0xad, 0xbe, 0xef]), &mut f);
+            let head = match len {
+                0..=125 => 6,
+                126..=65_535 => 8,
+                _ => 14,
+            };
+            assert_eq!(f.len(), head + len, "shortest length form for {len}");
+            assert_eq!(f[1] & 0x80, 0x80, "mask bit");
+            let got = decode_all(&mut Decoder::new(1 << 20), f).unwrap();
+            assert_eq!(got, vec![Incoming::Text(Bytes::from(payload))]);
+        }
+        // The first byte is sent as given: reserved bits reach the decoder.
+        let mut f = Vec::new();
+        client_frame(0xC1, b"x", Some([1, 2, 3, 4]), &mut f);
+        assert_eq!(f[0], 0xC1);
+        let got = decode_all(&mut Decoder::new(1024), f).unwrap_err();
+        assert_eq!(got.code, close_code::PROTOCOL);
     }
 
     #[test]

@@ -1,10 +1,10 @@
-//! A blocking WebSocket client for the `ws_*` tests: tungstenite over a real TCP
-//! connection to a `TestRelay`, with read timeouts, plus a raw-frame client for the
-//! malformed cases tungstenite refuses to send. Every wait is a read of the next frame
-//! (bounded by `WAIT`); nothing sleeps.
-#![allow(dead_code)]
+//! A blocking WebSocket client for `GET /socket` (AEP-0003 §3.5): tungstenite over a
+//! real TCP connection to any [`Endpoint`], with read timeouts, plus a raw-frame client
+//! for the malformed cases tungstenite refuses to send. Every wait is a read of the next
+//! frame (bounded by [`WAIT`]); nothing sleeps.
 
-use crate::common::{TestRelay, WAIT};
+use super::{read_head, Endpoint, WAIT};
+use aep_relay::ws::rfc6455::client_frame;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -19,13 +19,9 @@ pub struct Ws {
 }
 
 impl Ws {
-    /// Opens `ws://…/socket?{query}`.
-    pub fn connect(relay: &TestRelay, query: &str) -> Ws {
-        Ws::connect_addr(relay.addr, query)
-    }
-
     /// Opens `ws://{addr}/socket?{query}`.
-    pub fn connect_addr(addr: std::net::SocketAddr, query: &str) -> Ws {
+    pub fn connect(relay: &impl Endpoint, query: &str) -> Ws {
+        let addr = relay.addr();
         let tcp = TcpStream::connect(addr).unwrap();
         tcp.set_read_timeout(Some(WAIT)).unwrap();
         let url = format!("ws://{addr}/socket?{query}");
@@ -36,7 +32,7 @@ impl Ws {
 
     /// Connects and completes the `hello` exchange as `role`; `extra` members (an object)
     /// are merged into the hello. Returns the relay's hello.
-    pub fn hello(relay: &TestRelay, query: &str, role: &str, extra: Value) -> (Ws, Value) {
+    pub fn hello(relay: &impl Endpoint, query: &str, role: &str, extra: Value) -> (Ws, Value) {
         let mut ws = Ws::connect(relay, query);
         let mut h = json!({"type": "hello", "versions": ["0.1"], "role": role});
         if let (Some(h), Some(e)) = (h.as_object_mut(), extra.as_object()) {
@@ -51,12 +47,12 @@ impl Ws {
     }
 
     /// A consumer with no credentials.
-    pub fn consumer(relay: &TestRelay) -> Ws {
+    pub fn consumer(relay: &impl Endpoint) -> Ws {
         Ws::hello(relay, "", "consumer", json!({})).0
     }
 
     /// An emitter for agent `agent` (with optional extra hello members).
-    pub fn emitter(relay: &TestRelay, query: &str, agent: &str, extra: Value) -> Ws {
+    pub fn emitter(relay: &impl Endpoint, query: &str, agent: &str, extra: Value) -> Ws {
         let mut e = json!({"identity": {"agent": agent}});
         if let (Some(m), Some(x)) = (e.as_object_mut(), extra.as_object()) {
             for (k, v) in x {
@@ -156,7 +152,7 @@ pub struct Raw {
 }
 
 impl Raw {
-    pub fn connect(relay: &TestRelay) -> Raw {
+    pub fn connect(relay: &impl Endpoint) -> Raw {
         let (raw, head) = Raw::upgrade(relay.tcp(), "");
         assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
         raw
@@ -172,39 +168,16 @@ impl Raw {
         );
         // One write, as a client sends a request head.
         tcp.write_all(request.as_bytes()).unwrap();
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(tcp.read(&mut b).unwrap(), 1, "handshake answer");
-            head.push(b[0]);
-        }
-        let head = String::from_utf8_lossy(&head).into_owned();
+        let head = read_head(&mut tcp);
         assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
         (Raw { tcp }, head)
     }
 
-    /// One frame: `first` is the FIN/RSV/opcode byte; masked unless `mask` is `None`.
+    /// One client frame: `first` is the FIN/RSV/opcode byte; masked unless `mask` is
+    /// `None` (the library's [`client_frame`], RFC 6455 §5.2, §5.3).
     pub fn frame(first: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
-        let mut out = vec![first];
-        let m = if mask.is_some() { 0x80 } else { 0 };
-        match payload.len() {
-            n if n < 126 => out.push(m | n as u8),
-            n if n < 65536 => {
-                out.push(m | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(m | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        match mask {
-            Some(k) => {
-                out.extend_from_slice(&k);
-                out.extend(payload.iter().enumerate().map(|(i, b)| b ^ k[i & 3]));
-            }
-            None => out.extend_from_slice(payload),
-        }
+        let mut out = Vec::new();
+        client_frame(first, payload, mask, &mut out);
         out
     }
 

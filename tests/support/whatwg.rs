@@ -174,26 +174,14 @@ impl Stream {
         }
         req.push_str("\r\n");
         sock.write_all(req.as_bytes()).unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            let n = sock.read(&mut byte).expect("a response head");
-            assert!(n > 0, "closed before a response head: {head:?}");
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
-        let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-        let lower = head.to_ascii_lowercase();
+        let head = super::read_head(&mut sock);
+        let (status, headers) = super::parse_head(&head);
         if status != 200 {
-            let len = lower
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
-            let mut body = vec![0; len];
-            sock.read_exact(&mut body).unwrap();
+            let body = super::read_body(&mut sock, &headers);
             let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
             return Err(Refused { status, body });
         }
+        let lower = head.to_ascii_lowercase();
         assert!(
             lower.contains("content-type: text/event-stream"),
             "not an event stream: {head}"

@@ -1,0 +1,90 @@
+//! A line-based SSE reader for streams the relay writes (`text/event-stream`, AEP-0003
+//! §3.3): messages with their `event`, `id` and `data` fields and the comments before
+//! them. For a stream read exactly as a browser's `EventSource` does, see
+//! [`super::whatwg`].
+
+use super::WAIT;
+use std::io::{BufRead, BufReader, Read};
+
+/// One SSE message as a client sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SseMessage {
+    pub event: Option<String>,
+    pub id: Option<String>,
+    /// The `data` lines, joined with LF.
+    pub data: String,
+    /// Comment lines (without the leading `:` and space) seen before this message;
+    /// heartbeat `ping` and the `aep-relay …` stream-open comment excluded.
+    pub comments: Vec<String>,
+}
+
+/// An open event stream.
+pub struct SseStream {
+    reader: BufReader<Box<dyn Read + Send + Sync>>,
+}
+
+impl SseStream {
+    /// Reads messages from `body` (a response body after its head).
+    pub fn new(body: Box<dyn Read + Send + Sync>) -> SseStream {
+        SseStream {
+            reader: BufReader::new(body),
+        }
+    }
+
+    /// The next message (with the comments before it); `None` at end of stream. A read
+    /// waits at most [`WAIT`] (the connection's read timeout).
+    pub fn next(&mut self) -> Option<SseMessage> {
+        let mut msg = SseMessage::default();
+        let mut has_data = false;
+        loop {
+            let mut line = String::new();
+            let n = self
+                .reader
+                .read_line(&mut line)
+                .unwrap_or_else(|e| panic!("SSE read failed (waited {WAIT:?}?): {e}"));
+            if n == 0 {
+                return None;
+            }
+            let line = line.trim_end_matches('\n').trim_end_matches('\r');
+            if line.is_empty() {
+                if has_data {
+                    return Some(msg);
+                }
+                continue;
+            }
+            if let Some(c) = line.strip_prefix(':') {
+                let c = c.strip_prefix(' ').unwrap_or(c);
+                if c != "ping" && !c.starts_with("aep-relay") {
+                    msg.comments.push(c.to_string());
+                }
+                continue;
+            }
+            let (field, value) = match line.split_once(':') {
+                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                None => (line, ""),
+            };
+            match field {
+                "event" => msg.event = Some(value.to_string()),
+                "id" => msg.id = Some(value.to_string()),
+                "data" => {
+                    if has_data {
+                        msg.data.push('\n');
+                    }
+                    msg.data.push_str(value);
+                    has_data = true;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The next message, which must exist.
+    pub fn expect(&mut self) -> SseMessage {
+        self.next().expect("the stream ended early")
+    }
+
+    /// Reads every remaining message until the stream ends.
+    pub fn rest(&mut self) -> Vec<SseMessage> {
+        std::iter::from_fn(|| self.next()).collect()
+    }
+}
