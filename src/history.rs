@@ -1040,6 +1040,16 @@ fn parse_range(
     Ok(out)
 }
 
+/// The files as the core's durable-history port: `append_batch`, its error as the
+/// refusal's detail.
+impl crate::core::Journal for History {
+    fn append(&mut self, events: &[Arc<Event>], store: &Store<Event>) -> Result<(), String> {
+        self.append_batch(events, store)
+            .map(|_| ())
+            .map_err(|e| e.reason())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1301,15 +1311,5 @@ mod tests {
         // It recovers: the next batch reopens the file.
         assert_eq!(h.append_batch(&[ev("a", "ok", 1)], &store).unwrap(), 1);
         let _ = fs::remove_dir_all(&dir);
-    }
-}
-
-/// The files as the core's durable-history port: `append_batch`, its error as the
-/// refusal's detail.
-impl crate::core::Journal for History {
-    fn append(&mut self, events: &[Arc<Event>], store: &Store<Event>) -> Result<(), String> {
-        self.append_batch(events, store)
-            .map(|_| ())
-            .map_err(|e| e.reason())
     }
 }
