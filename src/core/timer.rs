@@ -54,25 +54,3 @@ impl Timers {
         self.heap.len()
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn pops_in_deadline_order_and_only_when_due() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs;
-        let mut t = Timers::default();
-        let a = t.arm(t0 + s(5), 1);
-        let b = t.arm(t0 + s(2), 2);
-        assert_ne!(a, b);
-        assert_eq!(t.next(), Some(t0 + s(2)));
-        assert_eq!(t.pop_due(t0 + s(1)), None);
-        assert_eq!(t.pop_due(t0 + s(5)), Some((2, b)));
-        assert_eq!(t.pop_due(t0 + s(5)), Some((1, a)));
-        assert_eq!(t.pop_due(t0 + s(9)), None);
-        assert_eq!(t.len(), 0);
-    }
-}
