@@ -51,6 +51,7 @@ pub(crate) mod conn;
 mod journal;
 mod replay;
 mod request;
+mod routes;
 mod status;
 mod timer;
 mod ws;

@@ -4,8 +4,8 @@
 //! Every refusal is answered, counted and logged once (`Core::refused`).
 
 use super::conn::{BodyReader, Phase, ReplayJob};
+use super::routes::{self, Handler, Lookup};
 use super::{keepable, loggable, replay_sessions, ConnId, Core, Origin, NOT_FOUND};
-use crate::auth::Scopes;
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -302,26 +302,52 @@ impl Core {
             let d = format!("a {} request carries no body", head.method);
             return self.reply_skipping_body(key, &head, 400, "bad-request", &d, &[], &[]);
         }
+        let allowed = routes::allow(&head.path);
         if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
-            // A CORS preflight (Fetch standard §3.2.2).
-            let close = head.wants_close();
-            let resp = http::response(
-                204,
-                "text/plain",
-                &[
-                    ("Access-Control-Allow-Methods", "GET, POST"),
-                    (
-                        "Access-Control-Allow-Headers",
-                        "Authorization, AEP-Version, Content-Type, Last-Event-ID",
-                    ),
-                    ("Access-Control-Max-Age", "600"),
-                ],
-                b"",
-                close,
-            );
-            return self.reply(key, resp, close);
+            if let Some(methods) = &allowed {
+                // A CORS preflight (Fetch standard §3.2.2), for the methods of this path.
+                let close = head.wants_close();
+                let resp = http::response(
+                    204,
+                    "text/plain",
+                    &[
+                        ("Access-Control-Allow-Methods", methods),
+                        (
+                            "Access-Control-Allow-Headers",
+                            "Authorization, AEP-Version, Content-Type, Last-Event-ID",
+                        ),
+                        ("Access-Control-Max-Age", "600"),
+                    ],
+                    b"",
+                    close,
+                );
+                return self.reply(key, resp, close);
+            }
         }
-        if head.path == "/healthz" && head.method == "GET" {
+        let route = match routes::lookup(&head.method, &head.path) {
+            Lookup::Found(r) => r,
+            Lookup::NotFound => {
+                let d = format!("no resource at {}", head.path);
+                return self.reply_skipping_body(key, &head, 404, NOT_FOUND, &d, &[], &[]);
+            }
+            Lookup::MethodNotAllowed(allow) => {
+                let d = format!(
+                    "{} is not allowed on {}; use {allow}",
+                    head.method, head.path
+                );
+                return self.reply_skipping_body(
+                    key,
+                    &head,
+                    405,
+                    "method-not-allowed",
+                    &d,
+                    &[],
+                    &[("Allow", &allow)],
+                );
+            }
+        };
+        if route.handler == Handler::Health {
+            // Answered whatever the credentials; the counts only to an authenticated one.
             let body = self.health(
                 self.config
                     .auth
@@ -331,34 +357,6 @@ impl Core {
             let close = head.wants_close();
             let resp = http::response(200, "application/json", &[], &body, close);
             return self.reply(key, resp, close);
-        }
-        let allow = match head.path.as_str() {
-            "/events" => "GET, POST",
-            "/.well-known/aep" | "/stream" | "/healthz" | "/metrics" | "/status" | "/socket" => {
-                "GET"
-            }
-            #[cfg(feature = "status-page")]
-            "/" => "GET",
-            _ => {
-                let d = format!("no resource at {}", head.path);
-                return self.reply_skipping_body(key, &head, 404, NOT_FOUND, &d, &[], &[]);
-            }
-        };
-        let method_ok = allow.split(", ").any(|m| m == head.method);
-        if !method_ok {
-            let d = format!(
-                "{} is not allowed on {}; use {allow}",
-                head.method, head.path
-            );
-            return self.reply_skipping_body(
-                key,
-                &head,
-                405,
-                "method-not-allowed",
-                &d,
-                &[],
-                &[("Allow", allow)],
-            );
         }
         let grant = match self.config.auth.check(&head) {
             Ok(g) => g,
@@ -375,40 +373,34 @@ impl Core {
                 );
             }
         };
-        let needed = match (head.method.as_str(), head.path.as_str()) {
-            ("POST", "/events") => Scopes::EMIT,
-            ("GET", "/stream") | ("GET", "/metrics") | ("GET", "/status") | ("GET", "/") => {
-                Scopes::WATCH
-            }
-            _ => Scopes::NONE,
-        };
-        if !grant.scopes.contains(needed) {
+        if !grant.scopes.contains(route.scope) {
             let d = format!(
                 "this token lacks the `{}` scope needed for {} {} (AEP-0003 §8.1)",
-                needed.name(),
+                route.scope.name(),
                 head.method,
                 head.path
             );
             return self.reply_skipping_body(key, &head, 403, "forbidden", &d, &[], &[]);
         }
-        match (head.method.as_str(), head.path.as_str()) {
-            ("POST", "/events") => self.begin_ingest(key, head),
-            ("GET", "/events") | ("GET", "/.well-known/aep") => {
+        match route.handler {
+            Handler::Ingest => self.begin_ingest(key, head),
+            Handler::Discovery => {
                 let close = head.wants_close();
                 let doc = self.discovery();
                 let body = http::response(200, "application/json", &[], &doc, close);
                 self.reply(key, body, close);
             }
-            ("GET", "/stream") => self.begin_sse(key, head),
-            ("GET", "/socket") => self.begin_ws(key, head, grant),
-            ("GET", "/status") => {
+            Handler::Stream => self.begin_sse(key, head),
+            Handler::Socket => self.begin_ws(key, head, grant),
+            Handler::Health => {}
+            Handler::Status => {
                 let close = head.wants_close();
                 let body = self.status_json();
                 let resp = http::response(200, "application/json", &[], &body, close);
                 self.reply(key, resp, close);
             }
             #[cfg(feature = "status-page")]
-            ("GET", "/") => {
+            Handler::StatusPage => {
                 let close = head.wants_close();
                 let resp = http::response(
                     200,
@@ -422,7 +414,7 @@ impl Core {
                 );
                 self.reply(key, resp, close);
             }
-            ("GET", "/metrics") => {
+            Handler::Metrics => {
                 let close = head.wants_close();
                 let text = self.metrics_text();
                 let body = http::response(
@@ -434,7 +426,6 @@ impl Core {
                 );
                 self.reply(key, body, close);
             }
-            _ => {}
         }
     }
 

@@ -4,9 +4,10 @@
 
 use super::conn::Phase;
 use super::{Core, NOT_FOUND};
+use crate::auth::{Grant, Scopes};
 use crate::envelope;
 use crate::metrics::{self, Exposition};
-use serde_json::json;
+use serde_json::{json, Value};
 
 impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
@@ -225,20 +226,41 @@ impl Core {
             "aep": envelope::SUPPORTED_VERSIONS,
             "role": "relay",
             "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
-            "capabilities": {
-                "filters": ["attr-match"],
-                "replay": {
-                    "buffer": self.config.buffer_per_session,
-                    "per": "session",
-                    "sessions": self.config.max_sessions,
-                    "all": true
-                },
-                "capture": ["none", "metadata", "redacted", "full"],
-                "roster": {},
-                "control": { "accepts": [], "routes": self.config.auth.enabled() },
-                "experimental": {}
-            }
+            "capabilities": self.capabilities(None),
         });
         serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The relay's capabilities, the one source of both the discovery document
+    /// (`grant` `None`, AEP-0003 §3.4) and the WebSocket `hello` (AEP-0003 §4) on a
+    /// socket with `grant`: the same facts, except that a socket says whether *its*
+    /// credentials may route commands, and declares its per-connection limits.
+    pub(super) fn capabilities(&self, grant: Option<Grant>) -> Value {
+        let c = &self.config;
+        let routes = match grant {
+            None => c.auth.enabled(),
+            Some(g) => g.authenticated && g.scopes.contains(Scopes::CONTROL),
+        };
+        let mut caps = json!({
+            "filters": ["attr-match"],
+            "replay": {
+                "buffer": c.buffer_per_session,
+                "per": "session",
+                "sessions": c.max_sessions,
+                "all": true
+            },
+            "capture": ["none", "metadata", "redacted", "full"],
+            "roster": {},
+            "control": { "accepts": [], "routes": routes },
+            "experimental": {}
+        });
+        if grant.is_some() {
+            caps["limits"] = json!({
+                "subscriptions": c.max_subscriptions_per_conn,
+                "from": c.max_from_positions,
+                "message_bytes": c.max_ws_message_bytes
+            });
+        }
+        caps
     }
 }

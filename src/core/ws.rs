@@ -321,35 +321,8 @@ impl Core {
         let grant = ws.grant;
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
-        let caps = self.ws_capabilities(grant);
+        let caps = self.capabilities(Some(grant));
         self.ws_send(key, aep::hello(version, caps));
-    }
-
-    /// The relay's declared capabilities on a socket with `grant` (AEP-0003 §4; the
-    /// discovery document carries the same facts).
-    pub(super) fn ws_capabilities(&self, grant: Grant) -> Value {
-        let c = &self.config;
-        json!({
-            "filters": ["attr-match"],
-            "replay": {
-                "buffer": c.buffer_per_session,
-                "per": "session",
-                "sessions": c.max_sessions,
-                "all": true
-            },
-            "capture": ["none", "metadata", "redacted", "full"],
-            "roster": {},
-            "control": {
-                "accepts": [],
-                "routes": grant.authenticated && grant.scopes.contains(Scopes::CONTROL)
-            },
-            "limits": {
-                "subscriptions": c.max_subscriptions_per_conn,
-                "from": c.max_from_positions,
-                "message_bytes": c.max_ws_message_bytes
-            },
-            "experimental": {}
-        })
     }
 
     /// A valid Event from the peer: a command is routed; anything else takes the HTTP
