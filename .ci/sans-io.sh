@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The core cannot do I/O by construction (issue 14): the sans-IO module tree names no
+# socket, poller, clock or file system. Only the reactor (src/reactor, src/transport.rs,
+# src/tls.rs), the JSONL readers (src/jsonl.rs), the history files (src/history.rs) and
+# the binary touch them. Unit-test files (`tests.rs`) may read the clock to get an
+# `Instant` to start from; they are not the core's code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+core=(src/core src/envelope src/filter src/capture src/store src/fanout src/ws
+      src/control.rs src/http.rs src/sse.rs src/subscription.rs src/auth.rs src/metrics.rs)
+pattern='mio::|TcpStream|TcpListener|UdpSocket|Instant::now|SystemTime::now|std::fs|std::net::Tcp|std::thread'
+if hits=$(grep -rnE --include='*.rs' --exclude='tests.rs' "$pattern" "${core[@]}"); then
+  echo "sans-io: the core names I/O it must not do:" >&2
+  echo "$hits" >&2
+  exit 1
+fi
+lines=$(grep -cv '^\s*\(//.*\)\?$' src/reactor.rs)
+echo "sans-io: ${#core[@]} core modules name no socket, clock or file; src/reactor.rs has $lines lines of code"
