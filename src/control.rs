@@ -42,11 +42,11 @@ pub enum RouteRefusal {
 
 impl RouteRefusal {
     /// The `error` frame's `code`.
-    pub fn code(self) -> &'static str {
+    pub fn code(self) -> crate::Code {
         match self {
-            RouteRefusal::NoRoute => crate::ws::aep::code::NO_ROUTE,
-            RouteRefusal::Ambiguous(_) => crate::ws::aep::code::AMBIGUOUS,
-            RouteRefusal::Unsupported => crate::ws::aep::code::UNSUPPORTED,
+            RouteRefusal::NoRoute => crate::Code::NoRoute,
+            RouteRefusal::Ambiguous(_) => crate::Code::Ambiguous,
+            RouteRefusal::Unsupported => crate::Code::Unsupported,
         }
     }
 

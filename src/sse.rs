@@ -402,7 +402,10 @@ mod tests {
                 }
             ])
         );
-        assert_eq!(parse_from_value(&v, 1).unwrap_err().code, "limit-exceeded");
+        assert_eq!(
+            parse_from_value(&v, 1).unwrap_err().code,
+            crate::Code::LimitExceeded
+        );
         for bad in [
             r#"[{"session":"s","seq":-1}]"#,
             r#"[{"seq":1}]"#,
@@ -413,7 +416,7 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(bad).unwrap();
             assert_eq!(
                 parse_from_value(&v, 5).unwrap_err().code,
-                "invalid-filter",
+                crate::Code::InvalidFilter,
                 "{bad}"
             );
         }

@@ -5,6 +5,7 @@
 
 use crate::envelope::Capture;
 use crate::filter::Filter;
+use crate::refusal::Code;
 use std::sync::Arc;
 
 /// A resume position `(session, epoch, seq)` (AEP-0001 §7 rule 6, AEP-0003 §7).
@@ -47,14 +48,14 @@ pub struct SubscriptionRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestError {
     /// `invalid-filter` or `limit-exceeded`.
-    pub code: &'static str,
+    pub code: Code,
     /// What was wrong, naming the member (and the limit, for `limit-exceeded`).
     pub detail: String,
 }
 
 pub(crate) fn invalid(detail: impl Into<String>) -> RequestError {
     RequestError {
-        code: "invalid-filter",
+        code: Code::InvalidFilter,
         detail: detail.into(),
     }
 }
@@ -88,7 +89,7 @@ pub fn parse_from_value(v: &serde_json::Value, max: usize) -> Result<From, Reque
         serde_json::Value::Array(items) => {
             if items.len() > max {
                 return Err(RequestError {
-                    code: "limit-exceeded",
+                    code: Code::LimitExceeded,
                     detail: format!(
                         "`from` names {} positions; this relay replays at most {max} (AEP_MAX_FROM)",
                         items.len()

@@ -70,7 +70,7 @@ fn from_refuses_duplicate_members() {
         r#"from=[{"session":"s","epoch":0,"epoch":1,"seq":2}]"#,
     ] {
         let e = sse::parse_request(&stream_request(q, None), 10).unwrap_err();
-        assert_eq!(e.code, "invalid-filter", "{q}");
+        assert_eq!(e.code.as_str(), "invalid-filter", "{q}");
         assert!(e.detail.contains("duplicate"), "{q}: {}", e.detail);
     }
     let ok = sse::parse_request(
@@ -260,7 +260,7 @@ fn repeated_subscription_parameters_are_refused() {
         "filter=%7B%7D&live=1&filter=%7B%7D",
     ] {
         let e = sse::parse_request(&stream_request(q, None), 10).unwrap_err();
-        assert_eq!(e.code, "invalid-filter", "{q}");
+        assert_eq!(e.code.as_str(), "invalid-filter", "{q}");
         assert!(e.detail.contains("more than once"), "{q}: {}", e.detail);
     }
     // `access_token` is read by auth, not here; any other parameter is refused
@@ -269,7 +269,7 @@ fn repeated_subscription_parameters_are_refused() {
     let ok = sse::parse_request(&stream_request(q, None), 10).unwrap();
     assert_eq!(ok.ceiling, Some(aep_relay::envelope::Capture::None));
     let e = sse::parse_request(&stream_request("x=1&capture=none", None), 10).unwrap_err();
-    assert_eq!(e.code, "invalid-filter");
+    assert_eq!(e.code.as_str(), "invalid-filter");
 }
 
 /// `http` (reference framer: no more responses than requests): a POST refused early

@@ -210,7 +210,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(r.live, w.live, "live for {query:?}");
         }
         (Err(e), Err((code, _))) => {
-            assert_eq!(e.code, code, "refusal code for {query:?}: {}", e.detail);
+            assert_eq!(e.code.as_str(), code, "refusal code for {query:?}: {}", e.detail);
             assert!(!e.detail.is_empty());
         }
         (Ok(r), Err(why)) => panic!("accepted {query:?} / {lei:?} ({r:?}); reference: {why:?}"),

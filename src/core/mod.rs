@@ -35,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
+use crate::Code;
 use bytes::Bytes;
 use conn::{Conn, Flush, Phase};
 use serde_json::json;
@@ -60,7 +61,7 @@ pub use journal::{Journal, NoJournal, UnavailableJournal};
 
 /// The code of a 404 answer: counted in `/metrics`, but not among the `/status`
 /// refusals (see `Core::status_json`).
-const NOT_FOUND: &str = "not-found";
+const NOT_FOUND: &str = Code::NotFound.as_str();
 
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
@@ -251,23 +252,18 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The HTTP status for this refusal.
+    /// The HTTP status for this refusal (its code's).
     pub fn status(&self) -> u16 {
-        match self {
-            Refusal::InvalidEvent { .. } => 400,
-            Refusal::TooManyEvents { .. } => 413,
-            Refusal::Command { .. } => 403,
-            Refusal::HistoryUnavailable { .. } => 503,
-        }
+        self.code().http_status()
     }
 
-    /// The JSON error code.
-    pub fn code(&self) -> &'static str {
+    /// The refusal's code (its JSON `error` and metric label: [`Code::as_str`]).
+    pub fn code(&self) -> Code {
         match self {
-            Refusal::InvalidEvent { .. } => "invalid-event",
-            Refusal::TooManyEvents { .. } => "too-many-events",
-            Refusal::Command { .. } => "forbidden",
-            Refusal::HistoryUnavailable { .. } => "history-unavailable",
+            Refusal::InvalidEvent { .. } => Code::InvalidEvent,
+            Refusal::TooManyEvents { .. } => Code::TooManyEvents,
+            Refusal::Command { .. } => Code::Forbidden,
+            Refusal::HistoryUnavailable { .. } => Code::HistoryUnavailable,
         }
     }
 
@@ -275,12 +271,14 @@ impl Refusal {
     pub fn body(&self) -> Vec<u8> {
         match self {
             Refusal::InvalidEvent { line, detail } => {
-                http::error_body(self.code(), detail, &[("line", json!(line))])
+                http::error_body(self.code().as_str(), detail, &[("line", json!(line))])
             }
-            Refusal::Command { line, .. } => {
-                http::error_body(self.code(), &self.to_string(), &[("line", json!(line))])
-            }
-            _ => http::error_body(self.code(), &self.to_string(), &[]),
+            Refusal::Command { line, .. } => http::error_body(
+                self.code().as_str(),
+                &self.to_string(),
+                &[("line", json!(line))],
+            ),
+            _ => http::error_body(self.code().as_str(), &self.to_string(), &[]),
         }
     }
 }
@@ -397,14 +395,15 @@ impl Core {
         if self.conns.len() >= self.config.max_connections || self.shutdown_deadline.is_some() {
             self.metrics.refused_connections += 1;
             // Counted under its code too, like every refusal.
-            self.metrics.reject("too-many-connections");
+            self.metrics.reject(Code::TooManyConnections.as_str());
             log::warn!(
                 "refused connection from {peer}: {} connections open (max_connections)",
                 self.conns.len()
             );
+            let code = Code::TooManyConnections;
             return Err(http::error_response(
-                503,
-                "too-many-connections",
+                code.http_status(),
+                code.as_str(),
                 "the relay is at its connection limit (AEP_MAX_CONNECTIONS); retry later",
                 &[],
                 &[("Retry-After", "1")],
@@ -972,7 +971,7 @@ impl Core {
                     "the request did not arrive within {} s",
                     c.request_timeout.as_secs_f64()
                 );
-                self.reply_error(key, 408, "request-timeout", &d, true);
+                self.reply_error(key, Code::RequestTimeout, &d, true);
             }
             Phase::Closing => self.close(key),
         }

@@ -5,12 +5,12 @@
 
 use super::conn::{BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
-use super::{keepable, loggable, replay_sessions, ConnId, Core, Origin, NOT_FOUND};
+use super::{keepable, loggable, replay_sessions, ConnId, Core, Origin};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::sse;
-use crate::Refusal;
+use crate::{Code, Refusal};
 use bytes::Bytes;
 use serde_json::json;
 use std::sync::Arc;
@@ -52,16 +52,10 @@ impl Core {
     /// Refuses what was read on `key` before it was a request with a head (a head too
     /// large or malformed, a request too slow) or a body that cannot be read: counted,
     /// logged (see [`Relay::refused`]) and answered.
-    pub(super) fn reply_error(
-        &mut self,
-        key: usize,
-        status: u16,
-        code: &'static str,
-        detail: &str,
-        close: bool,
-    ) {
+    pub(super) fn reply_error(&mut self, key: usize, code: Code, detail: &str, close: bool) {
+        let status = code.http_status();
         self.refused(key, "request", Some(status), code, detail);
-        let body = http::error_response(status, code, detail, &[], &[], close);
+        let body = http::error_response(status, code.as_str(), detail, &[], &[], close);
         self.reply(key, body, close);
     }
 
@@ -79,10 +73,10 @@ impl Core {
         key: usize,
         what: &str,
         status: Option<u16>,
-        code: &'static str,
+        code: Code,
         detail: &str,
     ) {
-        self.metrics.reject(code);
+        self.metrics.reject(code.as_str());
         if !log::log_enabled!(log::Level::Info) {
             return;
         }
@@ -159,14 +153,14 @@ impl Core {
                             conn.head_scanned = conn.rbuf.len();
                             if conn.rbuf.len() > max_head {
                                 let d = format!("the request head exceeds {max_head} bytes");
-                                self.reply_error(key, 431, "head-too-large", &d, true);
+                                self.reply_error(key, Code::HeadTooLarge, &d, true);
                             }
                             return;
                         }
                         Ok(Some((head, n))) => {
                             if n > max_head {
                                 let d = format!("the request head exceeds {max_head} bytes");
-                                self.reply_error(key, 431, "head-too-large", &d, true);
+                                self.reply_error(key, Code::HeadTooLarge, &d, true);
                                 return;
                             }
                             conn.rbuf.drain(..n);
@@ -175,12 +169,12 @@ impl Core {
                         }
                         Err(HeadError::TooManyHeaders) => {
                             let d = format!("more than {} header lines", http::MAX_HEADERS);
-                            self.reply_error(key, 431, "head-too-large", &d, true);
+                            self.reply_error(key, Code::HeadTooLarge, &d, true);
                             return;
                         }
                         Err(HeadError::Malformed(why)) => {
                             let d = format!("malformed request head: {why}");
-                            self.reply_error(key, 400, "bad-request", &d, true);
+                            self.reply_error(key, Code::BadRequest, &d, true);
                             return;
                         }
                     }
@@ -241,10 +235,10 @@ impl Core {
                     "the request body exceeds {} bytes (AEP_MAX_BODY)",
                     self.config.max_body_bytes
                 );
-                self.reply_error(key, 413, "body-too-large", &d, true)
+                self.reply_error(key, Code::BodyTooLarge, &d, true)
             }
             ChunkError::Malformed => {
-                self.reply_error(key, 400, "bad-request", "malformed chunked body", true)
+                self.reply_error(key, Code::BadRequest, "malformed chunked body", true)
             }
         }
     }
@@ -256,12 +250,12 @@ impl Core {
         &mut self,
         key: usize,
         head: &RequestHead,
-        resp_status: u16,
-        code: &'static str,
+        code: Code,
         detail: &str,
         more: &[(&str, serde_json::Value)],
         extra: &[(&str, &str)],
     ) {
+        let resp_status = code.http_status();
         let what = request_line(head);
         self.refused(key, &what, Some(resp_status), code, detail);
         let framing = http::framing(head, self.config.max_body_bytes);
@@ -272,7 +266,7 @@ impl Core {
                 framing,
                 Ok(Framing::None) | Ok(Framing::Length(_)) | Ok(Framing::Chunked)
             );
-        let body = http::error_response(resp_status, code, detail, more, extra, close);
+        let body = http::error_response(resp_status, code.as_str(), detail, more, extra, close);
         self.reply(key, body, close);
         if !close {
             if let Some(conn) = self.conns.get_mut(key) {
@@ -300,7 +294,7 @@ impl Core {
             )
         {
             let d = format!("a {} request carries no body", head.method);
-            return self.reply_skipping_body(key, &head, 400, "bad-request", &d, &[], &[]);
+            return self.reply_skipping_body(key, &head, Code::BadRequest, &d, &[], &[]);
         }
         let allowed = routes::allow(&head.path);
         if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
@@ -328,7 +322,7 @@ impl Core {
             Lookup::Found(r) => r,
             Lookup::NotFound => {
                 let d = format!("no resource at {}", head.path);
-                return self.reply_skipping_body(key, &head, 404, NOT_FOUND, &d, &[], &[]);
+                return self.reply_skipping_body(key, &head, Code::NotFound, &d, &[], &[]);
             }
             Lookup::MethodNotAllowed(allow) => {
                 let d = format!(
@@ -338,8 +332,7 @@ impl Core {
                 return self.reply_skipping_body(
                     key,
                     &head,
-                    405,
-                    "method-not-allowed",
+                    Code::MethodNotAllowed,
                     &d,
                     &[],
                     &[("Allow", &allow)],
@@ -365,8 +358,7 @@ impl Core {
                 return self.reply_skipping_body(
                     key,
                     &head,
-                    401,
-                    "unauthorized",
+                    Code::Unauthorized,
                     e.detail(),
                     &[],
                     &extra,
@@ -380,7 +372,7 @@ impl Core {
                 head.method,
                 head.path
             );
-            return self.reply_skipping_body(key, &head, 403, "forbidden", &d, &[], &[]);
+            return self.reply_skipping_body(key, &head, Code::Forbidden, &d, &[], &[]);
         }
         match route.handler {
             Handler::Ingest => self.begin_ingest(key, head),
@@ -452,16 +444,16 @@ impl Core {
                     "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
                     self.config.max_body_bytes
                 );
-                return self.reply_skipping_body(key, &head, 413, "body-too-large", &d, &[], &[]);
+                return self.reply_skipping_body(key, &head, Code::BodyTooLarge, &d, &[], &[]);
             }
             Err(FramingError::Bad(why)) => {
-                return self.reply_skipping_body(key, &head, 400, "bad-request", why, &[], &[]);
+                return self.reply_skipping_body(key, &head, Code::BadRequest, why, &[], &[]);
             }
         };
         match head.header("aep-version") {
             None => {
                 let d = "the AEP-Version request header is required (AEP-0003 §3.2.2)";
-                return self.reply_skipping_body(key, &head, 400, "version-required", d, &[], &[]);
+                return self.reply_skipping_body(key, &head, Code::VersionRequired, d, &[], &[]);
             }
             Some(v) if !envelope::header_version_supported(v) => {
                 let d = format!("AEP-Version {v:?} is not supported (AEP-0003 §3.2.2)");
@@ -469,8 +461,7 @@ impl Core {
                 return self.reply_skipping_body(
                     key,
                     &head,
-                    426,
-                    "version-unsupported",
+                    Code::VersionUnsupported,
                     &d,
                     &more,
                     &[],
@@ -488,8 +479,7 @@ impl Core {
                 return self.reply_skipping_body(
                     key,
                     &head,
-                    415,
-                    "unsupported-media-type",
+                    Code::UnsupportedMediaType,
                     &d,
                     &[],
                     &[],
@@ -624,7 +614,7 @@ impl Core {
         let req = match sse::parse_request(&head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {
-                return self.reply_skipping_body(key, &head, 400, e.code, &e.detail, &[], &[]);
+                return self.reply_skipping_body(key, &head, e.code, &e.detail, &[], &[]);
             }
         };
         let Some(conn) = self.conns.get_mut(key) else {

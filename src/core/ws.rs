@@ -20,9 +20,10 @@ use crate::fanout::{Binding, Subscription};
 use crate::filter::{self, Filter};
 use crate::http::RequestHead;
 use crate::subscription;
-use crate::ws::aep::{self, code, Ref};
+use crate::ws::aep::{self, Ref};
 use crate::ws::rfc6455::{self, close_code, Incoming};
 use crate::ws::{handshake, Delivered, WsState};
+use crate::Code;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -44,20 +45,12 @@ impl Core {
         let resp = match handshake::accept(&head) {
             Ok(r) => r,
             Err(e) => {
-                let extra: &[(&str, &str)] = if e.status == 426 {
+                let extra: &[(&str, &str)] = if e.code == Code::UpgradeRequired {
                     &handshake::UPGRADE_HEADERS
                 } else {
                     &[]
                 };
-                return self.reply_skipping_body(
-                    key,
-                    &head,
-                    e.status,
-                    e.code,
-                    e.detail,
-                    &[],
-                    extra,
-                );
+                return self.reply_skipping_body(key, &head, e.code, e.detail, &[], extra);
             }
         };
         let now = self.now;
@@ -95,13 +88,7 @@ impl Core {
                 Err(v) => {
                     // RFC 6455 §7.1.7: fail the connection, with the close code as the
                     // refusal (counted and logged once, like every refusal).
-                    self.refused(
-                        key,
-                        "WebSocket frame",
-                        Some(v.code),
-                        v.metric_code(),
-                        v.reason,
-                    );
+                    self.refused(key, "WebSocket frame", Some(v.code), v.refusal(), v.reason);
                     return self.ws_shut(key, &[rfc6455::close(v.code, v.reason)]);
                 }
             }
@@ -234,30 +221,27 @@ impl Core {
     }
 
     /// Refuses something with an `error` frame (counted by code for `/metrics` and
-    /// logged, see `Relay::refused`); the connection stays open.
-    pub(super) fn ws_refuse(&mut self, key: usize, code: &'static str, r: Ref<'_>, detail: &str) {
+    /// logged, see `Core::refused`); the connection stays open.
+    pub(super) fn ws_refuse(&mut self, key: usize, code: Code, r: Ref<'_>, detail: &str) {
+        debug_assert_eq!(code.ws_close(), None, "{code} closes the connection");
         self.refused(key, "WebSocket message", None, code, detail);
         self.ws_send(key, aep::error(code, r, detail, &[]));
     }
 
     /// Refuses the `hello` exchange (AEP-0003 §3.5 #1, §4): the `error` frame, then a
-    /// close 1008 whose reason is the same code; counted and logged once.
+    /// close with the code's close code (1008) whose reason is the same code; counted
+    /// and logged once.
     pub(super) fn ws_refuse_hello(
         &mut self,
         key: usize,
-        code: &'static str,
+        code: Code,
         detail: &str,
         more: &[(&str, Value)],
     ) {
-        self.refused(
-            key,
-            "WebSocket hello",
-            Some(close_code::POLICY),
-            code,
-            detail,
-        );
+        let close = code.ws_close().unwrap_or(close_code::POLICY);
+        self.refused(key, "WebSocket hello", Some(close), code, detail);
         let f = aep::error(code, Ref::None, detail, more);
-        let c = rfc6455::close(close_code::POLICY, code);
+        let c = rfc6455::close(close, code.as_str());
         self.ws_shut(key, &[f, c]);
     }
 
@@ -279,14 +263,14 @@ impl Core {
         };
         let obj = match serde_json::from_slice::<Value>(&text) {
             Ok(Value::Object(m)) => m,
-            _ => return self.ws_refuse(key, code::INVALID_EVENT, Ref::None, &err.detail),
+            _ => return self.ws_refuse(key, Code::InvalidEvent, Ref::None, &err.detail),
         };
         match obj.get("type").and_then(Value::as_str) {
             Some(t) if !t.contains('.') => self.ws_frame(key, t, &obj, &text),
             _ => {
                 let id = obj.get("id").and_then(Value::as_str);
                 let r = id.map_or(Ref::None, Ref::Id);
-                self.ws_refuse(key, code::INVALID_EVENT, r, &err.detail)
+                self.ws_refuse(key, Code::InvalidEvent, r, &err.detail)
             }
         }
     }
@@ -298,14 +282,14 @@ impl Core {
             Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello") => m,
             _ => {
                 let d = "the first frame on /socket must be a `hello` (AEP-0003 §3.5 #1)";
-                return self.ws_refuse_hello(key, code::HELLO_REQUIRED, d, &[]);
+                return self.ws_refuse_hello(key, Code::HelloRequired, d, &[]);
             }
         };
         let decl = match aep::parse_hello(&obj) {
             Ok(d) => d,
             Err(e) => {
                 let more = [("versions", json!(crate::envelope::SUPPORTED_VERSIONS))];
-                let more: &[(&str, Value)] = if e.code == code::VERSION_UNSUPPORTED {
+                let more: &[(&str, Value)] = if e.code == Code::VersionUnsupported {
                     &more
                 } else {
                     &[]
@@ -338,11 +322,11 @@ impl Core {
         let (emits, grant) = (ws.hello.as_ref().is_some_and(|d| d.role.emits()), ws.grant);
         if !emits {
             let d = "this connection's hello declared role consumer; Events need role emitter or both (AEP-0003 §4 rule 2)";
-            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(ev.id()), d);
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), d);
         }
         if !grant.scopes.contains(Scopes::EMIT) {
             let d = lacks(Scopes::EMIT, "send Events");
-            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(ev.id()), &d);
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d);
         }
         if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
             self.ws_claim(key, session);
@@ -351,7 +335,7 @@ impl Core {
         // Kept in the history (when configured) before it is published (issue 5).
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
             let d = r.to_string();
-            return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Id(ev.id()), &d);
+            return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Id(ev.id()), &d);
         }
         self.metrics.ingested_ws += 1;
         self.publish(ev);
@@ -391,11 +375,11 @@ impl Core {
             } else {
                 d
             };
-            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Cause(ev.id()), d);
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Cause(ev.id()), d);
         }
         if !grant.scopes.contains(Scopes::CONTROL) {
             let d = lacks(Scopes::CONTROL, "send commands");
-            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Cause(ev.id()), &d);
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Cause(ev.id()), &d);
         }
         let session = ev.session();
         let route = self.claims.route(session, |c| {
@@ -418,12 +402,12 @@ impl Core {
                 close_code::TRY_AGAIN,
             );
             let d = "the only claimant of the session does not read its output; it was disconnected and the command not delivered (AEP-0003 §8.4)";
-            return self.ws_refuse(key, code::NO_ROUTE, Ref::Cause(ev.id()), d);
+            return self.ws_refuse(key, Code::NoRoute, Ref::Cause(ev.id()), d);
         }
         let ev = Arc::new(ev);
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
             let d = r.to_string();
-            return self.ws_refuse(key, code::HISTORY_UNAVAILABLE, Ref::Cause(ev.id()), &d);
+            return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Cause(ev.id()), &d);
         }
         self.end_unit();
         self.conns[target.0].send(rfc6455::text(ev.bytes()));
@@ -477,7 +461,7 @@ impl Core {
             .filter(|s| !s.is_empty())
         else {
             let d = "subscribe needs a non-empty string `id` (AEP-0003 §6.5)";
-            return self.ws_refuse(key, code::INVALID_FILTER, Ref::None, d);
+            return self.ws_refuse(key, Code::InvalidFilter, Ref::None, d);
         };
         let req = match self.ws_subscription_request(key, id, obj, raw) {
             Ok(r) => r,
@@ -537,10 +521,10 @@ impl Core {
         id: &str,
         obj: &Map<String, Value>,
         raw: &[u8],
-    ) -> Result<subscription::SubscriptionRequest, (&'static str, String)> {
+    ) -> Result<subscription::SubscriptionRequest, (Code, String)> {
         self.ws_may_watch(key, "subscribe")
-            .map_err(|d| (code::UNAUTHORIZED, d))?;
-        let invalid = |d: String| (code::INVALID_FILTER, d);
+            .map_err(|d| (Code::Unauthorized, d))?;
+        let invalid = |d: String| (Code::InvalidFilter, d);
         if let Err(e) = filter::strict_json(raw) {
             return Err(invalid(format!(
                 "the subscribe frame is not strict JSON: {e}"
@@ -549,7 +533,7 @@ impl Core {
         if let Some(d) = obj.get("dialect") {
             if d.as_str() != Some("attr-match") {
                 return Err((
-                    code::UNKNOWN_DIALECT,
+                    Code::UnknownDialect,
                     format!("filter dialect {d} is not offered; this relay offers attr-match (capabilities.filters, AEP-0003 §6)"),
                 ));
             }
@@ -572,7 +556,7 @@ impl Core {
         };
         let ws = self
             .ws_state(key)
-            .ok_or((code::UNAUTHORIZED, String::new()))?;
+            .ok_or((Code::Unauthorized, String::new()))?;
         if ws.sub(id).is_some() {
             return Err(invalid(format!(
                 "a subscription with id {id:?} is already live on this connection; unsubscribe it first or use another id"
@@ -581,7 +565,7 @@ impl Core {
         let max = self.config.max_subscriptions_per_conn;
         if ws.subs.len() >= max {
             return Err((
-                code::LIMIT_EXCEEDED,
+                Code::LimitExceeded,
                 format!("this connection already holds {max} subscriptions, the most this relay fans out per connection (AEP_MAX_SUBSCRIPTIONS)"),
             ));
         }
@@ -598,7 +582,7 @@ impl Core {
     pub(super) fn ws_unsubscribe(&mut self, key: usize, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "unsubscribe needs the string `id` of a subscription (AEP-0003 §6.5)";
-            return self.ws_refuse(key, code::INVALID_FRAME, Ref::None, d);
+            return self.ws_refuse(key, Code::InvalidFrame, Ref::None, d);
         };
         if let Some(ws) = self.ws_state_mut(key) {
             if let Some(i) = ws.subs.iter().position(|(s, _)| &**s == id) {
@@ -618,10 +602,10 @@ impl Core {
     pub(super) fn ws_roster(&mut self, key: usize, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "roster needs a string `id` (AEP-0003 §4.1 rule 2)";
-            return self.ws_refuse(key, code::INVALID_FRAME, Ref::None, d);
+            return self.ws_refuse(key, Code::InvalidFrame, Ref::None, d);
         };
         if let Err(d) = self.ws_may_watch(key, "read the roster") {
-            return self.ws_refuse(key, code::UNAUTHORIZED, Ref::Id(id), &d);
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(id), &d);
         }
         let mut pairs: Vec<(&str, ConnId)> = self
             .claims

@@ -7,45 +7,9 @@
 
 use super::rfc6455;
 use crate::envelope::SUPPORTED_VERSIONS;
+use crate::refusal::Code;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
-
-/// The `code`s of the `error` frames the relay sends, in one place: the WebSocket
-/// binding's refusals (AEP-0003 §3.5, §4, §6.5; AEP-0004 §4.2). A refusal that also closes
-/// the connection (the `hello` codes) uses the same spelling as its close frame's reason,
-/// and `/metrics` counts every one under this spelling (`aep_events_rejected_total`).
-pub mod code {
-    /// The first frame was not a `hello` (AEP-0003 §3.5 #1); then close 1008.
-    pub const HELLO_REQUIRED: &str = "hello-required";
-    /// The `hello` offered no version in common (AEP-0003 §4 rule 1); then close 1008.
-    pub const VERSION_UNSUPPORTED: &str = "version-unsupported";
-    /// A `hello` was sent, but without what AEP-0003 §4 requires of it (`role`, an
-    /// emitter's `identity.agent`); the detail names the member. AEP-0003 §4 names no
-    /// code for this, and `hello-required` would tell the peer no hello arrived. Then
-    /// close 1008.
-    pub const INVALID_HELLO: &str = "invalid-hello";
-    /// Not a valid Event (AEP-0001 §5); the detail names the attribute.
-    pub const INVALID_EVENT: &str = "invalid-event";
-    /// A frame missing a member it needs (`unsubscribe`, `roster` without `id`).
-    pub const INVALID_FRAME: &str = "invalid-frame";
-    /// `subscribe` refusals (AEP-0003 §6.5, a closed set).
-    pub const INVALID_FILTER: &str = "invalid-filter";
-    /// `subscribe` with a `dialect` other than `attr-match` (AEP-0003 §6.5).
-    pub const UNKNOWN_DIALECT: &str = "unknown-dialect";
-    /// The role or the token's scopes do not allow it (AEP-0003 §4 rule 2, §8.1;
-    /// AEP-0004 §4.1).
-    pub const UNAUTHORIZED: &str = "unauthorized";
-    /// A per-connection limit (AEP-0003 §6.5); the detail names it.
-    pub const LIMIT_EXCEEDED: &str = "limit-exceeded";
-    /// The durable history could not keep the Event (`--history`).
-    pub const HISTORY_UNAVAILABLE: &str = "history-unavailable";
-    /// Command routing (AEP-0004 §4.2): no claimant.
-    pub const NO_ROUTE: &str = "no-route";
-    /// Command routing: more than one claimant.
-    pub const AMBIGUOUS: &str = "ambiguous";
-    /// Command routing: the claimant's `control.accepts` lacks the type (AEP-0003 §4 rule 5).
-    pub const UNSUPPORTED: &str = "unsupported";
-}
 
 /// A peer's role, declared in its `hello` (AEP-0003 §4 rule 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,9 +78,9 @@ impl Declaration {
 /// closes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelloError {
-    /// [`code::VERSION_UNSUPPORTED`] (no version in common) or [`code::INVALID_HELLO`]
+    /// [`Code::VersionUnsupported`] (no version in common) or [`Code::InvalidHello`]
     /// (a hello missing what it needs; the detail names the member).
-    pub code: &'static str,
+    pub code: Code,
     /// What was wrong.
     pub detail: String,
 }
@@ -139,7 +103,7 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
         .filter_map(Value::as_str)
         .find_map(|want| SUPPORTED_VERSIONS.iter().find(|s| **s == want).copied())
         .ok_or_else(|| HelloError {
-            code: code::VERSION_UNSUPPORTED,
+            code: Code::VersionUnsupported,
             detail: format!(
                 "no version in common: this relay speaks {} (AEP-0003 §4 rule 1)",
                 SUPPORTED_VERSIONS.join(", ")
@@ -151,7 +115,7 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
         Some("both") => Role::Both,
         other => {
             return Err(HelloError {
-                code: code::INVALID_HELLO,
+                code: Code::InvalidHello,
                 detail: format!(
                     "hello `role` must be emitter, consumer or both (AEP-0003 §4 rule 2), got {}",
                     other.map_or("nothing".to_string(), |r| format!("{r:?}"))
@@ -175,7 +139,7 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
             Some(a) => format!("`identity.agent` {a}"),
         };
         return Err(HelloError {
-            code: code::INVALID_HELLO,
+            code: Code::InvalidHello,
             detail: format!(
                 "a hello with role {} needs a non-empty string `identity.agent` (AEP-0003 §4 rule 3), got {got}",
                 role.as_str()
@@ -224,7 +188,7 @@ pub fn hello(version: &str, capabilities: Value) -> Bytes {
 /// What an `error` frame refers to.
 #[derive(Debug, Clone, Copy)]
 pub enum Ref<'a> {
-    /// Nothing (a connection-level error such as [`code::HELLO_REQUIRED`]).
+    /// Nothing (a connection-level error such as [`Code::HelloRequired`]).
     None,
     /// The `id` of the request or Event refused (`subscribe`, `roster`, an Event).
     Id(&'a str),
@@ -234,7 +198,7 @@ pub enum Ref<'a> {
 
 /// `{"type":"error","code":…,"detail":…}` with `id` or `cause` (AEP-0003 §6.5,
 /// AEP-0004 §4.2), plus `more` members.
-pub fn error(code: &str, r: Ref<'_>, detail: &str, more: &[(&str, Value)]) -> Bytes {
+pub fn error(code: Code, r: Ref<'_>, detail: &str, more: &[(&str, Value)]) -> Bytes {
     let mut m = Map::new();
     m.insert("type".into(), "error".into());
     match r {
@@ -246,7 +210,7 @@ pub fn error(code: &str, r: Ref<'_>, detail: &str, more: &[(&str, Value)]) -> By
             m.insert("cause".into(), id.into());
         }
     }
-    m.insert("code".into(), code.into());
+    m.insert("code".into(), code.as_str().into());
     m.insert("detail".into(), detail.into());
     for (k, v) in more {
         m.insert((*k).into(), v.clone());
@@ -355,18 +319,18 @@ mod tests {
         .unwrap();
         assert_eq!((d.version, d.role), ("0.1", Role::Consumer));
         let e = parse_hello(&obj(r#"{"versions":["9.0"],"role":"consumer"}"#)).unwrap_err();
-        assert_eq!(e.code, "version-unsupported");
+        assert_eq!(e.code, Code::VersionUnsupported);
         let e = parse_hello(&obj(r#"{"role":"consumer"}"#)).unwrap_err();
-        assert_eq!(e.code, "version-unsupported");
+        assert_eq!(e.code, Code::VersionUnsupported);
     }
 
     #[test]
     fn hello_roles_and_identity() {
         let e = parse_hello(&obj(r#"{"versions":["0.1"],"role":"emitter"}"#)).unwrap_err();
-        assert_eq!(e.code, code::INVALID_HELLO);
+        assert_eq!(e.code, Code::InvalidHello);
         assert!(e.detail.contains("`identity.agent`"), "{}", e.detail);
         let e = parse_hello(&obj(r#"{"versions":["0.1"],"role":"boss"}"#)).unwrap_err();
-        assert_eq!(e.code, code::INVALID_HELLO);
+        assert_eq!(e.code, Code::InvalidHello);
         assert!(e.detail.contains("`role`"), "{}", e.detail);
         let d = parse_hello(&obj(
             r#"{"versions":["0.1"],"role":"both","identity":{"agent":"a","instance":"h/1"},

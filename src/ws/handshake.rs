@@ -5,15 +5,14 @@
 //! frames, and compressed ones are refused as reserved bits) and no subprotocol.
 
 use crate::http::RequestHead;
+use crate::refusal::Code;
 
 /// Why an upgrade request was refused, with the HTTP answer to give.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpgradeError {
-    /// 400 for a malformed upgrade, 426 when the request is not a WebSocket upgrade or
-    /// asks for another protocol version.
-    pub status: u16,
-    /// The JSON error code (`upgrade-required`, `bad-request`).
-    pub code: &'static str,
+    /// [`Code::UpgradeRequired`] (426) when the request is not a WebSocket upgrade or
+    /// asks for another protocol version, [`Code::BadRequest`] (400) for a malformed one.
+    pub code: Code,
     /// What was wrong.
     pub detail: &'static str,
 }
@@ -38,13 +37,11 @@ fn has_token(value: Option<&str>, token: &str) -> bool {
 /// RFC 6455 §4.2.1, §4.2.2; AEP-0003 §3.5 #1.
 pub fn accept(head: &RequestHead) -> Result<Vec<u8>, UpgradeError> {
     let upgrade_required = |detail| UpgradeError {
-        status: 426,
-        code: "upgrade-required",
+        code: Code::UpgradeRequired,
         detail,
     };
     let bad = |detail| UpgradeError {
-        status: 400,
-        code: "bad-request",
+        code: Code::BadRequest,
         detail,
     };
     if !has_token(head.header("upgrade"), "websocket")
@@ -116,19 +113,19 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_an_upgrade() {
-        assert_eq!(accept(&head(&[])).unwrap_err().status, 426);
+        assert_eq!(accept(&head(&[])).unwrap_err().code.http_status(), 426);
         let v8 = head(&[
             ("upgrade", "websocket"),
             ("connection", "Upgrade"),
             ("sec-websocket-version", "8"),
             ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
         ]);
-        assert_eq!(accept(&v8).unwrap_err().status, 426);
+        assert_eq!(accept(&v8).unwrap_err().code.http_status(), 426);
         let nokey = head(&[
             ("upgrade", "websocket"),
             ("connection", "Upgrade"),
             ("sec-websocket-version", "13"),
         ]);
-        assert_eq!(accept(&nokey).unwrap_err().status, 400);
+        assert_eq!(accept(&nokey).unwrap_err().code.http_status(), 400);
     }
 }

@@ -63,14 +63,14 @@ pub struct Violation {
 }
 
 impl Violation {
-    /// The code `/metrics` counts this refusal under (`aep_events_rejected_total`): the
-    /// RFC 6455 §7.4.1 name of the close code, prefixed `ws-`.
-    pub fn metric_code(&self) -> &'static str {
+    /// The refusal this is (counted under its name in `aep_events_rejected_total`):
+    /// the RFC 6455 §7.4.1 name of the close code, prefixed `ws-`.
+    pub fn refusal(&self) -> crate::Code {
         match self.code {
-            close_code::UNSUPPORTED => "ws-unsupported-data",
-            close_code::INVALID_PAYLOAD => "ws-invalid-payload",
-            close_code::TOO_BIG => "ws-message-too-big",
-            _ => "ws-protocol-error",
+            close_code::UNSUPPORTED => crate::Code::WsUnsupportedData,
+            close_code::INVALID_PAYLOAD => crate::Code::WsInvalidPayload,
+            close_code::TOO_BIG => crate::Code::WsMessageTooBig,
+            _ => crate::Code::WsProtocolError,
         }
     }
 }

@@ -1,0 +1,176 @@
+//! Every refusal the relay answers, in one type: its [`Code`] gives the JSON `error`
+//! code (which is also the `/metrics` label, `aep_events_rejected_total{reason}`), the
+//! HTTP status, and, on a WebSocket, whether it is an in-band `error` frame that leaves
+//! the connection open or ends it with a close code. Adding a code means answering all
+//! three here, in one `match` each.
+
+/// A refusal's code (AEP-0003 §3.2.3, §3.5, §4, §6.5, §8.1; AEP-0004 §4.2; RFC 6455
+/// §7.4.1 for the WebSocket protocol violations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// A malformed request, head or body (400).
+    BadRequest,
+    /// A request head over `max_head_bytes` or with too many lines (431).
+    HeadTooLarge,
+    /// A body over `max_body_bytes` (413).
+    BodyTooLarge,
+    /// The request did not arrive within `request_timeout` (408).
+    RequestTimeout,
+    /// No resource at the path (404).
+    NotFound,
+    /// The path exists, not with this method (405 with `Allow`).
+    MethodNotAllowed,
+    /// No or a wrong credential (401), or on a WebSocket a role or scope that does not
+    /// allow it (AEP-0003 §4 rule 2, §8.1; AEP-0004 §4.1).
+    Unauthorized,
+    /// The credential lacks the scope, or a command over HTTP (403).
+    Forbidden,
+    /// `POST /events` without `AEP-Version` (400, AEP-0003 §3.2.2).
+    VersionRequired,
+    /// No version in common (426; a WebSocket `hello` is then closed 1008).
+    VersionUnsupported,
+    /// A `Content-Type` other than JSON or NDJSON (415).
+    UnsupportedMediaType,
+    /// `GET /socket` without the upgrade headers (426).
+    UpgradeRequired,
+    /// At `max_connections` (503 with `Retry-After`).
+    TooManyConnections,
+    /// Not a valid Event (400; AEP-0001 §5).
+    InvalidEvent,
+    /// A batch over `max_batch_events` (413).
+    TooManyEvents,
+    /// The durable history could not keep the Events (503).
+    HistoryUnavailable,
+    /// A subscription's filter, capture or `from` is malformed (400; AEP-0003 §6.5).
+    InvalidFilter,
+    /// A filter dialect other than `attr-match` (400; AEP-0003 §6.5).
+    UnknownDialect,
+    /// A per-connection or per-request limit (400; AEP-0003 §6.5).
+    LimitExceeded,
+    /// The first WebSocket frame was not a `hello` (close 1008; AEP-0003 §3.5 #1).
+    HelloRequired,
+    /// A `hello` without what AEP-0003 §4 requires of it (close 1008).
+    InvalidHello,
+    /// A frame missing a member it needs (`unsubscribe` without `id`).
+    InvalidFrame,
+    /// Command routing: no claimant (AEP-0004 §4.2).
+    NoRoute,
+    /// Command routing: more than one claimant (AEP-0004 §4.5).
+    Ambiguous,
+    /// Command routing: the claimant's `control.accepts` lacks the type.
+    Unsupported,
+    /// An RFC 6455 protocol violation (close 1002).
+    WsProtocolError,
+    /// A text message that is not UTF-8 (close 1007).
+    WsInvalidPayload,
+    /// A message over `max_ws_message_bytes` (close 1009).
+    WsMessageTooBig,
+    /// A binary message (close 1003).
+    WsUnsupportedData,
+}
+
+impl Code {
+    /// The JSON `error` code, and the `/metrics` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Code::BadRequest => "bad-request",
+            Code::HeadTooLarge => "head-too-large",
+            Code::BodyTooLarge => "body-too-large",
+            Code::RequestTimeout => "request-timeout",
+            Code::NotFound => "not-found",
+            Code::MethodNotAllowed => "method-not-allowed",
+            Code::Unauthorized => "unauthorized",
+            Code::Forbidden => "forbidden",
+            Code::VersionRequired => "version-required",
+            Code::VersionUnsupported => "version-unsupported",
+            Code::UnsupportedMediaType => "unsupported-media-type",
+            Code::UpgradeRequired => "upgrade-required",
+            Code::TooManyConnections => "too-many-connections",
+            Code::InvalidEvent => "invalid-event",
+            Code::TooManyEvents => "too-many-events",
+            Code::HistoryUnavailable => "history-unavailable",
+            Code::InvalidFilter => "invalid-filter",
+            Code::UnknownDialect => "unknown-dialect",
+            Code::LimitExceeded => "limit-exceeded",
+            Code::HelloRequired => "hello-required",
+            Code::InvalidHello => "invalid-hello",
+            Code::InvalidFrame => "invalid-frame",
+            Code::NoRoute => "no-route",
+            Code::Ambiguous => "ambiguous",
+            Code::Unsupported => "unsupported",
+            Code::WsProtocolError => "ws-protocol-error",
+            Code::WsInvalidPayload => "ws-invalid-payload",
+            Code::WsMessageTooBig => "ws-message-too-big",
+            Code::WsUnsupportedData => "ws-unsupported-data",
+        }
+    }
+
+    /// The HTTP status of this refusal as an HTTP answer. WebSocket-only codes (sent
+    /// in frames after the upgrade) have the status the same refusal would have over
+    /// HTTP.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Code::BadRequest
+            | Code::VersionRequired
+            | Code::InvalidEvent
+            | Code::InvalidFilter
+            | Code::UnknownDialect
+            | Code::LimitExceeded
+            | Code::HelloRequired
+            | Code::InvalidHello
+            | Code::InvalidFrame
+            | Code::WsProtocolError
+            | Code::WsInvalidPayload
+            | Code::WsUnsupportedData => 400,
+            Code::Unauthorized => 401,
+            Code::Forbidden => 403,
+            Code::NotFound => 404,
+            Code::MethodNotAllowed => 405,
+            Code::RequestTimeout => 408,
+            Code::BodyTooLarge | Code::TooManyEvents | Code::WsMessageTooBig => 413,
+            Code::UnsupportedMediaType => 415,
+            Code::VersionUnsupported | Code::UpgradeRequired => 426,
+            Code::HeadTooLarge => 431,
+            Code::TooManyConnections | Code::HistoryUnavailable => 503,
+            Code::NoRoute | Code::Ambiguous | Code::Unsupported => 409,
+        }
+    }
+
+    /// On a WebSocket: the close code when this refusal ends the connection (the
+    /// `hello` refusals, RFC 6455 violations), `None` for an in-band `error` frame that
+    /// leaves the connection and its subscriptions as they were.
+    pub fn ws_close(self) -> Option<u16> {
+        use crate::ws::rfc6455::close_code;
+        match self {
+            Code::HelloRequired | Code::InvalidHello | Code::VersionUnsupported => {
+                Some(close_code::POLICY)
+            }
+            Code::WsProtocolError => Some(close_code::PROTOCOL),
+            Code::WsInvalidPayload => Some(close_code::INVALID_PAYLOAD),
+            Code::WsMessageTooBig => Some(close_code::TOO_BIG),
+            Code::WsUnsupportedData => Some(close_code::UNSUPPORTED),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ws_close_codes_are_the_rfc_6455_ones() {
+        assert_eq!(Code::HelloRequired.ws_close(), Some(1008));
+        assert_eq!(Code::WsMessageTooBig.ws_close(), Some(1009));
+        assert_eq!(Code::InvalidFilter.ws_close(), None);
+        assert_eq!(Code::NotFound.as_str(), "not-found");
+        assert_eq!(Code::HeadTooLarge.http_status(), 431);
+    }
+}
