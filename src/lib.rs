@@ -15,7 +15,7 @@
 //!                     (commands: control::Claims::route    the routing attributes only;
 //!                      ─► the one claimant's Conn)         `data` is validated, never built)
 //!                                                            ▼
-//!                     Relay::publish ─► Store::admit (dedupe (source, id), order by
+//!                     Core::publish ─► Store::admit (dedupe (source, id), order by
 //!                                    │                (epoch, seq), a ring per owning
 //!                                    │                stream (source, session))
 //!                                    └► Hub::fanout ─► SubscriptionIndex ─► compiled
@@ -27,7 +27,9 @@
 //!                     Conn output queue (slices of the unit's frames, bounded) ─► writev
 //! ```
 //!
-//! One thread, one `mio::Poll`. An Event is kept as the byte slice the emitter sent;
+//! Two layers: the sans-IO [`core::Core`] (every decision, from bytes and `now`; it names
+//! no socket, clock or file) and the reactor, [`Relay`] (one thread, one `mio::Poll`,
+//! the only code that does I/O). An Event is kept as the byte slice the emitter sent;
 //! each wire frame is built once per Event (and capture level) and shared by every
 //! subscriber: no copy and no JSON re-serialization per subscriber. The frames of one
 //! ingest unit (an NDJSON body, the WebSocket messages of one read, a JSONL chunk) are
