@@ -392,7 +392,7 @@ impl Core {
     /// counted and logged like every refusal.
     pub fn open(&mut self, peer: SocketAddr, now: Instant) -> Result<ConnId, Vec<u8>> {
         self.now = now;
-        if self.conns.len() >= self.config.max_connections || self.shutdown_deadline.is_some() {
+        if self.conns.len() >= self.config.max_connections {
             self.metrics.refused_connections += 1;
             // Counted under its code too, like every refusal.
             self.metrics.reject(Code::TooManyConnections.as_str());

@@ -7,7 +7,7 @@
 //! bytes to the core, write each connection the core announces, re-register only when
 //! the core's interest changes, run the core's due deadlines.
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Refusal, Stop};
 #[cfg(feature = "tls")]
 use crate::tls::TlsStream;
@@ -30,55 +30,11 @@ const READS_PER_WAKE: usize = 16;
 /// Size of the one read buffer shared by every connection.
 const SCRATCH: usize = 64 * 1024;
 
+mod handles;
+pub use handles::{StartError, StopHandle};
+
 fn conn_token(id: ConnId) -> Token {
     Token(id.index() + FIRST_CONN)
-}
-
-/// Why the relay could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// The configuration cannot work.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// Binding the listener or creating the poller failed.
-    #[error("cannot listen on {addr}: {source}")]
-    Io {
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// The history directory (`--history`) cannot be opened (JSONL and history, issue 5).
-    #[error(transparent)]
-    History(#[from] crate::history::HistoryError),
-    /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
-    #[error("cannot start JSONL ingest: {0}")]
-    Jsonl(io::Error),
-}
-
-/// Stops a running relay from any thread.
-#[derive(Clone, Debug)]
-pub struct StopHandle {
-    flag: Arc<AtomicBool>,
-    graceful: Arc<AtomicBool>,
-    waker: Arc<Waker>,
-}
-
-impl StopHandle {
-    /// Asks the relay to stop at once; `run` returns after its current iteration
-    /// without notifying consumers.
-    pub fn stop(&self) {
-        self.flag.store(true, Ordering::SeqCst);
-        let _ = self.waker.wake();
-    }
-
-    /// Asks the relay to shut down gracefully, as on SIGTERM: stop accepting, end every
-    /// stream with a notice, flush, then `run` returns (see [`Relay::run`]).
-    pub fn shutdown(&self) {
-        self.graceful.store(true, Ordering::SeqCst);
-        let _ = self.waker.wake();
-    }
 }
 
 /// A connection's socket, with what it is registered for.
