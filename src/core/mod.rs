@@ -310,9 +310,10 @@ pub struct Core {
     doomed: Vec<usize>,
     outputs: VecDeque<Output>,
     /// Events accepted and not yet published, in order: a publication paused until the
-    /// reactor writes (`Fanned::Paused`). `front_placed`: the streams the front one was
-    /// admitted to, once admitted.
-    publishing: VecDeque<Arc<Event>>,
+    /// reactor writes (`Fanned::Paused`). Each with the connection its fan-out skips (a
+    /// command's claimant, which got it directly). `front_placed`: the streams the front
+    /// one was admitted to, once admitted.
+    publishing: VecDeque<(Arc<Event>, Option<ConnId>)>,
     front_placed: Option<SmallVec<[StreamId; 2]>>,
     /// Set once a graceful shutdown began: the deadline for flushing.
     shutdown_deadline: Option<Instant>,
@@ -821,7 +822,8 @@ impl Core {
     /// Publishes accepted Events as one ingest unit: their frames are coalesced (see
     /// `fanout`). Behind a paused publication they wait their turn, in order.
     fn publish_unit(&mut self, events: impl IntoIterator<Item = Arc<Event>>) {
-        self.publishing.extend(events);
+        self.publishing
+            .extend(events.into_iter().map(|ev| (ev, None)));
         self.drain_publishing();
     }
 
@@ -831,6 +833,14 @@ impl Core {
         self.publish_unit(std::iter::once(ev));
     }
 
+    /// Publishes a command to its observers and history, skipping `claimant`, which got
+    /// it directly (AEP-0004 §4.2: delivered once), in order behind any paused
+    /// publication.
+    fn publish_except(&mut self, ev: Arc<Event>, claimant: ConnId) {
+        self.publishing.push_back((ev, Some(claimant)));
+        self.drain_publishing();
+    }
+
     /// Admits and fans out the Events waiting in `publishing`, in order, until done or
     /// until a connection needs its socket offered first (`Fanned::Paused`).
     fn drain_publishing(&mut self) {
@@ -838,7 +848,7 @@ impl Core {
         // frames join it; otherwise these Events are a unit of their own.
         let own_unit = !self.hub.unit_open();
         self.hub.begin_unit();
-        while let Some(ev) = self.publishing.front().cloned() {
+        while let Some((ev, except)) = self.publishing.front().cloned() {
             let placed = match self.front_placed.take() {
                 Some(p) => p,
                 None => {
@@ -855,6 +865,7 @@ impl Core {
                     SmallVec::from_slice(self.store.last_placed())
                 }
             };
+            self.hub.except = except;
             let fanned = self.hub.fanout(
                 &ev,
                 &placed,
@@ -863,6 +874,7 @@ impl Core {
                 &mut self.dirty,
                 &mut self.doomed,
             );
+            self.hub.except = None;
             match fanned {
                 Fanned::Done => {
                     self.publishing.pop_front();

@@ -413,10 +413,8 @@ impl Core {
         self.conns[target.0].send(rfc6455::text(ev.bytes()));
         self.mark_dirty(target.0);
         // History and observers; the target already has it.
-        self.hub.except = Some(target);
         self.metrics.ingested_ws += 1;
-        self.publish(ev);
-        self.hub.except = None;
+        self.publish_except(ev, target);
     }
 
     /// A frame (a `type` without a dot). Unknown types, a repeated `hello`, `pong` and
