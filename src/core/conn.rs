@@ -257,6 +257,9 @@ pub(crate) struct Conn {
     /// judged slow only once its socket was offered everything queued (see
     /// `Hub::fanout`).
     pub(crate) offered: u64,
+    /// The publication number of the last Event fan-out decided for this connection
+    /// (queued, dropped or doomed): a paused fan-out, tried again, skips it.
+    pub(crate) decided: u64,
     /// Whether the reactor is told to read this connection ([`super::Interest::read`]).
     pub(crate) reading: bool,
     /// The deadline armed in the timer for this connection, with its generation
@@ -309,6 +312,7 @@ impl Conn {
             close_after_flush: false,
             dirty: false,
             offered: 0,
+            decided: 0,
             reading: true,
             armed: None,
             since: now,

@@ -315,6 +315,8 @@ pub struct Core {
     /// one was admitted to, once admitted.
     publishing: VecDeque<(Arc<Event>, Option<ConnId>)>,
     front_placed: Option<SmallVec<[StreamId; 2]>>,
+    /// Events admitted for publication so far: the front one's number (`Conn::decided`).
+    publication: u64,
     /// Set once a graceful shutdown began: the deadline for flushing.
     shutdown_deadline: Option<Instant>,
     stopped: bool,
@@ -347,6 +349,7 @@ impl Core {
             outputs: VecDeque::new(),
             publishing: VecDeque::new(),
             front_placed: None,
+            publication: 0,
             shutdown_deadline: None,
             stopped: false,
             ingested: 0,
@@ -772,12 +775,17 @@ impl Core {
             }
             self.close(key);
         }
-        for key in std::mem::take(&mut self.dirty) {
+        // The list keeps its capacity from one settle to the next (no allocation per
+        // fan-out).
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &key in &dirty {
             if self.conns.get(key).is_some_and(|c| c.dirty) {
                 self.outputs.push_back(Output::Writable(ConnId(key)));
                 self.rearm(key);
             }
         }
+        dirty.clear();
+        self.dirty = dirty;
         self.outputs.len() > before
     }
 
@@ -822,9 +830,22 @@ impl Core {
     /// Publishes accepted Events as one ingest unit: their frames are coalesced (see
     /// `fanout`). Behind a paused publication they wait their turn, in order.
     fn publish_unit(&mut self, events: impl IntoIterator<Item = Arc<Event>>) {
-        self.publishing
-            .extend(events.into_iter().map(|ev| (ev, None)));
-        self.drain_publishing();
+        let own_unit = !self.hub.unit_open();
+        self.hub.begin_unit();
+        let mut events = events.into_iter();
+        // One at a time while nothing waits (the queue holds one Event, not the batch);
+        // after a pause the rest waits its turn behind it.
+        while self.publishing.is_empty() {
+            let Some(ev) = events.next() else {
+                break;
+            };
+            self.publishing.push_back((ev, None));
+            self.drain_publishing();
+        }
+        self.publishing.extend(events.map(|ev| (ev, None)));
+        if own_unit {
+            self.end_unit();
+        }
     }
 
     /// Publishes one Event on its own (a WebSocket message; a command's copy for
@@ -853,6 +874,7 @@ impl Core {
                 Some(p) => p,
                 None => {
                     self.ingested += 1;
+                    self.publication += 1;
                     if let Admission::Conflict = self.store.admit(&ev) {
                         log::warn!(
                             "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
@@ -869,6 +891,7 @@ impl Core {
             let fanned = self.hub.fanout(
                 &ev,
                 &placed,
+                self.publication,
                 &mut self.conns,
                 self.config.max_output_bytes,
                 &mut self.dirty,
@@ -889,6 +912,10 @@ impl Core {
         }
         if own_unit {
             self.end_unit();
+        }
+        if self.publishing.is_empty() && self.publishing.capacity() > 64 {
+            // A large batch waited behind a pause: do not keep its room.
+            self.publishing.shrink_to(8);
         }
     }
 

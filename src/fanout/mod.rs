@@ -405,10 +405,12 @@ impl Hub {
     /// `placed` are the replay streams the store just placed `ev` in
     /// (`Store::last_placed`): a subscription whose replay still has one of them to go is
     /// skipped, its replay delivers the Event in order.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fanout(
         &mut self,
         ev: &Event,
         placed: &[StreamId],
+        publication: u64,
         conns: &mut Slab<Conn>,
         max_output: usize,
         dirty: &mut Vec<usize>,
@@ -433,7 +435,9 @@ impl Hub {
             let Some(conn) = conns.get_mut(sub.conn.0) else {
                 continue;
             };
-            if conn.replay_covers(SubId(key), placed) {
+            if conn.replay_covers(SubId(key), placed) || conn.decided == publication {
+                // Its replay delivers it; or a paused attempt at this same Event
+                // already decided for this connection.
                 continue;
             }
             if conn.mark == serial {
@@ -454,30 +458,8 @@ impl Hub {
         }
         let severity = ev.severity();
         let mut frames = Frames::default();
-        // Before anyone gets the Event: a consumer that cannot take it and was not yet
-        // offered what is queued pauses the publication (see above). A large batch is
-        // fanned out faster than any socket reads; a consumer that keeps up must not
-        // lose Events to that.
-        for t in &self.targets {
-            let Some(conn) = conns.get(t.conn.0) else {
-                continue;
-            };
-            // Pending runs count as queued since the offer.
-            let pending = if conn.unit_generation == self.unit.generation {
-                conn.unit_pending
-            } else {
-                0
-            };
-            if !conn.replay.is_empty() || (conn.offered == conn.out.pushed() && pending == 0) {
-                continue;
-            }
-            let (_, start, end) = frames.place(&mut self.unit, ev, t.ws, t.ceiling);
-            if !fits(&conn.out, pending, end - start, max_output) {
-                self.unit.queue_runs(conns);
-                return Fanned::Paused(t.conn);
-            }
-        }
-        for t in &mut self.targets {
+        for ti in 0..self.targets.len() {
+            let t = self.targets[ti];
             let Some(conn) = conns.get_mut(t.conn.0) else {
                 continue;
             };
@@ -489,6 +471,17 @@ impl Hub {
                 0
             };
             let backlog = !conn.replay.is_empty();
+            // A consumer that cannot take the Event, and got frames since its socket was
+            // last offered the queue, pauses the publication here: the targets decided so
+            // far keep what they got (`Conn::decided`), the rest get the Event when it is
+            // fanned out again, once the reactor wrote.
+            let fresh = pending > 0 || conn.offered != conn.out.pushed();
+            if !backlog && fresh && !fits(&conn.out, pending, len, max_output) {
+                let paused = t.conn;
+                self.unit.queue_runs(conns);
+                self.note_positions(ev, placed, conns, serial, any_ws);
+                return Fanned::Paused(paused);
+            }
             let q = if backlog { &conn.backlog } else { &conn.out };
             let verdict = if !fits(q, pending, len, max_output) {
                 if severity <= Severity::Info {
@@ -500,6 +493,7 @@ impl Hub {
             } else {
                 Queued::Yes
             };
+            conn.decided = publication;
             match verdict {
                 Queued::Yes => {
                     let unit = &mut self.unit;
@@ -527,7 +521,7 @@ impl Hub {
                     }
                     conn.unit_generation = unit.generation;
                     conn.unit_pending = pending + len;
-                    t.queued = true;
+                    self.targets[ti].queued = true;
                     self.stats.deliveries += 1;
                     self.stats.deliveries_ws += u64::from(t.ws);
                     if !conn.dirty {
@@ -545,7 +539,20 @@ impl Hub {
         if !self.unit.open {
             self.unit.queue_runs(conns);
         }
-        // WS subscriptions remember the last position they delivered (for `closing`).
+        self.note_positions(ev, placed, conns, serial, any_ws);
+        Fanned::Done
+    }
+
+    /// WS subscriptions remember the last position they delivered (for `closing`): every
+    /// target of fan-out `serial` that had `ev` queued.
+    fn note_positions(
+        &mut self,
+        ev: &Event,
+        placed: &[StreamId],
+        conns: &Slab<Conn>,
+        serial: u64,
+        any_ws: bool,
+    ) {
         let position = match (ev.scope(), ev.session(), ev.seq()) {
             (Scope::Sequenced, Some(s), Some(q)) if any_ws => Some((s, (ev.epoch(), q))),
             _ => None,
@@ -566,7 +573,6 @@ impl Hub {
                 }
             }
         }
-        Fanned::Done
     }
 }
 

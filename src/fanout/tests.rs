@@ -26,6 +26,8 @@ struct Setup {
     written: Vec<Vec<u8>>,
     /// Connections whose socket takes nothing.
     blocked: Vec<usize>,
+    /// The number of the Event being published (`Conn::decided`).
+    publication: u64,
 }
 
 impl Setup {
@@ -35,6 +37,7 @@ impl Setup {
             conns: Slab::new(),
             written: Vec::new(),
             blocked: Vec::new(),
+            publication: 0,
         }
     }
 
@@ -63,12 +66,14 @@ impl Setup {
         let (mut dirty, mut doomed) = (Vec::new(), Vec::new());
         self.hub.begin_unit();
         for ev in events {
+            self.publication += 1;
             // As the core does: a paused fan-out lets the reactor write (here: every
             // queue is written to its socket, a Vec that takes everything), then the
             // same Event is fanned out again.
             while let Fanned::Paused(_) = self.hub.fanout(
                 ev,
                 &[],
+                self.publication,
                 &mut self.conns,
                 max_output,
                 &mut dirty,
@@ -215,4 +220,31 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
     let mut got = s.written[fast].clone();
     got.extend_from_slice(&s.queued(fast).1);
     assert_eq!(got, sse_of(&events, |_| true));
+}
+
+/// A fan-out that pauses part-way (the second consumer must be offered its queue first)
+/// and is tried again delivers each Event to each consumer exactly once, in order: the
+/// first consumer, already decided, is skipped on the retry (`Conn::decided`).
+#[test]
+fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
+    let mut s = Setup::new();
+    // `a` (WS frames, a little smaller) comes first and fills more slowly than `b`
+    // (SSE), so the fan-out pauses at `b` after `a` got the Event.
+    let a = s.subscribe("{}", None, true);
+    let b = s.subscribe("{}", None, false);
+    let events: Vec<_> = (0..50).map(|i| event(i, "notice")).collect();
+    let one = sse::message(&events[0], events[0].bytes()).len();
+    let (_, doomed) = s.unit(&events, one * 4);
+    assert!(doomed.is_empty());
+    assert_eq!(s.hub.stats.dropped, 0);
+    let mut got_b = s.written[b].clone();
+    got_b.extend_from_slice(&s.queued(b).1);
+    assert_eq!(got_b, sse_of(&events, |_| true));
+    let mut got_a = s.written[a].clone();
+    got_a.extend_from_slice(&s.queued(a).1);
+    let want_a: Vec<u8> = events
+        .iter()
+        .flat_map(|e| ws::rfc6455::text(e.bytes()).to_vec())
+        .collect();
+    assert_eq!(got_a, want_a, "each Event once, in order");
 }
