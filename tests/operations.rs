@@ -101,7 +101,9 @@ fn connection_limit_answers_503_with_retry_after() {
 
 #[test]
 fn a_request_that_trickles_in_too_slowly_gets_408() {
-    let relay = TestRelay::with(|c| c.request_timeout = Duration::from_millis(200));
+    // Whole seconds on a real socket; the exact instants, and the body that stops
+    // arriving, are in tests/virtual_time.rs.
+    let relay = TestRelay::with(|c| c.request_timeout = Duration::from_secs(1));
     let mut s = relay.tcp();
     s.write_all(b"POST /events HTTP/1.1\r\nHost: x\r\n")
         .unwrap();
@@ -109,10 +111,6 @@ fn a_request_that_trickles_in_too_slowly_gets_408() {
     assert_eq!(status, 408);
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"], "request-timeout");
-    // A body that stops arriving too.
-    let mut s = relay.tcp();
-    s.write_all(b"POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"").unwrap();
-    assert_eq!(read_response(&mut s).0, 408);
 }
 
 /// A consumer that never reads costs bounded memory and never slows the others;

@@ -154,8 +154,8 @@ fn a_conflict_is_detected_within_one_stream_only() {
 #[test]
 fn closing_names_the_last_position_per_owning_stream() {
     let relay = TestRelay::with(|c| {
-        c.heartbeat = Duration::from_millis(100);
-        c.ws_idle_timeout = Duration::from_millis(500);
+        c.heartbeat = Duration::from_secs(1);
+        c.ws_idle_timeout = Duration::from_secs(2);
     });
     let mut ws = Ws::consumer(&relay);
     ws.subscribe("s", json!({"filter": {"session": "s"}}));

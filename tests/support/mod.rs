@@ -13,6 +13,7 @@ pub mod fixtures;
 pub mod http;
 pub mod process;
 pub mod relay;
+pub mod sim;
 pub mod sse;
 pub mod whatwg;
 pub mod ws;
