@@ -359,3 +359,98 @@ fn a_skipped_body_never_draws_a_second_answer() {
     );
     assert_eq!(final_statuses(&r.take_output(c).unwrap()), ["400", "200"]);
 }
+
+/// `conn_script` (determinism: the same input gives the same output): `GET /metrics`
+/// (`aep_uptime_seconds`) and `GET /status` (`uptime_s`) report `self.started.elapsed()`
+/// (src/core/status.rs), a read of the real clock inside the core, so two runs of one
+/// script answer with different bytes (even different `Content-Length`s), and an uptime
+/// on virtual time is wrong. The uptime must be the `now` of the call minus the `now`
+/// given to `Core::new` (`Core::uptime`). Ignored until the core is fixed; then
+/// `fuzz/src/harness.rs`'s `REAL_CLOCK_PATHS` exemption goes too.
+#[test]
+#[ignore = "core bug: uptime reads the real clock (src/core/status.rs)"]
+fn uptime_is_virtual_time() {
+    let get = |r: &mut Sim, path: &str| {
+        let c = r.connect(None);
+        r.feed(
+            c,
+            format!("GET {path} HTTP/1.1\r\nHost: r\r\n\r\n").as_bytes(),
+            true,
+        );
+        let out = r.take_output(c).unwrap();
+        let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        String::from_utf8(out[at..].to_vec()).unwrap()
+    };
+    let mut r = relay();
+    r.advance(Duration::from_secs(10));
+    assert_eq!(r.core().uptime(), Duration::from_secs(10));
+    let metrics = get(&mut r, "/metrics");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("aep_uptime_seconds "))
+        .expect("an uptime sample");
+    let uptime: f64 = line["aep_uptime_seconds ".len()..].parse().unwrap();
+    assert_eq!(uptime, 10.0, "{line}");
+    let status: serde_json::Value = serde_json::from_str(&get(&mut r, "/status")).unwrap();
+    assert_eq!(status["uptime_s"], 10.0, "{status}");
+}
+
+/// `conn_script` (bound invariant: queued output at most `max_output_bytes` plus one
+/// frame, replay pages aside, `Core::queued`): live Events that arrive while a replay is
+/// in progress wait in the connection's backlog (up to `max_output_bytes`); when the
+/// replay's last page has gone and the queue is below half its bound,
+/// `pump_replay` (src/core/replay.rs) moves the whole backlog into the output queue in
+/// one `move_to`, so the queue reaches about `max_output_bytes / 2 + max_output_bytes`
+/// (78 052 bytes against a 64 KiB bound in the fuzzer's script: prefill, a subscriber
+/// `from=all` that reads 3 952 bytes, 45 KiB of live Events, one more read; 75 971 bytes
+/// here). The backlog
+/// should drain into the queue only as far as the bound allows, the rest staying
+/// behind (in order). Ignored until the core is fixed; then `KNOWN_BACKLOG_MOVE` in
+/// `fuzz/fuzz_targets/conn_script.rs` goes too.
+#[test]
+#[ignore = "core bug: a finished replay's whole backlog lands in the queue at once (src/core/replay.rs)"]
+fn a_finished_replay_drains_its_backlog_within_the_bound() {
+    let c = Config {
+        buffer_per_session: 16,
+        max_sessions: 9,
+        ..config()
+    };
+    let max = c.max_output_bytes;
+    let mut relay = Sim::new(c).unwrap();
+    for ev in padded_events(8, 16, 0) {
+        relay.ingest(ev).unwrap(); // p0 .. p7: 128 KiB held, over the bound
+    }
+    // A consumer that reads 4 KiB at a time, and only when asked.
+    let slow = relay.connect(Some(4096));
+    relay.feed(slow, b"GET /stream?from=all HTTP/1.1\r\n\r\n", false);
+    // Live Events of a session not being replayed (p8) wait in the backlog, short of
+    // the bound (where backpressure would drop the consumer).
+    let mut live = 0;
+    for ev in padded_events(9, 60, 0).split_off(8 * 60) {
+        if relay.queued_backlog(slow).unwrap() > max * 3 / 4 {
+            break;
+        }
+        relay.ingest(ev).unwrap();
+        live += 1;
+    }
+    assert!(
+        relay.queued_backlog(slow).unwrap() > max / 2,
+        "the backlog filled"
+    );
+    let mut out = Vec::new();
+    loop {
+        let q = relay.queued_output(slow).expect("still connected");
+        assert!(
+            q <= max + 2048,
+            "{q} bytes queued (backlog {}), over max_output_bytes {max} + one frame",
+            relay.queued_backlog(slow).unwrap()
+        );
+        let more = relay.take_output(slow).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&more);
+    }
+    // Whatever the pacing, every Event arrives, once.
+    assert_eq!(stream_ids(&out).len(), 8 * 16 + live);
+}
