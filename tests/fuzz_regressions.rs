@@ -454,3 +454,111 @@ fn a_finished_replay_drains_its_backlog_within_the_bound() {
     // Whatever the pacing, every Event arrives, once.
     assert_eq!(stream_ids(&out).len(), 8 * 16 + live);
 }
+
+/// Server frames (RFC 6455 §5.2) in `b`, as far as complete: `(opcode, payload)`.
+fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while b.len() >= 2 {
+        let (len, head) = match b[1] & 0x7F {
+            126 if b.len() >= 4 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
+            127 if b.len() >= 10 => (
+                u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            126 | 127 => break,
+            n => (usize::from(n), 2),
+        };
+        if b.len() < head + len {
+            break;
+        }
+        frames.push((b[0] & 0x0F, b[head..head + len].to_vec()));
+        b = &b[head + len..];
+    }
+    frames
+}
+
+/// `ws` (nothing after the close frame, RFC 6455 §5.5.1; nothing after `closing`,
+/// AEP-0003 §3.5 #4): a WebSocket closed by the relay (here 1007 for a text message
+/// that is not UTF-8) while its `subscribe` `from=all` replay was in progress went on
+/// receiving replay pages after its `closing` and close frames. `ws_shut`
+/// (src/core/ws.rs) ends the phase but leaves the connection's replay jobs and live
+/// backlog, and `write_to` keeps pumping them (`pump_replay`, src/core/replay.rs) as the
+/// peer reads. The fuzzer's input, minimized: `hello`, `subscribe` `from=all` over a full
+/// store, then a text frame `\xff`. Closing a connection (WS close, and the SSE
+/// `: shutting-down` of a graceful shutdown, checked below too) should drop its replay
+/// and backlog. Ignored until the core is fixed.
+#[test]
+#[ignore = "core bug: replay continues after the close frame (src/core/ws.rs ws_shut)"]
+fn nothing_follows_a_close_frame_not_even_a_replay() {
+    use aep_relay::ws::rfc6455::client_frame;
+    let mut r = relay();
+    for ev in padded_events(8, 16, 0) {
+        r.ingest(ev).unwrap(); // 128 KiB held: the replay is paced
+    }
+    let c = r.connect(None);
+    r.feed(c, b"GET /socket HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", false);
+    let answer = r.take_output(c).unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 101 "));
+    let mut client = Vec::new();
+    for (first, payload) in [
+        (
+            0x81,
+            &br#"{"type":"hello","versions":["0.1"],"role":"both","identity":{"agent":"t"}}"#[..],
+        ),
+        (0x81, br#"{"type":"subscribe","id":"0","from":"all"}"#),
+        (0x81, b"\xff"),
+    ] {
+        client_frame(first, payload, Some([1, 2, 3, 4]), &mut client);
+    }
+    r.feed(c, &client, false);
+    let mut out = Vec::new();
+    while r.is_open(c) {
+        let more = r.take_output(c).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        out.extend(more);
+    }
+    out.extend(r.take_output(c).unwrap_or_default());
+    let frames = server_frames(&out);
+    let close = frames
+        .iter()
+        .position(|(op, _)| *op == 0x8)
+        .expect("a close frame");
+    assert_eq!(&frames[close].1[..2], &1007u16.to_be_bytes());
+    assert_eq!(
+        close + 1,
+        frames.len(),
+        "{} frames after the close frame",
+        frames.len() - close - 1
+    );
+
+    // SSE: a graceful shutdown during a replay ends the stream with `: shutting-down`.
+    let mut r = relay();
+    for ev in padded_events(8, 16, 0) {
+        r.ingest(ev).unwrap();
+    }
+    let c = r.connect(Some(4096));
+    r.feed(c, b"GET /stream?from=all HTTP/1.1\r\n\r\n", false);
+    r.shutdown();
+    let mut out = Vec::new();
+    while r.is_open(c) {
+        let more = r.take_output(c).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        out.extend(more);
+    }
+    out.extend(r.take_output(c).unwrap_or_default());
+    let end = memchr_find(&out, sse::SHUTTING_DOWN).expect("the stream says it ends");
+    assert_eq!(
+        end + sse::SHUTTING_DOWN.len(),
+        out.len(),
+        "{} bytes after `: shutting-down`",
+        out.len() - end - sse::SHUTTING_DOWN.len()
+    );
+}
+
+fn memchr_find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
