@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs=${SMOKE_SECS:-5}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel http sse_query ws)
+[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel http sse_query ws conn_script)
 
 # The fuzz crate has its own workspace and target directory: a CARGO_TARGET_DIR meant
 # for the main crate would mix builds with different RUSTFLAGS.
@@ -31,11 +31,12 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 status=0
 for t in "${targets[@]}"; do
-  case $t in http) dict=http ;; sse_query) dict=query ;; ws) dict=ws ;; *) dict=json ;; esac
+  # conn_script's input is opcodes, not text: no dictionary.
+  case $t in http) dict=http ;; sse_query) dict=query ;; ws) dict=ws ;; conn_script) dict= ;; *) dict=json ;; esac
   mkdir -p "$scratch/$t"
   # New inputs go to the scratch corpus (first directory); the seeds are only read.
   if cargo fuzz run --sanitizer none --codegen-units 16 --target-dir target/smoke "$t" "$scratch/$t" "corpus/$t" -- \
-      -dict="dict/$dict.dict" -max_total_time="$secs" -timeout=10 \
+      ${dict:+-dict="dict/$dict.dict"} -max_total_time="$secs" -timeout=10 \
       -print_final_stats=1 >"$scratch/$t.log" 2>&1; then
     runs=$(grep -m1 'stat::number_of_executed_units' "$scratch/$t.log" | awk '{print $2}')
     echo "smoke: $t ok (${runs:-?} runs in ${secs}s)"

@@ -359,3 +359,206 @@ fn a_skipped_body_never_draws_a_second_answer() {
     );
     assert_eq!(final_statuses(&r.take_output(c).unwrap()), ["400", "200"]);
 }
+
+/// `conn_script` (determinism: the same input gives the same output): `GET /metrics`
+/// (`aep_uptime_seconds`) and `GET /status` (`uptime_s`) report `self.started.elapsed()`
+/// (src/core/status.rs), a read of the real clock inside the core, so two runs of one
+/// script answer with different bytes (even different `Content-Length`s), and an uptime
+/// on virtual time is wrong. The uptime must be the `now` of the call minus the `now`
+/// given to `Core::new` (`Core::uptime`). Ignored until the core is fixed; then
+/// `fuzz/src/harness.rs`'s `REAL_CLOCK_PATHS` exemption goes too.
+#[test]
+#[ignore = "core bug: uptime reads the real clock (src/core/status.rs)"]
+fn uptime_is_virtual_time() {
+    let get = |r: &mut Sim, path: &str| {
+        let c = r.connect(None);
+        r.feed(
+            c,
+            format!("GET {path} HTTP/1.1\r\nHost: r\r\n\r\n").as_bytes(),
+            true,
+        );
+        let out = r.take_output(c).unwrap();
+        let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        String::from_utf8(out[at..].to_vec()).unwrap()
+    };
+    let mut r = relay();
+    r.advance(Duration::from_secs(10));
+    assert_eq!(r.core().uptime(), Duration::from_secs(10));
+    let metrics = get(&mut r, "/metrics");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("aep_uptime_seconds "))
+        .expect("an uptime sample");
+    let uptime: f64 = line["aep_uptime_seconds ".len()..].parse().unwrap();
+    assert_eq!(uptime, 10.0, "{line}");
+    let status: serde_json::Value = serde_json::from_str(&get(&mut r, "/status")).unwrap();
+    assert_eq!(status["uptime_s"], 10.0, "{status}");
+}
+
+/// `conn_script` (bound invariant: queued output at most `max_output_bytes` plus one
+/// frame, replay pages aside, `Core::queued`): live Events that arrive while a replay is
+/// in progress wait in the connection's backlog (up to `max_output_bytes`); when the
+/// replay's last page has gone and the queue is below half its bound,
+/// `pump_replay` (src/core/replay.rs) moves the whole backlog into the output queue in
+/// one `move_to`, so the queue reaches about `max_output_bytes / 2 + max_output_bytes`
+/// (78 052 bytes against a 64 KiB bound in the fuzzer's script: prefill, a subscriber
+/// `from=all` that reads 3 952 bytes, 45 KiB of live Events, one more read; 75 971 bytes
+/// here). The backlog
+/// should drain into the queue only as far as the bound allows, the rest staying
+/// behind (in order). Ignored until the core is fixed; then `KNOWN_BACKLOG_MOVE` in
+/// `fuzz/fuzz_targets/conn_script.rs` goes too.
+#[test]
+#[ignore = "core bug: a finished replay's whole backlog lands in the queue at once (src/core/replay.rs)"]
+fn a_finished_replay_drains_its_backlog_within_the_bound() {
+    let c = Config {
+        buffer_per_session: 16,
+        max_sessions: 9,
+        ..config()
+    };
+    let max = c.max_output_bytes;
+    let mut relay = Sim::new(c).unwrap();
+    for ev in padded_events(8, 16, 0) {
+        relay.ingest(ev).unwrap(); // p0 .. p7: 128 KiB held, over the bound
+    }
+    // A consumer that reads 4 KiB at a time, and only when asked.
+    let slow = relay.connect(Some(4096));
+    relay.feed(slow, b"GET /stream?from=all HTTP/1.1\r\n\r\n", false);
+    // Live Events of a session not being replayed (p8) wait in the backlog, short of
+    // the bound (where backpressure would drop the consumer).
+    let mut live = 0;
+    for ev in padded_events(9, 60, 0).split_off(8 * 60) {
+        if relay.queued_backlog(slow).unwrap() > max * 3 / 4 {
+            break;
+        }
+        relay.ingest(ev).unwrap();
+        live += 1;
+    }
+    assert!(
+        relay.queued_backlog(slow).unwrap() > max / 2,
+        "the backlog filled"
+    );
+    let mut out = Vec::new();
+    loop {
+        let q = relay.queued_output(slow).expect("still connected");
+        assert!(
+            q <= max + 2048,
+            "{q} bytes queued (backlog {}), over max_output_bytes {max} + one frame",
+            relay.queued_backlog(slow).unwrap()
+        );
+        let more = relay.take_output(slow).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&more);
+    }
+    // Whatever the pacing, every Event arrives, once.
+    assert_eq!(stream_ids(&out).len(), 8 * 16 + live);
+}
+
+/// Server frames (RFC 6455 §5.2) in `b`, as far as complete: `(opcode, payload)`.
+fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while b.len() >= 2 {
+        let (len, head) = match b[1] & 0x7F {
+            126 if b.len() >= 4 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
+            127 if b.len() >= 10 => (
+                u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            126 | 127 => break,
+            n => (usize::from(n), 2),
+        };
+        if b.len() < head + len {
+            break;
+        }
+        frames.push((b[0] & 0x0F, b[head..head + len].to_vec()));
+        b = &b[head + len..];
+    }
+    frames
+}
+
+/// `ws` (nothing after the close frame, RFC 6455 §5.5.1; nothing after `closing`,
+/// AEP-0003 §3.5 #4): a WebSocket closed by the relay (here 1007 for a text message
+/// that is not UTF-8) while its `subscribe` `from=all` replay was in progress went on
+/// receiving replay pages after its `closing` and close frames. `ws_shut`
+/// (src/core/ws.rs) ends the phase but leaves the connection's replay jobs and live
+/// backlog, and `write_to` keeps pumping them (`pump_replay`, src/core/replay.rs) as the
+/// peer reads. The fuzzer's input, minimized: `hello`, `subscribe` `from=all` over a full
+/// store, then a text frame `\xff`. Closing a connection (WS close, and the SSE
+/// `: shutting-down` of a graceful shutdown, checked below too) should drop its replay
+/// and backlog. Ignored until the core is fixed.
+#[test]
+#[ignore = "core bug: replay continues after the close frame (src/core/ws.rs ws_shut)"]
+fn nothing_follows_a_close_frame_not_even_a_replay() {
+    use aep_relay::ws::rfc6455::client_frame;
+    let mut r = relay();
+    for ev in padded_events(8, 16, 0) {
+        r.ingest(ev).unwrap(); // 128 KiB held: the replay is paced
+    }
+    let c = r.connect(None);
+    r.feed(c, b"GET /socket HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", false);
+    let answer = r.take_output(c).unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 101 "));
+    let mut client = Vec::new();
+    for (first, payload) in [
+        (
+            0x81,
+            &br#"{"type":"hello","versions":["0.1"],"role":"both","identity":{"agent":"t"}}"#[..],
+        ),
+        (0x81, br#"{"type":"subscribe","id":"0","from":"all"}"#),
+        (0x81, b"\xff"),
+    ] {
+        client_frame(first, payload, Some([1, 2, 3, 4]), &mut client);
+    }
+    r.feed(c, &client, false);
+    let mut out = Vec::new();
+    while r.is_open(c) {
+        let more = r.take_output(c).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        out.extend(more);
+    }
+    out.extend(r.take_output(c).unwrap_or_default());
+    let frames = server_frames(&out);
+    let close = frames
+        .iter()
+        .position(|(op, _)| *op == 0x8)
+        .expect("a close frame");
+    assert_eq!(&frames[close].1[..2], &1007u16.to_be_bytes());
+    assert_eq!(
+        close + 1,
+        frames.len(),
+        "{} frames after the close frame",
+        frames.len() - close - 1
+    );
+
+    // SSE: a graceful shutdown during a replay ends the stream with `: shutting-down`.
+    let mut r = relay();
+    for ev in padded_events(8, 16, 0) {
+        r.ingest(ev).unwrap();
+    }
+    let c = r.connect(Some(4096));
+    r.feed(c, b"GET /stream?from=all HTTP/1.1\r\n\r\n", false);
+    r.shutdown();
+    let mut out = Vec::new();
+    while r.is_open(c) {
+        let more = r.take_output(c).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        out.extend(more);
+    }
+    out.extend(r.take_output(c).unwrap_or_default());
+    let end = memchr_find(&out, sse::SHUTTING_DOWN).expect("the stream says it ends");
+    assert_eq!(
+        end + sse::SHUTTING_DOWN.len(),
+        out.len(),
+        "{} bytes after `: shutting-down`",
+        out.len() - end - sse::SHUTTING_DOWN.len()
+    );
+}
+
+fn memchr_find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}

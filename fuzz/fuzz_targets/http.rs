@@ -1,19 +1,26 @@
-//! One in-memory connection's whole HTTP/SSE state machine (`aep_sim::Sim`,
-//! `feed`), with arbitrary bytes delivered in arbitrary chunks, and a stalled SSE
-//! subscriber beside it.
+//! One in-memory connection's whole HTTP/SSE state machine (`aep_sim::Sim`, driving the
+//! sans-IO `Core`: no socket, virtual time), with arbitrary bytes delivered in arbitrary
+//! chunks, and a stalled SSE subscriber beside it.
 //!
 //! Input layout (so the payload stays contiguous for the dictionary and the mutator):
 //! - byte 0: flags. bit 0: the fuzzed connection stops reading its output (a write
 //!   limit of 0..=255 bytes, from byte 1); bit 1: a subscriber `GET /stream?from=all`
-//!   that never reads is connected first; bit 2: the clock jumps past every timeout
-//!   between chunks whose length byte is 0; bit 3: the replay store is filled first
-//!   (every session's buffer full of ~1 KiB Events, half `info`, half `notice`), so a
-//!   `from=all` replay is larger than the output bound; bits 4-7: the payload is delivered
-//!   `1 + (bits 4-7)` times over (pipelining without reading, cheaply).
+//!   that never reads is connected first; bit 2: clock steps (below); bit 3: the replay
+//!   store is filled first (every session's buffer full of ~5 KiB Events, half `info`,
+//!   half `notice`), so a `from=all` replay is larger than the output bound; bits 4-7:
+//!   the payload is delivered `1 + (bits 4-7)` times over (pipelining without reading,
+//!   cheaply), at most 8 KiB in all.
 //! - byte 1: the write limit (bit 0).
 //! - byte 2: `n`, the number of chunk lengths (0..=15); bytes 3..3+n: the chunk lengths,
-//!   used in turn (0 = one byte, or a clock jump with bit 2).
+//!   used in turn (0 = one byte; after 1024 chunks the rest goes whole). With bit 2, a
+//!   length 0 is a clock step first: the virtual clock moves by the next length in turn
+//!   (consumed) times 100 ms, a 0 there meaning a jump past every timeout
+//!   (`harness::delta`), then one byte is sent.
 //! - the rest: the payload.
+//!
+//! The clock comes from the input only, and the configured timeouts are short
+//! (`harness::timeouts`: request 3 s, idle 5 s, heartbeat 4 s), so a run steps through a
+//! few deadlines at most.
 //!
 //! Invariants asserted:
 //! 1. Nothing panics, whatever the bytes and however they are split.
@@ -32,26 +39,30 @@
 //!    `Transfer-Encoding: chunked`, else `Content-Length`, else no body, whatever the
 //!    method). A relay that frames a body differently, e.g. ignores the body of a `GET`
 //!    with `Content-Length` and reads it as the next request, answers more.
+//! 6. Determinism: the same input gives byte-identical output and queue sizes (one
+//!    input in 8 runs twice, `harness::deterministic`).
 #![no_main]
 
-use std::time::Duration;
-
 use aep_relay::{Config, ConnId};
+use aep_relay_fuzz::harness;
 use aep_sim::Sim;
 use libfuzzer_sys::fuzz_target;
 
 const MAX_HEAD: usize = 1024;
-const BUFFER: usize = 16;
-const SESSIONS: usize = 8;
 const MAX_BODY: usize = 2048;
 const MAX_OUTPUT: usize = 64 * 1024;
+/// Most bytes one input delivers, repetitions included (bits 4-7).
+const MAX_DELIVERED: usize = 8 * 1024;
+/// Most chunks one input is split into; the rest goes whole (a byte-by-byte delivery
+/// costs a core call per byte: 1024 of them reach past any request head).
+const MAX_CHUNKS: usize = 1024;
 
 fn config() -> Config {
-    let mut c = Config::default();
+    let mut c = harness::timeouts(Config::default());
     c.listen = "127.0.0.1:0".parse().unwrap();
     // Small limits, so the fuzzer reaches them.
-    c.buffer_per_session = BUFFER;
-    c.max_sessions = SESSIONS;
+    c.buffer_per_session = harness::BUFFER;
+    c.max_sessions = harness::SESSIONS;
     c.max_body_bytes = MAX_BODY;
     c.max_batch_events = 4;
     c.max_from_positions = 4;
@@ -60,24 +71,10 @@ fn config() -> Config {
     c
 }
 
-/// Every session's buffer full: `SESSIONS * BUFFER` Events of about 1 KiB each.
-fn prefill_events() -> Vec<bytes::Bytes> {
-    let pad = "x".repeat(900);
-    let mut out = Vec::new();
-    for s in 0..SESSIONS {
-        for q in 0..BUFFER {
-            let sev = if q % 2 == 0 { "info" } else { "notice" };
-            out.push(bytes::Bytes::from(format!(
-                r#"{{"aep":"0.1","id":"p{s}-{q}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/p{s}","agent":"a","session":"p{s}","seq":{q},"severity":"{sev}","data":{{"pad":"{pad}"}}}}"#
-            )));
-        }
-    }
-    out
-}
-
 /// The largest single thing the relay queues at once: a response echoing (part of) the
-/// request head, or one SSE message carrying one Event (at most one body) plus its
-/// `event:` / `id:` lines, which repeat the Event's type and session.
+/// request head, or one SSE message carrying one Event (at most one body, or one ~5 KiB
+/// prefill Event) plus its `event:` / `id:` lines, which repeat the Event's type and
+/// session.
 const ONE_ANSWER: usize = 3 * MAX_HEAD + 3 * MAX_BODY + 1024;
 
 /// RFC 9112 §7.1 chunked body at the start of `b`: bytes used, or `None` when it is
@@ -216,9 +213,13 @@ fn bounded(relay: &Sim, key: ConnId, what: &str) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(|data: &[u8]| harness::deterministic(data, play));
+
+/// One run; returns its transcript (what the peers read, queue sizes after each chunk).
+fn play(data: &[u8]) -> Vec<u8> {
+    let mut transcript = Vec::new();
     let [flags, limit, n, rest @ ..] = data else {
-        return;
+        return transcript;
     };
     let n = usize::from(*n % 16).min(rest.len());
     let (splits, payload) = rest.split_at(n);
@@ -226,15 +227,17 @@ fuzz_target!(|data: &[u8]| {
     let with_sub = flags & 2 != 0;
     let jumps = flags & 4 != 0;
     let prefill = flags & 8 != 0;
-    let repeat = 1 + usize::from(flags >> 4);
+    // Pipelining is capped at MAX_DELIVERED bytes in all (enough to queue far more than
+    // the output bound: 8 KiB of `GET /events` draws ~500 KiB of answers).
+    let repeat = (1 + usize::from(flags >> 4)).min((MAX_DELIVERED / payload.len().max(1)).max(1));
 
     let mut relay = Sim::new(config()).expect("config");
     if prefill {
-        for ev in prefill_events() {
-            relay.ingest(ev).expect("prefill Events are valid");
-        }
+        relay
+            .publish_events(harness::prefill())
+            .expect("no journal to fail");
     }
-    
+
     let sub = with_sub.then(|| {
         let sub = relay.connect(Some(0));
         relay.feed(
@@ -249,18 +252,29 @@ fuzz_target!(|data: &[u8]| {
     let mut out = Vec::new();
     let mut open = true;
     let mut turn = 0;
+    let mut chunks = 0;
+    let mut next_len = || {
+        let len = splits
+            .get(turn % splits.len().max(1))
+            .copied()
+            .unwrap_or(u8::MAX);
+        turn += 1;
+        len
+    };
     'feed: for _ in 0..repeat {
         let mut at = 0;
         while at < payload.len() {
-            let len = splits
-                .get(turn % splits.len().max(1))
-                .copied()
-                .unwrap_or(u8::MAX);
-            turn += 1;
+            let len = next_len();
             if len == 0 && jumps {
-                relay.advance(Duration::from_secs(3600));
+                relay.advance(harness::delta(next_len()));
             }
-            let len = usize::from(len).max(1);
+            // Past MAX_CHUNKS chunks the rest of this repetition goes in one piece.
+            chunks += 1;
+            let len = if chunks > MAX_CHUNKS {
+                payload.len()
+            } else {
+                usize::from(len).max(1)
+            };
             let chunk = &payload[at..(at + len).min(payload.len())];
             at += chunk.len();
             if !relay.feed(key, chunk, false) {
@@ -271,6 +285,8 @@ fuzz_target!(|data: &[u8]| {
             if let Some(sub) = sub {
                 bounded(&relay, sub, "subscriber");
             }
+            let q = relay.queued_output(key).unwrap_or(0) + relay.queued_backlog(key).unwrap_or(0);
+            transcript.extend_from_slice(&(q as u64).to_le_bytes());
             if !stalled {
                 out.extend(relay.take_output(key).unwrap_or_default());
             }
@@ -280,9 +296,7 @@ fuzz_target!(|data: &[u8]| {
         relay.feed(key, &[], true);
     }
     // Every timer runs: request timeout (408), linger, idle.
-    for _ in 0..3 {
-        relay.advance(Duration::from_secs(3600));
-    }
+    relay.advance(2 * harness::JUMP);
     assert!(
         !relay.is_open(key),
         "connection still open after EOF and every timeout"
@@ -302,5 +316,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(sub) = sub {
         bounded(&relay, sub, "subscriber");
+        let q = relay.queued_output(sub).unwrap_or(0) + relay.queued_backlog(sub).unwrap_or(0);
+        transcript.extend_from_slice(&(q as u64).to_le_bytes());
     }
-});
+    transcript.extend(out);
+    transcript
+}

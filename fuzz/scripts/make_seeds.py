@@ -39,11 +39,11 @@ def write(target, name, data):
         f.write(data)
 
 
-# Start over, except the minimized inputs of past findings (crash-*-regression).
-for t in ["envelope", "filter", "downlevel", "http", "sse_query", "ws"]:
+# Start over, except the minimized inputs of past findings (*-regression).
+for t in ["envelope", "filter", "downlevel", "http", "sse_query", "ws", "conn_script"]:
     d = os.path.join(FUZZ, "corpus", t)
     for f in os.listdir(d) if os.path.isdir(d) else []:
-        if not (f.startswith("crash-") and f.endswith("-regression")):
+        if not f.endswith("-regression"):
             os.remove(os.path.join(d, f))
 
 golden = [l for l in open(os.path.join(FIX, "golden", "golden.jsonl"), encoding="utf-8").read().split("\n") if l.strip()]
@@ -108,7 +108,7 @@ http_seed("post-expect-continue", post(ev, extra="Expect: 100-continue\r\n"))
 http_seed("post-without-version", "POST /events HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}GET /events HTTP/1.1\r\n\r\n")
 http_seed("pipelined-discovery-unread", "GET /events HTTP/1.1\r\n\r\n" * 4, flags=0xF1, limit=0)
 http_seed("stream-filtered", "GET /stream?filter=%7B%22type%22%3A%5B%22attention.*%22%5D%7D&capture=metadata&from=all&live=0 HTTP/1.1\r\n\r\n")
-http_seed("stream-last-event-id", "GET /stream HTTP/1.1\r\nLast-Event-ID: s_8f2c:0:1\r\n\r\n", flags=0x04, splits=(9, 0))
+http_seed("stream-last-event-id", "GET /stream HTTP/1.1\r\nLast-Event-ID: s_8f2c:0:1\r\n\r\n", flags=0x04, splits=(9, 0, 0))
 http_seed("replay-all-to-a-stalled-reader", "GET /stream?from=all HTTP/1.1\r\n\r\n", flags=0x09, limit=0)
 # Live Events of a new session while the stalled subscriber's replay of the filled store is
 # in progress: they wait in its backlog (the bound invariant counts it).
@@ -156,6 +156,38 @@ ws_seed("close-with-reason", [hello, b"\x08\x03\xe8bye"], splits=(3, 1))
 raw = bytes([0x81, 0x85, 1, 2, 3, 4]) + bytes(b ^ k for b, k in zip(b"hello", [1, 2, 3, 4, 1]))
 write("ws", "raw-masked-text", bytes([0x01, 0, 0]) + raw)
 write("ws", "raw-unmasked-text", bytes([0x01, 0, 0, 0x81, 0x05]) + b"hello")
+
+# conn_script: a sequence of operations (see fuzz_targets/conn_script.rs for the opcodes).
+HTTP, WS, SSE = 0, 1, 2
+READS = 255  # a peer that reads everything
+def c_open(slot, kind, limit=READS): return bytes([0, slot, kind, limit])
+def c_send(slot, data):
+    data = data.encode() if isinstance(data, str) else data
+    assert len(data) < 256
+    return bytes([1, slot, len(data)]) + data
+def c_eof(slot): return bytes([2, slot])
+def c_reset(slot): return bytes([3, slot])
+def c_take(slot, n=0): return bytes([4, slot, n])
+def c_advance(tenths): return bytes([5, tenths])  # tenths of a second; 0 = past every timeout
+def c_ingest(session, k): return bytes([6, session, k - 1])
+C_SHUTDOWN, C_PREFILL = bytes([7]), bytes([8])
+def c_request(slot, which): return bytes([9, slot, which])  # healthz, events, post, status, stream, metrics
+def conn_seed(name, *ops): write("conn_script", name, b"".join(ops))
+
+ws_hello = HTTP + 1 | 0x10  # a WebSocket with its hello sent
+conn_seed("sse-heartbeats-then-eof", c_open(0, SSE), c_advance(45), c_take(0), c_advance(45), c_take(0), c_eof(0))
+conn_seed("request-timeout-408-then-linger", c_open(0, HTTP), c_send(0, "GET /healthz HTTP/1.1\r\n"), c_advance(31), c_take(0), c_advance(25))
+conn_seed("keep-alive-idle-close", c_open(0, HTTP), c_request(0, 0), c_take(0), c_advance(51), c_take(0))
+conn_seed("too-many-connections", *[c_open(i, HTTP) for i in range(6)], c_request(0, 1), c_take(0))
+conn_seed("half-closed-peer-that-never-reads", c_open(0, HTTP, 0), *[c_request(0, 1)] * 8, c_eof(0), c_advance(0))
+conn_seed("stalled-replay-with-live-backlog", C_PREFILL, c_open(0, SSE, 0), c_open(1, SSE), *[c_ingest(i % 4, 4) for i in range(12)], c_take(0, 8), c_take(1), c_advance(10), c_take(0))
+conn_seed("ws-subscribe-from-all-stalled", C_PREFILL, c_open(0, ws_hello, 4), c_send(0, '{"type":"subscribe","id":"a","from":"all"}'), c_ingest(0, 4), c_ingest(1, 4), c_advance(50), c_advance(15), c_take(0))
+conn_seed("ws-emitter-and-sse-consumer", c_open(0, ws_hello), c_open(1, SSE | 1 << 2), c_send(0, compact({"aep": "0.1", "id": "w1", "type": "tool.started", "time": "2026-07-03T10:00:00Z", "source": "aep://h/agent/a/session/w", "agent": "a", "session": "w", "seq": 1})), c_take(1), c_take(0), c_reset(0), c_take(1))
+conn_seed("ws-ping-and-idle-close", c_open(0, ws_hello), c_advance(41), c_take(0), c_send(0, b"\x0apong"), c_advance(61), c_take(0))
+conn_seed("shutdown-with-streams-open", c_open(0, SSE), c_open(1, ws_hello), c_open(2, HTTP), c_send(2, "GET /events HTTP/1.1\r\n"), C_SHUTDOWN, c_take(0), c_take(1), c_open(3, HTTP), c_advance(20), c_take(2), c_advance(20))
+conn_seed("shutdown-deadline-with-a-stalled-reader", C_PREFILL, c_open(0, SSE, 0), C_SHUTDOWN, c_advance(35), c_take(0))
+conn_seed("pipelined-post-and-partial-reads", c_open(0, HTTP, 2), c_request(0, 2), c_request(0, 2), c_request(0, 3), c_take(0, 1), c_take(0, 3), c_request(0, 5), c_take(0), c_eof(0), c_take(0))
+conn_seed("reset-while-paused-then-reuse-slot", c_open(0, HTTP, 0), *[c_request(0, 1)] * 6, c_reset(0), c_open(0, SSE | 2 << 2), c_ingest(2, 3), c_take(0), c_eof(0))
 
 # Dictionaries (libFuzzer format: one quoted token per line).
 def esc(s):

@@ -2,11 +2,15 @@
 //! target can compare the relay's own parsers against them.
 //!
 //! Nothing here calls into the relay's parsers; a target that compares the relay with
-//! these functions is differential only as long as they stay independent of it.
+//! these functions is differential only as long as they stay independent of it. The one
+//! exception is [`harness`], the scene-setting shared by the targets that drive the core
+//! (configuration, prefill, determinism check), which is no oracle.
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
+
+pub mod harness;
 
 /// The top-level members of one JSON object in wire order, duplicates kept (a `Value`
 /// map would merge them, last one winning). Nested values are ordinary `Value`s.

@@ -20,10 +20,11 @@
 
 use aep_relay::config::ConfigError;
 use aep_relay::core::{ConnId, Core, Interest, Journal, NoJournal, Origin, Output, Refusal, Stop};
+use aep_relay::envelope::Event;
 use aep_relay::Config;
 use bytes::Bytes;
-use std::collections::HashMap;
 use std::io::{self, IoSlice, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One in-memory peer.
@@ -41,6 +42,43 @@ struct Peer {
     interest: Option<Interest>,
     /// The core half-closed the writing side.
     shut: bool,
+}
+
+/// Values per connection, indexed by the slot number [`ConnId::index`] (dense, reused):
+/// a lookup is an index, not a hash (the fuzz targets make thousands per input).
+#[derive(Debug)]
+struct Slots<T>(Vec<Option<T>>);
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Slots(Vec::new())
+    }
+}
+
+impl<T> Slots<T> {
+    fn get(&self, id: &ConnId) -> Option<&T> {
+        self.0.get(id.index())?.as_ref()
+    }
+
+    fn get_mut(&mut self, id: &ConnId) -> Option<&mut T> {
+        self.0.get_mut(id.index())?.as_mut()
+    }
+
+    fn contains_key(&self, id: &ConnId) -> bool {
+        self.get(id).is_some()
+    }
+
+    fn insert(&mut self, id: ConnId, v: T) {
+        let i = id.index();
+        if self.0.len() <= i {
+            self.0.resize_with(i + 1, || None);
+        }
+        self.0[i] = Some(v);
+    }
+
+    fn remove(&mut self, id: &ConnId) -> Option<T> {
+        self.0.get_mut(id.index())?.take()
+    }
 }
 
 /// The peer's side of the core's writes.
@@ -81,9 +119,9 @@ impl Write for Sink<'_> {
 pub struct Sim {
     core: Core,
     now: Instant,
-    peers: HashMap<ConnId, Peer>,
+    peers: Slots<Peer>,
     /// Final output of peers the core closed, until taken.
-    closed: HashMap<ConnId, Vec<u8>>,
+    closed: Slots<Vec<u8>>,
     stopped: Option<Stop>,
 }
 
@@ -107,8 +145,8 @@ impl Sim {
         Ok(Sim {
             core: Core::new(config, journal, now, 1_767_225_600_000),
             now,
-            peers: HashMap::new(),
-            closed: HashMap::new(),
+            peers: Slots::default(),
+            closed: Slots::default(),
             stopped: None,
         })
     }
@@ -176,18 +214,33 @@ impl Sim {
     /// connection the core closed). Room is made: a write-limited peer takes more.
     /// `None` for an unknown id.
     pub fn take_output(&mut self, id: ConnId) -> Option<Vec<u8>> {
+        self.take_some(id, usize::MAX)
+    }
+
+    /// As [`Sim::take_output`], but the peer reads at most `max` bytes (the oldest);
+    /// the rest stays untaken and still counts against its write limit. Of a connection
+    /// the core closed, the first `max` bytes of its final output, the rest dropped
+    /// (the socket is gone).
+    pub fn take_some(&mut self, id: ConnId, max: usize) -> Option<Vec<u8>> {
         if let Some(p) = self.peers.get_mut(&id) {
-            // A buffer of the same capacity stays behind, so the core's next writes to
-            // this peer allocate nothing (a bench counts allocations in the core).
-            let cap = p.output.capacity();
-            let out = std::mem::replace(&mut p.output, Vec::with_capacity(cap));
+            let out = if max >= p.output.len() {
+                // A buffer of the same capacity stays behind, so the core's next writes
+                // to this peer allocate nothing (a bench counts allocations in the core).
+                let cap = p.output.capacity();
+                std::mem::replace(&mut p.output, Vec::with_capacity(cap))
+            } else {
+                let rest = p.output.split_off(max);
+                std::mem::replace(&mut p.output, rest)
+            };
             if !out.is_empty() && p.interest.is_some_and(|i| i.write) {
                 self.core.write_to(id, &mut Sink(p), self.now);
                 self.run();
             }
             return Some(out);
         }
-        self.closed.remove(&id)
+        let mut out = self.closed.remove(&id)?;
+        out.truncate(max);
+        Some(out)
     }
 
     /// Whether `id` is open.
@@ -212,16 +265,31 @@ impl Sim {
 
     /// Moves virtual time forward by `d`, running every deadline on the way at its own
     /// time (heartbeats at their exact instants, timeouts in order).
+    ///
+    /// Each deadline on the way costs one `handle_timeout` (an SSE stream with a 15 s
+    /// heartbeat wakes 240 times in an hour): a fuzz target or a test that only wants
+    /// "every timeout passed" configures short (virtual) timeouts and advances past
+    /// them, not by hours.
     pub fn advance(&mut self, d: Duration) {
         let end = self.now + d;
-        while let Some(t) = self.core.poll_timeout().filter(|t| *t <= end) {
-            self.now = self.now.max(t);
-            self.core.handle_timeout(self.now);
-            self.run();
-        }
+        while self.step(end).is_some() {}
         self.now = end;
         self.core.handle_timeout(self.now);
         self.run();
+    }
+
+    /// Runs the core's earliest deadline if it is due by `end`: virtual time moves to it
+    /// (never back), `handle_timeout` runs there and its outputs are carried out.
+    /// Returns the time it ran at, or `None` (time unchanged) when no deadline is due by
+    /// `end`. [`Sim::advance`] is this in a loop; an invariant check calls it itself to
+    /// look at the core between deadlines (after `handle_timeout(t)`, `poll_timeout()`
+    /// should be `None` or later than `t`).
+    pub fn step(&mut self, end: Instant) -> Option<Instant> {
+        let t = self.core.poll_timeout().filter(|t| *t <= end)?;
+        self.now = self.now.max(t);
+        self.core.handle_timeout(self.now);
+        self.run();
+        Some(self.now)
     }
 
     /// Ingests `ndjson` in process, as `POST /events` with `application/x-ndjson`.
@@ -232,6 +300,18 @@ impl Sim {
         let n = self.core.ingest(ndjson, Origin::Http, self.now)?;
         self.run();
         Ok(n)
+    }
+
+    /// Publishes Events already parsed and validated, as one ingest unit (as a JSONL
+    /// source does, [`Core::publish_events`]): no parse, so a fuzz target can parse a
+    /// fixed set of Events once and share them (`Arc`, immutable) between inputs.
+    ///
+    /// # Errors
+    /// [`Refusal::HistoryUnavailable`] from the journal; nothing was published.
+    pub fn publish_events(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+        self.core.publish_events(events, self.now)?;
+        self.run();
+        Ok(())
     }
 
     /// Starts a graceful shutdown.
@@ -246,7 +326,7 @@ impl Sim {
             return;
         };
         if !p.input.is_empty() && self.core.wants_read(id) {
-            let input = std::mem::take(&mut p.input);
+            let mut input = std::mem::take(&mut p.input);
             // In pieces as a socket would give them, so that reading pauses between
             // requests exactly as it does on TCP.
             let mut at = 0;
@@ -255,10 +335,12 @@ impl Sim {
                 self.core.handle_input(id, &input[at..end], self.now);
                 at = end;
             }
+            // The core does not reach the peers: nothing was added to `p.input` meanwhile,
+            // so the rest (and the buffer, for the next feed) goes back as it is.
             if let Some(p) = self.peers.get_mut(&id) {
-                let mut rest = input[at..].to_vec();
-                rest.append(&mut p.input);
-                p.input = rest;
+                debug_assert!(p.input.is_empty());
+                input.drain(..at);
+                p.input = input;
             }
         }
         let Some(p) = self.peers.get_mut(&id) else {
