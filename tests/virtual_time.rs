@@ -315,3 +315,26 @@ fn the_core_wakes_no_earlier_than_its_next_deadline() {
     assert_eq!(ws_frames(&[]), vec![]);
     assert!(sim.is_open(c));
 }
+
+/// RFC 9112 §9.3: one request, one answer. A keep-alive peer that sent a request and
+/// does not read its answer has no request in flight: it gets no 408 at the request
+/// timeout (an answer to nothing, paired by a client with its next request); it is
+/// closed as idle at the keep-alive idle timeout.
+#[test]
+fn a_peer_that_does_not_read_its_answer_gets_no_408_and_is_closed_when_idle() {
+    let mut sim = sim();
+    let c = sim.connect(Some(0));
+    sim.feed(c, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    let answer_bytes = sim.queued_output(c).unwrap();
+    assert!(answer_bytes > 0, "the answer waits, unread");
+    sim.advance(S(30));
+    assert_eq!(
+        sim.queued_output(c),
+        Some(answer_bytes),
+        "nothing more queued: no 408"
+    );
+    sim.advance(S(90) - MS(1));
+    assert!(sim.is_open(c));
+    sim.advance(MS(1));
+    assert!(!sim.is_open(c), "closed at the idle timeout, 120 s");
+}

@@ -932,9 +932,9 @@ impl Core {
                     None => idle,
                 }
             }
-            Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => {
-                conn.since + c.idle_timeout
-            }
+            // No request in flight: nothing yet, or only answers the peer has not read (RFC
+            // 9112 §9.3: a 408 would answer no request), or requests paused behind them.
+            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => conn.since + c.idle_timeout,
             Phase::Head | Phase::Body { .. } | Phase::Discard(_) => {
                 if conn.close_after_flush {
                     return None;
@@ -1000,7 +1000,7 @@ impl Core {
                 conn.last_write = now;
                 self.mark_dirty(key);
             }
-            Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => self.close(key),
             Phase::Discard(_) => {
                 // A body still arriving after its request was answered: no 408 for it.
                 self.close_after_answer(key)
