@@ -368,7 +368,6 @@ fn a_skipped_body_never_draws_a_second_answer() {
 /// given to `Core::new` (`Core::uptime`). Ignored until the core is fixed; then
 /// `fuzz/src/harness.rs`'s `REAL_CLOCK_PATHS` exemption goes too.
 #[test]
-#[ignore = "core bug: uptime reads the real clock (src/core/status.rs)"]
 fn uptime_is_virtual_time() {
     let get = |r: &mut Sim, path: &str| {
         let c = r.connect(None);
@@ -408,7 +407,6 @@ fn uptime_is_virtual_time() {
 /// behind (in order). Ignored until the core is fixed; then `KNOWN_BACKLOG_MOVE` in
 /// `fuzz/fuzz_targets/conn_script.rs` goes too.
 #[test]
-#[ignore = "core bug: a finished replay's whole backlog lands in the queue at once (src/core/replay.rs)"]
 fn a_finished_replay_drains_its_backlog_within_the_bound() {
     let c = Config {
         buffer_per_session: 16,
@@ -488,7 +486,6 @@ fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// `: shutting-down` of a graceful shutdown, checked below too) should drop its replay
 /// and backlog. Ignored until the core is fixed.
 #[test]
-#[ignore = "core bug: replay continues after the close frame (src/core/ws.rs ws_shut)"]
 fn nothing_follows_a_close_frame_not_even_a_replay() {
     use aep_relay::ws::rfc6455::client_frame;
     let mut r = relay();

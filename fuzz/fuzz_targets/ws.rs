@@ -78,7 +78,8 @@ fn config() -> Config {
 /// WebSocket the relay closes while a replay is in progress keeps receiving replay
 /// frames after its close frame (`ws_shut`, src/core/ws.rs, leaves the replay jobs).
 /// Only replayed Events and `replay-exhausted` markers are let through after a close.
-const KNOWN_REPLAY_AFTER_CLOSE: bool = true;
+/// `false` since `Conn::end_streaming` ends a replay before the close frame.
+const KNOWN_REPLAY_AFTER_CLOSE: bool = false;
 
 /// One masked client frame (RFC 6455 §5.2), its key derived from the payload's length.
 fn masked_frame(first: u8, payload: &[u8], out: &mut Vec<u8>) {

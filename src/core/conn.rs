@@ -61,14 +61,18 @@ impl OutQueue {
         self.pushed
     }
 
-    /// Moves everything queued in `self` to the end of `other`.
-    pub(crate) fn move_to(&mut self, other: &mut OutQueue) {
+    /// Moves buffers from the front of `self` to the end of `other` while `other` stays
+    /// within `max` bytes (an empty `other` takes one buffer whatever its size).
+    pub(crate) fn move_until(&mut self, other: &mut OutQueue, max: usize) {
         debug_assert_eq!(self.front_off, 0);
-        for b in self.bufs.drain(..) {
+        while let Some(b) = self.bufs.front() {
+            if !other.is_empty() && other.len() + b.len() > max {
+                break;
+            }
+            let b = self.bufs.pop_front().expect("front");
+            self.bytes -= b.len();
             other.push(b);
         }
-        self.bytes = 0;
-        self.front_off = 0;
     }
 
     /// Bytes queued and not yet written.
@@ -342,6 +346,15 @@ impl Conn {
                 .replay
                 .iter()
                 .any(|j| j.sub == Some(sub) && placed.iter().any(|s| j.pending.contains(s)))
+    }
+
+    /// Ends what is in progress toward this consumer before a last frame: a replay not yet
+    /// read from the store is dropped (nothing of it was delivered, so `closing` and SSE
+    /// ids stay exact); the live frames held back behind it were counted as delivered, so
+    /// they go into the output queue, in order, before the last frame.
+    pub(crate) fn end_streaming(&mut self) {
+        self.replay.clear();
+        self.backlog.move_until(&mut self.out, usize::MAX);
     }
 
     /// Queues raw bytes. Never while fan-out frames are pending for this connection in

@@ -677,6 +677,7 @@ impl Core {
             match conn.phase {
                 Phase::Sse { sub } => {
                     self.hub.remove(sub);
+                    conn.end_streaming();
                     conn.send(sse::SHUTTING_DOWN);
                     conn.phase = Phase::Closing;
                     conn.close_after_flush = true;

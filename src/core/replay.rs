@@ -51,8 +51,11 @@ impl Core {
                 return false;
             }
             let Some(job) = conn.replay.front_mut() else {
+                // The live frames held back, in order, as far as the bound allows; the
+                // rest follows as the consumer reads (fan-out keeps adding behind them).
                 let conn = &mut *conn;
-                conn.backlog.move_to(&mut conn.out);
+                let max = self.config.max_output_bytes;
+                conn.backlog.move_until(&mut conn.out, max);
                 return false;
             };
             let Some((stream, from)) = job.sessions.front().cloned() else {

@@ -60,7 +60,7 @@ impl Core {
             .map_or(0, |(_, n)| *n);
         let st = &self.hub.stats;
         let doc = json!({
-            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "uptime_s": self.uptime().as_secs_f64(),
             "connections": {"total": self.conns.len(), "http": http_n, "sse": sse_n, "ws": ws_n},
             "subscriptions": self.hub.len(),
             "sessions": {"count": count, "recent": recent},
@@ -200,7 +200,7 @@ impl Core {
         )
         .sample(metrics::QUEUED_BYTES, &[], queued as f64);
         x.family(metrics::UPTIME, "gauge", "Seconds since start.")
-            .sample(metrics::UPTIME, &[], self.started.elapsed().as_secs_f64());
+            .sample(metrics::UPTIME, &[], self.uptime().as_secs_f64());
         x.finish()
     }
 
@@ -212,7 +212,7 @@ impl Core {
                 "sessions": self.store.session_count(),
                 "subscribers": self.hub.len(),
                 "connections": self.conns.len(),
-                "uptime_s": self.started.elapsed().as_secs(),
+                "uptime_s": self.uptime().as_secs(),
             })
         } else {
             json!({ "ok": true })

@@ -160,6 +160,8 @@ impl Core {
         let Phase::Ws(ws) = std::mem::replace(&mut conn.phase, Phase::Closing) else {
             return;
         };
+        // Nothing follows the close frame, not even a replay page (RFC 6455 §5.5.1).
+        conn.end_streaming();
         for f in last {
             conn.send(f.clone());
         }

@@ -470,7 +470,9 @@ impl Hub {
             } else {
                 0
             };
-            let backlog = !conn.replay.is_empty();
+            // Behind a replay, and until what it held back has all moved on, live frames
+            // wait in the backlog: they never overtake it.
+            let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
             // A consumer that cannot take the Event, and got frames since its socket was
             // last offered the queue, pauses the publication here: the targets decided so
             // far keep what they got (`Conn::decided`), the rest get the Event when it is
