@@ -4,18 +4,14 @@
 //! accepted in the meantime waits its turn, in order, with what goes with it.
 
 use aep_relay::auth::Auth;
-use aep_relay::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 
+mod support;
+use support::sim::{masked, ws_frames, Frame};
+
 const UPGRADE: &[u8] = b"GET /socket?access_token=t HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
     Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
-
-fn masked(text: &str) -> Vec<u8> {
-    let mut f = Vec::new();
-    client_frame(0x81, text.as_bytes(), Some([1, 2, 3, 4]), &mut f);
-    f
-}
 
 /// The text payloads of the server frames in `b` (after the 101 head).
 fn texts(b: &[u8]) -> Vec<String> {
@@ -23,23 +19,13 @@ fn texts(b: &[u8]) -> Vec<String> {
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .map_or(0, |i| i + 4);
-    let mut b = &b[at..];
-    let mut out = Vec::new();
-    while b.len() >= 2 {
-        let (len, head) = match b[1] & 0x7f {
-            126 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
-            127 => (
-                u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
-                10,
-            ),
-            n => (usize::from(n), 2),
-        };
-        if b[0] == 0x81 {
-            out.push(String::from_utf8_lossy(&b[head..head + len]).into_owned());
-        }
-        b = &b[head + len..];
-    }
-    out
+    ws_frames(&b[at..])
+        .into_iter()
+        .filter_map(|f| match f {
+            Frame::Text(v) => Some(v.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A WebSocket connection with its `hello` done (`hello` is the JSON object's inside).
