@@ -338,3 +338,34 @@ fn a_peer_that_does_not_read_its_answer_gets_no_408_and_is_closed_when_idle() {
     sim.advance(MS(1));
     assert!(!sim.is_open(c), "closed at the idle timeout, 120 s");
 }
+
+/// A `live=0` replay to a slow reader is not cut short by the linger: the linger of a
+/// stream that ends counts from the last byte the consumer took (AEP-0003 §5: nothing
+/// lost silently).
+#[test]
+fn a_slow_live_0_replay_is_delivered_whole() {
+    let mut sim = sim();
+    let lines: Vec<String> = (0..2000)
+        .map(|i| event("s", 0, i, "tool.started", ""))
+        .collect();
+    sim.ingest(lines.join("\n").into()).unwrap();
+    // About 4 KiB a second: the replay takes minutes, far past the 30 s request timeout.
+    let c = sim.connect(Some(4 * 1024));
+    sim.feed(
+        c,
+        b"GET /stream?from=all&live=0 HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    );
+    let mut got = Vec::new();
+    while sim.is_open(c) {
+        got.extend(sim.take_output(c).unwrap());
+        sim.advance(S(1));
+    }
+    got.extend(sim.take_output(c).unwrap_or_default());
+    let text = String::from_utf8(got).unwrap();
+    assert_eq!(
+        text.matches("\nid: s:0:").count(),
+        2000,
+        "every Event, then the end"
+    );
+}

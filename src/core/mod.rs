@@ -601,6 +601,7 @@ impl Core {
         conn.dirty = false;
         let mut had_output = false;
         let mut rounds = 0;
+        let written_before = conn.out.pushed() - conn.out.len() as u64;
         let state = loop {
             let conn = &mut self.conns[key];
             if !conn.replay.is_empty() || !conn.backlog.is_empty() {
@@ -624,6 +625,13 @@ impl Core {
             }
         };
         let conn = &mut self.conns[key];
+        if matches!(conn.phase, Phase::Closing)
+            && conn.out.pushed() - conn.out.len() as u64 > written_before
+        {
+            // The linger counts from the last byte the peer took: a consumer still
+            // reading its last answer (a long `live=0` replay) is not cut off mid-way.
+            conn.since = now;
+        }
         match state {
             Flush::Closed => return self.close(key),
             Flush::Done => {
