@@ -365,8 +365,8 @@ fn a_skipped_body_never_draws_a_second_answer() {
 /// (src/core/status.rs), a read of the real clock inside the core, so two runs of one
 /// script answer with different bytes (even different `Content-Length`s), and an uptime
 /// on virtual time is wrong. The uptime must be the `now` of the call minus the `now`
-/// given to `Core::new` (`Core::uptime`). Ignored until the core is fixed; then
-/// `fuzz/src/harness.rs`'s `REAL_CLOCK_PATHS` exemption goes too.
+/// given to `Core::new` (`Core::uptime`). Fixed; every fuzz input is
+/// now compared for determinism.
 #[test]
 fn uptime_is_virtual_time() {
     let get = |r: &mut Sim, path: &str| {
@@ -404,8 +404,7 @@ fn uptime_is_virtual_time() {
 /// `from=all` that reads 3 952 bytes, 45 KiB of live Events, one more read; 75 971 bytes
 /// here). The backlog
 /// should drain into the queue only as far as the bound allows, the rest staying
-/// behind (in order). Ignored until the core is fixed; then `KNOWN_BACKLOG_MOVE` in
-/// `fuzz/fuzz_targets/conn_script.rs` goes too.
+/// behind (in order). Fixed (`OutQueue::move_until`).
 #[test]
 fn a_finished_replay_drains_its_backlog_within_the_bound() {
     let c = Config {
@@ -484,7 +483,7 @@ fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// peer reads. The fuzzer's input, minimized: `hello`, `subscribe` `from=all` over a full
 /// store, then a text frame `\xff`. Closing a connection (WS close, and the SSE
 /// `: shutting-down` of a graceful shutdown, checked below too) should drop its replay
-/// and backlog. Ignored until the core is fixed.
+/// and backlog. Fixed (`Conn::end_streaming`).
 #[test]
 fn nothing_follows_a_close_frame_not_even_a_replay() {
     use aep_relay::ws::rfc6455::client_frame;

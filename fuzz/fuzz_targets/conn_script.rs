@@ -49,8 +49,8 @@
 //!    answer, and queued plus held behind a replay (`backlog`) at most `2 *
 //!    max_output_bytes` plus one answer (as `http`'s `bounded`); for a connection that
 //!    may be a WebSocket (opened as one, or sent `websocket` in its bytes) one
-//!    `max_output_bytes` more each (as `ws`'s: replies on top of a paced replay). Until
-//!    the core is fixed, the queue alone may hold half a bound more (`KNOWN_BACKLOG_MOVE`).
+//!    `max_output_bytes` more each (as `ws`'s: replies on top of a paced replay). The
+//!    queue alone may pass its bound by one replay page (`KNOWN_BACKLOG_MOVE`).
 //! 4. After EOF on every connection and a long clock advance, nothing remains:
 //!    `connections() == 0`, `armed_deadlines() == 0`, `poll_timeout() == None` (a
 //!    shutdown in progress ends once its last connection is gone).
@@ -86,12 +86,6 @@ const POOL_SESSIONS: usize = 4;
 const ONE_HTTP: usize = 3 * MAX_HEAD + 3 * MAX_BODY + 1024;
 /// One WebSocket reply: an error echoing (part of) a message, or one Event frame.
 const ONE_WS: usize = 4 * MAX_WS_MESSAGE + 1024;
-/// Known core bug, allowed for until it is fixed (then this goes, with the `#[ignore]`
-/// of `tests/fuzz_regressions.rs::a_finished_replay_drains_its_backlog_within_the_bound`):
-/// when a replay ends, `pump_replay` (src/core/replay.rs) moves the connection's whole
-/// live backlog (up to `max_output_bytes`) into an output queue that may already hold
-/// half the bound, so the queue alone reaches `1.5 * max_output_bytes` plus one answer.
-/// The sum of queue and backlog stays within its bound either way.
 /// Replay pages aside (issue 14: "within max_output_bytes plus one frame, replay pages
 /// aside"): a page of up to 64 Events is queued whole once the queue is below half the
 /// bound, so the queue alone may pass the bound by up to a page. The seeds
@@ -379,14 +373,6 @@ impl Run {
             4 => STREAMS[0],
             _ => b"GET /metrics HTTP/1.1\r\nHost: r\r\n\r\n",
         };
-        if let Some(path) = harness::REAL_CLOCK_PATHS
-            .iter()
-            .find(|p| req[4..].starts_with(p))
-        {
-            // Its uptime reads the real clock: the path in the transcript exempts this
-            // run from the determinism check.
-            self.transcript.extend_from_slice(path);
-        }
         self.send(i, req);
     }
 

@@ -32,7 +32,7 @@
 //! 3. What the relay sends (when the peer reads) is well-formed RFC 6455 server framing:
 //!    unmasked, unfragmented, opcode text, close, ping or pong; every text frame is one
 //!    JSON object (an AEP frame or an Event, AEP-0003 §2); nothing follows a close frame
-//!    (until the core is fixed, replayed Events may: `KNOWN_REPLAY_AFTER_CLOSE`).
+//!    (not even a replay page).
 //! 4. Hello first (AEP-0003 §3.5 #1): in framed mode without the automatic hello, when
 //!    the first complete client frame is a text message that is not a JSON object with
 //!    `"type": "hello"`, the relay's first frame is an `error` with code
@@ -73,13 +73,6 @@ fn config() -> Config {
     }
 }
 
-/// Known core bug, allowed for until it is fixed (then this goes, with the `#[ignore]` of
-/// `tests/fuzz_regressions.rs::nothing_follows_a_close_frame_not_even_a_replay`): a
-/// WebSocket the relay closes while a replay is in progress keeps receiving replay
-/// frames after its close frame (`ws_shut`, src/core/ws.rs, leaves the replay jobs).
-/// Only replayed Events and `replay-exhausted` markers are let through after a close.
-/// `false` since `Conn::end_streaming` ends a replay before the close frame.
-const KNOWN_REPLAY_AFTER_CLOSE: bool = false;
 
 /// One masked client frame (RFC 6455 §5.2), its key derived from the payload's length.
 fn masked_frame(first: u8, payload: &[u8], out: &mut Vec<u8>) {
@@ -262,7 +255,7 @@ fn play(data: &[u8]) -> Vec<u8> {
     let mut closed = false;
     for (fin, opcode, body) in &frames {
         assert!(*fin, "server frames are not fragmented");
-        let replayed = match opcode {
+        match opcode {
             0x1 => {
                 let v: Value = serde_json::from_slice(body).unwrap_or_else(|e| {
                     panic!(
@@ -271,16 +264,11 @@ fn play(data: &[u8]) -> Vec<u8> {
                     )
                 });
                 assert!(v.is_object(), "text frame is not an object: {v}");
-                // An Event (it has `aep`) or a replay's marker.
-                v.get("aep").is_some() || v["type"] == "replay-exhausted"
             }
-            0x8 | 0x9 | 0xA => false,
+            0x8 | 0x9 | 0xA => {}
             other => panic!("server sent opcode {other:#x}"),
-        };
-        assert!(
-            !closed || (KNOWN_REPLAY_AFTER_CLOSE && replayed),
-            "a frame after the close frame"
-        );
+        }
+        assert!(!closed, "a frame after the close frame (RFC 6455 §5.5.1)");
         closed |= *opcode == 0x8;
     }
     if let Some(first) = first_text {

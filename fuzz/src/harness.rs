@@ -95,23 +95,6 @@ pub fn sampled(data: &[u8]) -> bool {
     h.is_multiple_of(8)
 }
 
-/// Paths whose answers are known to read the real clock, so that two runs of one input
-/// differ: `/status` (`uptime_s`) and `/metrics` (`aep_uptime_seconds`) report
-/// `self.started.elapsed()` (src/core/status.rs), not the `now` the core was given. An
-/// input that names one of them, or whose transcript does (`conn_script` writes the
-/// path of its canned requests into it), is not compared until the core is fixed; then
-/// this list goes, with the `#[ignore]` of
-/// `tests/fuzz_regressions.rs::uptime_is_virtual_time`.
-/// Empty since the core counts uptime on its own clock (`Core::uptime`): every input
-/// is compared.
-pub const REAL_CLOCK_PATHS: [&[u8]; 0] = [];
-
-fn names_real_clock_path(b: &[u8]) -> bool {
-    REAL_CLOCK_PATHS
-        .iter()
-        .any(|p| memchr::memmem::find(b, p).is_some())
-}
-
 /// Whether this input also runs a second time, which `AEP_FUZZ_TWICE=1` forces for
 /// every input (for `cargo fuzz tmin` of a determinism failure: minimizing changes the
 /// hash [`sampled`] draws on).
@@ -124,10 +107,10 @@ fn twice(data: &[u8]) -> bool {
 /// Runs `play` on `data`, and once more when [`sampled`] (or `AEP_FUZZ_TWICE=1`),
 /// asserting both runs gave the same transcript: the clock and every other input come
 /// from `data`, so nothing else (the real clock, a hash seed, state left by an earlier
-/// input) may show. Inputs that reach [`REAL_CLOCK_PATHS`] are exempt.
+/// input) may show.
 pub fn deterministic(data: &[u8], play: impl Fn(&[u8]) -> Vec<u8>) {
     let first = play(data);
-    if twice(data) && !names_real_clock_path(data) && !names_real_clock_path(&first) {
+    if twice(data) {
         let second = play(data);
         if first != second {
             let at = first
