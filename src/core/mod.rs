@@ -322,6 +322,12 @@ pub struct Core {
     stopped: bool,
     /// Events accepted since start.
     ingested: u64,
+    /// The discovery document (AEP-0003 §3.4), built on first use: it depends only on
+    /// the configuration.
+    discovery: std::cell::OnceCell<Bytes>,
+    /// The relay's `hello` frames built so far, by version and whether the socket's
+    /// credentials route commands (the only facts that vary, AEP-0003 §4).
+    hellos: Vec<(&'static str, bool, Bytes)>,
 }
 
 impl Core {
@@ -353,6 +359,8 @@ impl Core {
             shutdown_deadline: None,
             stopped: false,
             ingested: 0,
+            discovery: std::cell::OnceCell::new(),
+            hellos: Vec::new(),
             config,
         }
     }

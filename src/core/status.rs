@@ -8,6 +8,7 @@ use crate::auth::{Grant, Scopes};
 use crate::envelope;
 use crate::metrics::{self, Exposition};
 use serde_json::{json, Value};
+use bytes::Bytes;
 
 impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
@@ -221,14 +222,35 @@ impl Core {
     }
 
     /// The discovery document (AEP-0003 §3.4) with what this relay really does.
-    pub(super) fn discovery(&self) -> Vec<u8> {
-        let doc = json!({
-            "aep": envelope::SUPPORTED_VERSIONS,
-            "role": "relay",
-            "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
-            "capabilities": self.capabilities(None),
-        });
-        serde_json::to_vec(&doc).unwrap_or_default()
+    /// Built once: it depends only on the configuration.
+    pub(super) fn discovery(&self) -> Bytes {
+        self.discovery
+            .get_or_init(|| {
+                let doc = json!({
+                    "aep": envelope::SUPPORTED_VERSIONS,
+                    "role": "relay",
+                    "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
+                    "capabilities": self.capabilities(None),
+                });
+                Bytes::from(serde_json::to_vec(&doc).unwrap_or_default())
+            })
+            .clone()
+    }
+
+    /// The relay's `hello` frame (AEP-0003 §4) for a socket with `grant` that agreed on
+    /// `version`: built once per version and grant kind, then shared.
+    pub(super) fn hello_frame(&mut self, version: &'static str, grant: Grant) -> Bytes {
+        let routes = grant.authenticated && grant.scopes.contains(Scopes::CONTROL);
+        if let Some((_, _, f)) = self
+            .hellos
+            .iter()
+            .find(|(v, r, _)| *v == version && *r == routes)
+        {
+            return f.clone();
+        }
+        let f = crate::ws::aep::hello(version, self.capabilities(Some(grant)));
+        self.hellos.push((version, routes, f.clone()));
+        f
     }
 
     /// The relay's capabilities, the one source of both the discovery document

@@ -307,8 +307,8 @@ impl Core {
         let grant = ws.grant;
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
-        let caps = self.capabilities(Some(grant));
-        self.ws_send(key, aep::hello(version, caps));
+        let frame = self.hello_frame(version, grant);
+        self.ws_send(key, frame);
     }
 
     /// A valid Event from the peer: a command is routed; anything else takes the HTTP
