@@ -55,6 +55,9 @@ const PULL_EXPIRES: Duration = Duration::from_secs(10);
 const PULL_BATCH: usize = 512;
 /// How often the thread looks at its timers (claim expiry, retries, stale replies).
 const TICK: Duration = Duration::from_millis(200);
+/// The error of a publish or a request made while the bridge is not connected (before
+/// [`FromBus::Connected`], or after [`FromBus::Disconnected`]).
+pub const NOT_CONNECTED: &str = "not-connected";
 /// The pause before a failed set-up step is tried again.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -263,22 +266,40 @@ fn stream_config(c: &ClusterConfig) -> jetstream::stream::Config {
 }
 
 /// The claims bucket, created when missing.
+///
+/// The bucket's stream is created here rather than with async-nats's `create_key_value`:
+/// that reads the account info first and fails to parse nats-server 2.9's (it lacks
+/// `reserved_memory` and `reserved_storage`). The stream is what `create_key_value` would
+/// make (ADR-8: `KV_{bucket}`, subjects `$KV.{bucket}.>`, one message per key, roll-ups,
+/// direct get, discard new), with only fields 2.9 knows.
 async fn claims_store(js: &jetstream::Context, c: &ClusterConfig) -> Result<kv::Store, String> {
     let bucket = c.claims_bucket();
     if let Ok(store) = js.get_key_value(&bucket).await {
         return Ok(store);
     }
-    js.create_key_value(kv::Config {
-        bucket: bucket.clone(),
-        description: "AEP session claims (aep-relay cluster mode)".into(),
-        history: 1,
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: format!("KV_{bucket}"),
+        description: Some("AEP session claims (aep-relay cluster mode)".into()),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_messages: -1,
+        max_bytes: -1,
+        max_consumers: -1,
         max_age: c.claim_ttl,
+        duplicate_window: c.claim_ttl.min(Duration::from_secs(120)),
         storage: jetstream::stream::StorageType::File,
         num_replicas: 1,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
         ..Default::default()
     })
     .await
-    .map_err(|e| format!("claims bucket {bucket}: {e}"))
+    .map_err(|e| format!("claims bucket {bucket}: {e}"))?;
+    js.get_key_value(&bucket)
+        .await
+        .map_err(|e| format!("claims bucket {bucket}: {e}"))
 }
 
 /// The next item of an optional stream; never, while there is none.
@@ -432,7 +453,7 @@ impl Bus {
                         .last_error
                         .take()
                         .unwrap_or_else(|| "disconnected".into());
-                    log::warn!("cluster: disconnected: {reason}");
+                    log::warn!("cluster: connection lost ({reason})");
                     self.out.send(FromBus::Disconnected { reason }).await?;
                 }
             }
@@ -713,6 +734,13 @@ impl Bus {
                 msg_id,
                 payload,
             } => {
+                if !self.ready {
+                    // The core's outbox is the one buffer of an outage: no second, hidden
+                    // one here. (A publish sent just before a loss is noticed is buffered
+                    // by the client and answered when its ack comes or times out.)
+                    let error = NOT_CONNECTED.to_string();
+                    return self.out.send(FromBus::PublishFailed { ticket, error }).await;
+                }
                 let msg = jetstream::message::PublishMessage::build()
                     .payload(payload)
                     .message_id(msg_id);
@@ -749,6 +777,10 @@ impl Bus {
                 relay,
                 payload,
             } => {
+                if !self.ready {
+                    let result = Err(NOT_CONNECTED.to_string());
+                    return self.out.send(FromBus::Response { ticket, result }).await;
+                }
                 let client = self.client.clone();
                 let subject = relay_subject(&self.config.prefix, &relay);
                 self.responses.spawn(async move {

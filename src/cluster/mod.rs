@@ -54,7 +54,8 @@ pub enum ToBus {
     ///
     /// Pipelined: the bridge never awaits one ack before sending the next publish, and it
     /// sends publishes in the order it receives them. Answered by [`FromBus::Acked`] or
-    /// [`FromBus::PublishFailed`] with the same `ticket`, in any order.
+    /// [`FromBus::PublishFailed`] with the same `ticket`, in any order; at once with
+    /// `PublishFailed` (`"not-connected"`) while the bridge is not connected.
     Publish {
         /// The caller's handle for the answer.
         ticket: u64,
@@ -81,7 +82,8 @@ pub enum ToBus {
     },
     /// Send a request (a forwarded command, AEP-0004 §4) to relay `relay`'s own subject
     /// ([`relay_subject`]). Answered by [`FromBus::Response`] with the same `ticket`, at the
-    /// latest after [`ClusterConfig::request_timeout`].
+    /// latest after [`ClusterConfig::request_timeout`]; at once with `"not-connected"` while
+    /// the bridge is not connected.
     Request {
         /// The caller's handle for the answer.
         ticket: u64,
@@ -115,8 +117,9 @@ pub enum FromBus {
         last_seq: u64,
     },
     /// The connection to the engine is lost; the client reconnects by itself, and
-    /// [`FromBus::Connected`] follows when it has. Publishes sent meanwhile are buffered
-    /// by the client and fail when their ack times out.
+    /// [`FromBus::Connected`] follows when it has. Publishes and requests made meanwhile
+    /// fail at once (`"not-connected"`); claim puts and deletes wait and are applied
+    /// after the reconnect (the latest per key).
     Disconnected {
         /// What was last reported about the connection (an error text, or "disconnected").
         reason: String,
@@ -171,7 +174,8 @@ pub enum FromBus {
         payload: Bytes,
     },
     /// The answer to [`ToBus::Request`]: `Ok(reply body)`, or `Err` with
-    /// `"no-responders"` (no relay listens on that subject), `"timeout"`, or another text.
+    /// `"no-responders"` (no relay listens on that subject), `"timeout"`, `"not-connected"`,
+    /// or another text.
     Response {
         /// The request's ticket.
         ticket: u64,
