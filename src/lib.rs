@@ -101,6 +101,7 @@
 
 pub mod auth;
 pub mod capture;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod core;

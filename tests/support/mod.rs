@@ -2,8 +2,8 @@
 //! relay to talk to, in a thread ([`TestRelay`]) or as the real binary
 //! ([`RelayProcess`]), and the clients that talk to it over real TCP: ureq and a raw
 //! HTTP/1.1 reader ([`http`]), an SSE reader ([`sse`]), a WHATWG `EventSource` parser
-//! ([`whatwg`]), a WebSocket client and a raw-frame one ([`ws`]), and the fixtures the
-//! tests share ([`fixtures`]).
+//! ([`whatwg`]), a WebSocket client and a raw-frame one ([`ws`]), the fixtures the
+//! tests share ([`fixtures`]), and a real nats-server for the cluster tests ([`nats`]).
 //!
 //! Every wait is bounded by [`WAIT`] and fails the test with a message; nothing sleeps
 //! to synchronise. A test binary uses a part of this, hence unused items and re-exports are allowed.
@@ -11,6 +11,7 @@
 
 pub mod fixtures;
 pub mod http;
+pub mod nats;
 pub mod process;
 pub mod relay;
 pub mod sim;
