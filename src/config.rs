@@ -124,6 +124,10 @@ pub struct Config {
     pub jsonl: crate::jsonl::JsonlConfig,
     /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
     pub history: Option<crate::history::HistoryConfig>,
+    /// Cluster mode on NATS JetStream (`--cluster URL[,URL]`, issue 15); `None`: a single
+    /// relay. The core runs the cluster logic whenever this is set; the bridge thread
+    /// that talks to the engine needs the `cluster` feature.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl Default for Config {
@@ -154,6 +158,7 @@ impl Default for Config {
             allow_insecure_off_host: false,
             jsonl: Default::default(),
             history: None,
+            cluster: None,
         }
     }
 }

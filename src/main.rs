@@ -99,6 +99,9 @@ struct Cli {
     /// JSONL ingest and durable history (issue 5).
     #[command(flatten)]
     ingest: cli::IngestArgs,
+    /// Cluster mode on NATS JetStream (issue 15).
+    #[command(flatten)]
+    cluster: cli::ClusterArgs,
     /// `tail`, `validate`; none runs the relay.
     #[command(subcommand)]
     command: Option<cli::Command>,
@@ -138,6 +141,7 @@ impl Cli {
             allow_insecure_off_host: self.allow_insecure_off_host,
             jsonl: self.ingest.jsonl(),
             history: self.ingest.history(),
+            cluster: self.cluster.config(self.listen.port())?,
         })
     }
 

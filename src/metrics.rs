@@ -31,6 +31,18 @@ pub const BUFFERED_BYTES: &str = "aep_buffered_bytes";
 pub const QUEUED_BYTES: &str = "aep_output_queued_bytes";
 /// Seconds since start.
 pub const UPTIME: &str = "aep_uptime_seconds";
+/// Cluster mode: 1 for the relay's state (`connected`, `catching-up`, `degraded`).
+pub const CLUSTER_STATE: &str = "aep_cluster_state";
+/// Cluster mode: stream messages the relay's consumer has yet to deliver.
+pub const CLUSTER_LAG: &str = "aep_cluster_lag_messages";
+/// Cluster mode: Events ingested while degraded and not yet in the stream.
+pub const CLUSTER_OUTBOX: &str = "aep_cluster_outbox_events";
+/// Cluster mode: reconnections to the engine.
+pub const CLUSTER_RECONNECTS: &str = "aep_cluster_reconnects_total";
+/// Cluster mode: recreations of the relay's ordered consumer.
+pub const CLUSTER_CONSUMER_RESETS: &str = "aep_cluster_consumer_resets_total";
+/// Cluster mode: publishes the engine did not store.
+pub const CLUSTER_PUBLISH_ERRORS: &str = "aep_cluster_publish_errors_total";
 
 /// Counters the reactor keeps.
 #[derive(Debug, Default, Clone)]

@@ -68,6 +68,12 @@ pub enum Code {
     WsMessageTooBig,
     /// A binary message (close 1003).
     WsUnsupportedData,
+    /// Cluster mode: the engine (NATS JetStream) cannot take the Events now, and the
+    /// relay does not degrade to local ingest (`--cluster-degrade refuse`) or its outbox
+    /// is full (503).
+    ClusterUnavailable,
+    /// Cluster mode: one Event is larger than the engine's `max_payload` (413).
+    EventTooLarge,
 }
 
 impl Code {
@@ -103,6 +109,8 @@ impl Code {
             Code::WsInvalidPayload => "ws-invalid-payload",
             Code::WsMessageTooBig => "ws-message-too-big",
             Code::WsUnsupportedData => "ws-unsupported-data",
+            Code::ClusterUnavailable => "cluster-unavailable",
+            Code::EventTooLarge => "event-too-large",
         }
     }
 
@@ -128,11 +136,14 @@ impl Code {
             Code::NotFound => 404,
             Code::MethodNotAllowed => 405,
             Code::RequestTimeout => 408,
-            Code::BodyTooLarge | Code::TooManyEvents | Code::WsMessageTooBig => 413,
+            Code::BodyTooLarge
+            | Code::TooManyEvents
+            | Code::WsMessageTooBig
+            | Code::EventTooLarge => 413,
             Code::UnsupportedMediaType => 415,
             Code::VersionUnsupported | Code::UpgradeRequired => 426,
             Code::HeadTooLarge => 431,
-            Code::TooManyConnections | Code::HistoryUnavailable => 503,
+            Code::TooManyConnections | Code::HistoryUnavailable | Code::ClusterUnavailable => 503,
             Code::NoRoute | Code::Ambiguous | Code::Unsupported => 409,
         }
     }

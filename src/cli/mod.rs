@@ -100,3 +100,106 @@ impl IngestArgs {
         })
     }
 }
+
+/// Cluster mode flags (issue 15): several relays joined by NATS JetStream.
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    /// Join a cluster through these NATS servers (comma-separated `nats://host:port`).
+    /// Without it the relay runs alone, exactly as before.
+    #[arg(long, env = "AEP_CLUSTER", value_name = "URL[,URL]", value_delimiter = ',')]
+    cluster: Vec<String>,
+    /// This relay's id in the cluster, unique among the relays (default: the host name
+    /// and the listen port).
+    #[arg(long, env = "AEP_RELAY_ID", value_name = "ID")]
+    relay_id: Option<String>,
+    /// The JetStream stream holding every Event (created when missing).
+    #[arg(long, env = "AEP_CLUSTER_STREAM", value_name = "NAME",
+          default_value = aep_relay::cluster::DEFAULT_STREAM)]
+    cluster_stream: String,
+    /// The first token of every subject the relay uses.
+    #[arg(long, env = "AEP_CLUSTER_PREFIX", value_name = "PREFIX",
+          default_value = aep_relay::cluster::DEFAULT_PREFIX)]
+    cluster_prefix: String,
+    /// A token for the NATS servers.
+    #[arg(long, env = "AEP_CLUSTER_TOKEN", value_name = "TOKEN", conflicts_with_all = ["cluster_user", "cluster_creds"])]
+    cluster_token: Option<String>,
+    /// A user for the NATS servers (with --cluster-password).
+    #[arg(long, env = "AEP_CLUSTER_USER", value_name = "USER", requires = "cluster_password")]
+    cluster_user: Option<String>,
+    /// The password of --cluster-user.
+    #[arg(long, env = "AEP_CLUSTER_PASSWORD", value_name = "PASSWORD", requires = "cluster_user")]
+    cluster_password: Option<String>,
+    /// A NATS credentials file (`.creds`).
+    #[arg(long, env = "AEP_CLUSTER_CREDS", value_name = "FILE", conflicts_with = "cluster_user")]
+    cluster_creds: Option<PathBuf>,
+    /// PEM root certificates to verify the NATS servers' TLS certificates with.
+    #[arg(long, env = "AEP_CLUSTER_TLS_CA", value_name = "FILE")]
+    cluster_tls_ca: Option<PathBuf>,
+    /// While the engine is unreachable: `local` keeps serving (local fan-out, a bounded
+    /// outbox published on reconnect); `refuse` answers ingest 503 cluster-unavailable.
+    #[arg(long, env = "AEP_CLUSTER_DEGRADE", value_name = "MODE", default_value = "local",
+          value_parser = ["local", "refuse"])]
+    cluster_degrade: String,
+    /// Most Events kept in the outbox while degraded.
+    #[arg(long, env = "AEP_CLUSTER_OUTBOX", value_name = "N",
+          default_value_t = aep_relay::cluster::DEFAULT_OUTBOX)]
+    cluster_outbox: usize,
+    /// Seconds a claim lives in the claims bucket without a refresh (refreshed every third).
+    #[arg(long, env = "AEP_CLUSTER_CLAIM_TTL_SECS", value_name = "SECS",
+          default_value_t = aep_relay::cluster::DEFAULT_CLAIM_TTL.as_secs())]
+    cluster_claim_ttl_secs: u64,
+}
+
+impl ClusterArgs {
+    /// The cluster configuration, or `None` without --cluster. `listen_port` names the
+    /// relay when --relay-id is not given.
+    pub fn config(&self, listen_port: u16) -> Result<Option<aep_relay::cluster::ClusterConfig>, String> {
+        use aep_relay::cluster::{ClusterAuth, ClusterConfig, Degrade};
+        let urls: Vec<String> = self
+            .cluster
+            .iter()
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            return Ok(None);
+        }
+        if !cfg!(feature = "cluster") {
+            return Err("--cluster needs the `cluster` feature, which this build leaves out".into());
+        }
+        let relay_id = match &self.relay_id {
+            Some(id) if id.is_empty() => return Err("--relay-id must not be empty".into()),
+            Some(id) => id.clone(),
+            None => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "relay".into());
+                format!("{host}-{listen_port}")
+            }
+        };
+        let auth = match (&self.cluster_token, &self.cluster_user, &self.cluster_creds) {
+            (Some(t), _, _) => ClusterAuth::Token(t.clone()),
+            (_, Some(u), _) => ClusterAuth::UserPassword {
+                user: u.clone(),
+                password: self.cluster_password.clone().unwrap_or_default(),
+            },
+            (_, _, Some(c)) => ClusterAuth::Credentials(c.clone()),
+            _ => ClusterAuth::None,
+        };
+        if self.cluster_claim_ttl_secs == 0 {
+            return Err("--cluster-claim-ttl-secs must be at least 1".into());
+        }
+        Ok(Some(ClusterConfig {
+            urls,
+            relay_id,
+            stream: self.cluster_stream.clone(),
+            prefix: self.cluster_prefix.clone(),
+            auth,
+            tls_ca: self.cluster_tls_ca.clone(),
+            claim_ttl: Duration::from_secs(self.cluster_claim_ttl_secs),
+            degrade: if self.cluster_degrade == "refuse" { Degrade::Refuse } else { Degrade::Local },
+            outbox: self.cluster_outbox,
+            ..ClusterConfig::default()
+        }))
+    }
+}

@@ -256,7 +256,26 @@ pub struct ClusterConfig {
     pub max_msgs_per_subject: i64,
     /// The stream's `duplicate_window`.
     pub duplicate_window: Duration,
+    /// What ingest does while the engine is unreachable (`--cluster-degrade`).
+    pub degrade: Degrade,
+    /// Most Events kept in the outbox while degraded (ingested locally, not yet in the
+    /// stream); past it ingest answers 503 `cluster-unavailable`.
+    pub outbox: usize,
 }
+
+/// What ingest does while the engine is unreachable (`--cluster-degrade`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Degrade {
+    /// Keep serving locally: admit, fan out to local subscribers, keep the Event in the
+    /// bounded outbox and publish it on reconnect.
+    #[default]
+    Local,
+    /// Refuse ingest with 503 `cluster-unavailable`.
+    Refuse,
+}
+
+/// The default outbox bound, in Events.
+pub const DEFAULT_OUTBOX: usize = 10_000;
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -273,6 +292,8 @@ impl Default for ClusterConfig {
             max_age: DEFAULT_MAX_AGE,
             max_msgs_per_subject: DEFAULT_MAX_MSGS_PER_SUBJECT,
             duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            degrade: Degrade::Local,
+            outbox: DEFAULT_OUTBOX,
         }
     }
 }

@@ -295,6 +295,9 @@ pub(crate) struct Conn {
     /// `max_output_bytes` (a peer pipelining requests without reading the answers);
     /// `Relay::flush` resumes them once the queue is below the bound.
     pub(crate) read_paused: bool,
+    /// Cluster mode: the serial of the `POST` whose stream acknowledgements this
+    /// connection waits for; no further request is read meanwhile.
+    pub(crate) awaiting: Option<u64>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
     /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
@@ -330,6 +333,7 @@ impl Conn {
             write_shut: false,
             peer_eof: false,
             read_paused: false,
+            awaiting: None,
             cors: None,
             replay: VecDeque::new(),
             backlog: OutQueue::default(),

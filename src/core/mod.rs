@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use timer::Timers;
 
 pub(crate) mod conn;
+mod cluster;
 mod journal;
 mod replay;
 mod request;
@@ -57,6 +58,7 @@ mod status;
 mod timer;
 mod ws;
 
+pub use cluster::ClusterState;
 pub use journal::{Journal, NoJournal, UnavailableJournal};
 
 /// The code of a 404 answer: counted in `/metrics`, but not among the `/status`
@@ -249,6 +251,24 @@ pub enum Refusal {
         /// The failed operation and the OS error.
         detail: String,
     },
+    /// Cluster mode: the engine cannot take the Events now and the relay may not keep
+    /// them locally (503 `cluster-unavailable`); nothing was accepted.
+    #[error("the cluster engine cannot take these Events now, so none was accepted; retry later: {detail}")]
+    ClusterUnavailable {
+        /// Why (the engine is unreachable, the outbox is full, a publish failed).
+        detail: String,
+    },
+    /// Cluster mode: an Event larger than the engine's `max_payload` (413
+    /// `event-too-large`).
+    #[error("line {line}: the Event is {size} bytes; the cluster engine takes at most {max} per message")]
+    EventTooLarge {
+        /// 1-based line.
+        line: usize,
+        /// The Event's size in bytes.
+        size: usize,
+        /// The engine's `max_payload`.
+        max: usize,
+    },
 }
 
 impl Refusal {
@@ -264,6 +284,8 @@ impl Refusal {
             Refusal::TooManyEvents { .. } => Code::TooManyEvents,
             Refusal::Command { .. } => Code::Forbidden,
             Refusal::HistoryUnavailable { .. } => Code::HistoryUnavailable,
+            Refusal::ClusterUnavailable { .. } => Code::ClusterUnavailable,
+            Refusal::EventTooLarge { .. } => Code::EventTooLarge,
         }
     }
 
@@ -328,6 +350,8 @@ pub struct Core {
     /// The relay's `hello` frames built so far, by version and whether the socket's
     /// credentials route commands (the only facts that vary, AEP-0003 §4).
     hellos: Vec<(&'static str, bool, Bytes)>,
+    /// Cluster mode (issue 15): `None` for a single relay.
+    bus: Option<Box<cluster::Bus>>,
 }
 
 impl Core {
@@ -361,6 +385,7 @@ impl Core {
             ingested: 0,
             discovery: std::cell::OnceCell::new(),
             hellos: Vec::new(),
+            bus: config.cluster.clone().map(|c| Box::new(cluster::Bus::new(c))),
             config,
         }
     }
@@ -491,6 +516,7 @@ impl Core {
     /// shutdown deadline. Also lets replays that yielded their turn continue.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
+        self.bus_timeout(now);
         for key in std::mem::take(&mut self.deferred) {
             self.mark_dirty(key);
         }
@@ -522,11 +548,14 @@ impl Core {
     /// `None` when nothing is timed. Never earlier than needed; may be early (an entry
     /// whose deadline moved later), which costs one empty wake.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let next = self.timers.next();
-        match (next, self.shutdown_deadline.filter(|_| !self.stopped)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.timers.next(),
+            self.shutdown_deadline.filter(|_| !self.stopped),
+            self.bus_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether the core has work that must not wait for a deadline: a replay that
@@ -557,6 +586,13 @@ impl Core {
         now: Instant,
     ) -> Result<usize, Refusal> {
         self.now = now;
+        if self.clustered() {
+            let events = self.validate_body(ndjson, usize::MAX, true)?;
+            return match self.submit(events, None)? {
+                cluster::Submitted::Now(n) => Ok(n),
+                cluster::Submitted::Waiting => Ok(0),
+            };
+        }
         self.ingest_body(ndjson, usize::MAX, true, origin)
     }
 
@@ -567,6 +603,9 @@ impl Core {
     /// [`Refusal::HistoryUnavailable`]: nothing was published; retry later.
     pub fn publish_events(&mut self, events: &[Arc<Event>], now: Instant) -> Result<(), Refusal> {
         self.now = now;
+        if self.clustered() {
+            return self.submit(events.to_vec(), None).map(|_| ());
+        }
         self.persist(events)?;
         self.publish_unit(events.iter().cloned());
         Ok(())
@@ -940,6 +979,10 @@ impl Core {
     fn deadline(&self, key: usize) -> Option<Instant> {
         let c = &self.config;
         let conn = self.conns.get(key)?;
+        if conn.awaiting.is_some() {
+            let wait = c.cluster.as_ref().map_or(c.request_timeout, cluster::post_deadline);
+            return Some(conn.since + wait);
+        }
         Some(match &conn.phase {
             Phase::Sse { .. } => conn.last_write + c.heartbeat,
             Phase::Ws(ws) => {
@@ -988,6 +1031,9 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        if conn.awaiting.is_some() {
+            return self.post_expired(key);
+        }
         match &mut conn.phase {
             Phase::Sse { .. } => {
                 self.end_unit();

@@ -127,7 +127,7 @@ impl Core {
             }
             match &mut conn.phase {
                 Phase::Head => {
-                    if conn.rbuf.is_empty() || self.over_output_bound(key) {
+                    if conn.rbuf.is_empty() || conn.awaiting.is_some() || self.over_output_bound(key) {
                         return;
                     }
                     let Some(conn) = self.conns.get_mut(key) else {
@@ -339,6 +339,18 @@ impl Core {
                 );
             }
         };
+        if route.handler == Handler::Ready {
+            let ready = self.ready();
+            let mut doc = serde_json::json!({ "ready": ready });
+            if let Some(s) = self.cluster_state() {
+                doc["cluster"] = s.as_str().into();
+            }
+            let body = serde_json::to_vec(&doc).unwrap_or_default();
+            let close = head.wants_close();
+            let status = if ready { 200 } else { 503 };
+            let resp = http::response(status, "application/json", &[], &body, close);
+            return self.reply(key, resp, close);
+        }
         if route.handler == Handler::Health {
             // Answered whatever the credentials; the counts only to an authenticated one.
             let body = self.health(
@@ -384,7 +396,7 @@ impl Core {
             }
             Handler::Stream => self.begin_sse(key, head),
             Handler::Socket => self.begin_ws(key, head, grant),
-            Handler::Health => {}
+            Handler::Health | Handler::Ready => {}
             Handler::Status => {
                 let close = head.wants_close();
                 let body = self.status_json();
@@ -519,6 +531,23 @@ impl Core {
         // The allocation the body's Bytes keep alive: its capacity (a chunked body grew
         // by doubling), not its length.
         let backing = body.capacity();
+        if self.clustered() {
+            let submitted = self
+                .validate_body(Bytes::from(body), backing, batch)
+                .and_then(|events| self.submit(events, Some((key, close))));
+            let resp = match submitted {
+                Ok(super::cluster::Submitted::Waiting) => return,
+                Ok(super::cluster::Submitted::Now(n)) => {
+                    self.metrics.ingested_http += n as u64;
+                    http::response(202, "application/json", &[], format!("{{\"accepted\":{n}}}").as_bytes(), close)
+                }
+                Err(r) => {
+                    self.refused(key, "POST /events", Some(r.status()), r.code(), &r.to_string());
+                    http::response(r.status(), "application/json", &[], &r.body(), close)
+                }
+            };
+            return self.reply(key, resp, close);
+        }
         let resp = match self.ingest_body(Bytes::from(body), backing, batch, Origin::Http) {
             Ok(n) => http::response(
                 202,
@@ -552,6 +581,28 @@ impl Core {
         batch: bool,
         origin: Origin,
     ) -> Result<usize, Refusal> {
+        let ok = self.validate_body(body, backing, batch)?;
+        let n = ok.len();
+        // Kept in the history before it is published or answered (issue 5).
+        self.persist(&ok)?;
+        match origin {
+            Origin::Ws => self.metrics.ingested_ws += n as u64,
+            Origin::Http | Origin::Jsonl => self.metrics.ingested_http += n as u64,
+        }
+        // One ingest unit: the batch's frames are coalesced (see `fanout`).
+        self.publish_unit(ok);
+        Ok(n)
+    }
+
+    /// Parses and validates every Event of a body (all or none: the first failure is
+    /// the refusal), each given bytes of its own where it may be held (see
+    /// [`keepable`]).
+    pub(super) fn validate_body(
+        &mut self,
+        body: Bytes,
+        backing: usize,
+        batch: bool,
+    ) -> Result<Vec<Arc<Event>>, Refusal> {
         let mut events = Vec::new();
         if batch {
             let count = memchr::memchr_iter(b'\n', &body).count() + 1;
@@ -598,16 +649,7 @@ impl Core {
                 }
             }
         }
-        let n = ok.len();
-        // Kept in the history before it is published or answered (issue 5).
-        self.persist(&ok)?;
-        match origin {
-            Origin::Ws => self.metrics.ingested_ws += n as u64,
-            Origin::Http | Origin::Jsonl => self.metrics.ingested_http += n as u64,
-        }
-        // One ingest unit: the batch's frames are coalesced (see `fanout`).
-        self.publish_unit(ok);
-        Ok(n)
+        Ok(ok)
     }
 
     pub(super) fn begin_sse(&mut self, key: usize, head: RequestHead) {

@@ -24,6 +24,9 @@ pub(crate) enum Handler {
     Metrics,
     /// `GET /healthz`: answered whatever the credentials (counts when authenticated).
     Health,
+    /// `GET /readyz`: 200 when the relay serves as a whole (always for a single relay;
+    /// clustered, once connected and caught up), else 503; whatever the credentials.
+    Ready,
 }
 
 /// One route.
@@ -57,6 +60,7 @@ pub(crate) const ROUTES: &[Route] = &[
     route("GET", "/", Scopes::WATCH, Handler::StatusPage),
     route("GET", "/metrics", Scopes::WATCH, Handler::Metrics),
     route("GET", "/healthz", Scopes::NONE, Handler::Health),
+    route("GET", "/readyz", Scopes::NONE, Handler::Ready),
 ];
 
 /// What the table says of a request.

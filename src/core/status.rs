@@ -3,7 +3,7 @@
 //! discovery document and the WebSocket `hello` declare (AEP-0003 §3.4, §4).
 
 use super::conn::Phase;
-use super::{Core, NOT_FOUND};
+use super::{ClusterState, Core, NOT_FOUND};
 use crate::auth::{Grant, Scopes};
 use crate::envelope;
 use crate::metrics::{self, Exposition};
@@ -202,12 +202,34 @@ impl Core {
         .sample(metrics::QUEUED_BYTES, &[], queued as f64);
         x.family(metrics::UPTIME, "gauge", "Seconds since start.")
             .sample(metrics::UPTIME, &[], self.uptime().as_secs_f64());
+        if let Some(bus) = &self.bus {
+            let state = bus.state();
+            x.family(
+                metrics::CLUSTER_STATE,
+                "gauge",
+                "Cluster mode: 1 for the relay's state with the engine.",
+            );
+            for s in [ClusterState::Connected, ClusterState::CatchingUp, ClusterState::Degraded] {
+                let v = if s == state { 1.0 } else { 0.0 };
+                x.sample(metrics::CLUSTER_STATE, &[("state", s.as_str())], v);
+            }
+            x.family(metrics::CLUSTER_LAG, "gauge", "Cluster mode: stream messages the consumer has yet to deliver.")
+                .sample(metrics::CLUSTER_LAG, &[], bus.lag() as f64);
+            x.family(metrics::CLUSTER_OUTBOX, "gauge", "Cluster mode: Events ingested while degraded, not yet in the stream.")
+                .sample(metrics::CLUSTER_OUTBOX, &[], bus.outbox_len() as f64);
+            x.family(metrics::CLUSTER_RECONNECTS, "counter", "Cluster mode: reconnections to the engine.")
+                .sample(metrics::CLUSTER_RECONNECTS, &[], bus.reconnects as f64);
+            x.family(metrics::CLUSTER_CONSUMER_RESETS, "counter", "Cluster mode: recreations of the ordered consumer.")
+                .sample(metrics::CLUSTER_CONSUMER_RESETS, &[], bus.consumer_resets as f64);
+            x.family(metrics::CLUSTER_PUBLISH_ERRORS, "counter", "Cluster mode: publishes the engine did not store.")
+                .sample(metrics::CLUSTER_PUBLISH_ERRORS, &[], bus.publish_errors as f64);
+        }
         x.finish()
     }
 
     /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
     pub(super) fn health(&self, detailed: bool) -> Vec<u8> {
-        let doc = if detailed {
+        let mut doc = if detailed {
             json!({
                 "ok": true,
                 "sessions": self.store.session_count(),
@@ -218,6 +240,11 @@ impl Core {
         } else {
             json!({ "ok": true })
         };
+        // Cluster mode: where the relay stands with the engine (issue 15), for every
+        // caller (a load balancer or an operator's probe reads it unauthenticated).
+        if let Some(bus) = &self.bus {
+            doc["cluster"] = bus.health();
+        }
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 

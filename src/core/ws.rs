@@ -180,6 +180,7 @@ impl Core {
         }
         for session in &ws.claims {
             self.claims.release(session, ConnId(key));
+            self.claim_changed(session);
         }
     }
 
@@ -334,6 +335,16 @@ impl Core {
             self.ws_claim(key, session);
         }
         let ev = Arc::new(ev);
+        if self.clustered() {
+            // Into the stream; admitted from there (issue 15).
+            return match self.submit(vec![ev.clone()], None) {
+                Ok(_) => self.metrics.ingested_ws += 1,
+                Err(r) => {
+                    let d = r.to_string();
+                    self.ws_refuse(key, r.code(), Ref::Id(ev.id()), &d)
+                }
+            };
+        }
         // Kept in the history (when configured) before it is published (issue 5).
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
             let d = r.to_string();
@@ -359,6 +370,7 @@ impl Core {
         }
         ws.claims.push(session.into());
         self.claims.claim(session, ConnId(key));
+        self.claim_changed(session);
     }
 
     /// A command (AEP-0004 §2): gated on authentication and the `control` scope, then
@@ -383,6 +395,9 @@ impl Core {
             let d = lacks(Scopes::CONTROL, "send commands");
             return self.ws_refuse(key, Code::Unauthorized, Ref::Cause(ev.id()), &d);
         }
+        let Some(ev) = self.cluster_command(key, ev) else {
+            return; // delivered, forwarded or refused across the cluster
+        };
         let session = ev.session();
         let route = self.claims.route(session, |c| {
             matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
@@ -613,13 +628,17 @@ impl Core {
             .flat_map(|(s, conns)| conns.iter().map(move |k| (s, *k)))
             .collect();
         pairs.sort_unstable();
-        let entries = pairs
+        let mut entries: Vec<(String, Value)> = pairs
             .into_iter()
             .filter_map(|(session, k)| {
                 let d = self.ws_state(k.0)?.hello.as_ref()?;
-                Some(aep::roster_entry(session, d))
+                Some((session.to_owned(), aep::roster_entry(session, d)))
             })
             .collect();
+        // Claimants on other relays (cluster mode), merged in session order.
+        entries.extend(self.remote_roster());
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let entries = entries.into_iter().map(|(_, e)| e).collect();
         let f = aep::roster(id, entries);
         self.ws_send(key, f);
     }

@@ -29,6 +29,10 @@ pub enum StartError {
     /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
     #[error("cannot start JSONL ingest: {0}")]
     Jsonl(io::Error),
+    /// Cluster mode (`--cluster`) could not be started: the bridge thread, or a build
+    /// without the `cluster` feature (issue 15).
+    #[error("cannot start cluster mode: {0}")]
+    Cluster(String),
 }
 
 /// Stops a running relay from any thread.

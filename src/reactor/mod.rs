@@ -21,6 +21,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// Values from the bridge handled per wake before the sockets get a turn.
+#[cfg(feature = "cluster")]
+const BUS_BUDGET: usize = 1024;
+/// How soon the reactor offers the bridge what its full channel refused.
+#[cfg(feature = "cluster")]
+const BUS_RETRY: Duration = Duration::from_millis(1);
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 /// Connection tokens are the core's connection slots, offset by the reserved tokens.
@@ -67,6 +73,10 @@ pub struct Relay {
     waker: Arc<Waker>,
     /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
     jsonl: Option<crate::jsonl::Ingest>,
+    /// Cluster mode (issue 15): the bridge thread to the engine, and what the core gave
+    /// for it that its channel had no room for yet.
+    #[cfg(feature = "cluster")]
+    bus: Option<(crate::cluster::Bridge, std::collections::VecDeque<crate::cluster::ToBus>)>,
     /// Why the core asked to stop, once it did.
     stopped: Option<Stop>,
     now: Instant,
@@ -104,6 +114,19 @@ impl Relay {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let history = config.history.clone();
+        #[cfg(feature = "cluster")]
+        let bus = match config.cluster.clone() {
+            Some(c) => Some((
+                crate::cluster::Bridge::start(c, waker.clone())
+                    .map_err(|e| StartError::Cluster(e.to_string()))?,
+                Default::default(),
+            )),
+            None => None,
+        };
+        #[cfg(not(feature = "cluster"))]
+        if config.cluster.is_some() {
+            return Err(StartError::Cluster("this build leaves out the `cluster` feature".into()));
+        }
         let jsonl =
             crate::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
                 .map_err(StartError::Jsonl)?;
@@ -131,6 +154,8 @@ impl Relay {
             graceful: Arc::new(AtomicBool::new(false)),
             waker,
             jsonl,
+            #[cfg(feature = "cluster")]
+            bus,
             stopped: None,
             now,
         })
@@ -232,6 +257,11 @@ impl Relay {
         };
         if self.core.is_busy() || !self.read_again.is_empty() {
             timeout = Some(Duration::ZERO);
+        }
+        #[cfg(feature = "cluster")]
+        if self.bus.as_ref().is_some_and(|(_, held)| !held.is_empty()) {
+            // The bridge's channel was full: try again soon.
+            timeout = Some(timeout.map_or(BUS_RETRY, |t| t.min(BUS_RETRY)));
         }
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
@@ -442,10 +472,34 @@ impl Relay {
                 Output::Stop(why) => self.stopped = Some(why),
             }
         }
+        #[cfg(feature = "cluster")]
+        if let Some((bridge, held)) = self.bus.as_mut() {
+            held.extend(std::iter::from_fn(|| self.core.poll_bus()));
+            while let Some(m) = held.pop_front() {
+                if let Err(m) = bridge.send(m) {
+                    held.push_front(m);
+                    break;
+                }
+            }
+        }
     }
 
     /// Ingests what the JSONL sources read: per chunk, journal then publish.
     fn on_wake(&mut self) {
+        #[cfg(feature = "cluster")]
+        if let Some((bridge, _)) = self.bus.as_mut() {
+            // What the engine said, a budget's worth per turn.
+            let mut took = 0;
+            while let Some(m) = bridge.try_recv() {
+                self.core.handle_bus(m, self.now);
+                took += 1;
+                if took == BUS_BUDGET {
+                    let _ = self.waker.wake();
+                    break;
+                }
+            }
+            self.drain();
+        }
         let Some(mut jsonl) = self.jsonl.take() else {
             return;
         };

@@ -1,0 +1,855 @@
+//! Cluster mode, the core's side (issue 15): what to publish to the engine, what to admit
+//! from it, the claims of other relays, and commands routed between relays. Sans-IO like
+//! the rest of the core: it takes [`FromBus`] values and `now`, and leaves [`ToBus`]
+//! values for the reactor to hand to the bridge thread ([`crate::cluster::Bridge`]).
+//!
+//! # One stream, one order
+//!
+//! Every Event a relay ingests (HTTP POST, WebSocket, JSONL, [`Core::ingest`]) is
+//! published to the one JetStream stream, with `Nats-Msg-Id` from its `(source, id)`
+//! (AEP-0001 §7 #4: a retry sent to two relays is one message). Nothing is admitted at
+//! ingest: each relay admits and fans out only what its ordered consumer delivers, once
+//! per stream sequence. So every relay builds the same replay buffers in the same order,
+//! and a resume `(session, epoch, seq)` is exact at any of them (AEP-0003 §5, §7). A
+//! `POST /events` is answered 202 once the stream acknowledged all its Events; the
+//! publishes are pipelined.
+//!
+//! # When the engine is down
+//!
+//! With [`Degrade::Local`] the relay serves locally: an Event is admitted and fanned out
+//! at once, and kept in a bounded outbox that is published on reconnect. When it comes
+//! back through the stream it is not fanned out again (its msg id is remembered). With
+//! [`Degrade::Refuse`] ingest answers 503 `cluster-unavailable`.
+//!
+//! # Commands across relays (AEP-0004 §4)
+//!
+//! Each relay keeps a claim record per session its emitters claim in the claims bucket
+//! (`{relay, session, entries}`), refreshed every third of the claim TTL. A command counts
+//! local and remote claimants: none is `no-route`, more than one `ambiguous`. With one
+//! claimant on another relay, the command goes to that relay as a request; it checks
+//! again, delivers byte-identically, publishes the command to the stream (so it enters
+//! every relay's history and reaches observers), and answers. A refusal, a timeout or no
+//! responder becomes the sender's in-band `error`.
+
+use super::conn::Phase;
+use super::{Core, Refusal};
+use crate::cluster::{self, ClusterConfig, Degrade, FromBus, ToBus};
+use crate::envelope::{Attr, Event, Scope};
+use crate::http;
+use crate::ws::aep::{self, Ref};
+use crate::ws::rfc6455;
+use crate::{Code, ConnId};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where the relay stands with the engine (`/healthz` `cluster.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    /// Connected, and the consumer has delivered the stream up to where it stood at the
+    /// connection (`/readyz` answers 200).
+    Connected,
+    /// Connected, rebuilding from the stream (`/readyz` answers 503).
+    CatchingUp,
+    /// Not connected (at start, or the engine is unreachable): serving locally or
+    /// refusing ingest, per `--cluster-degrade` (`/readyz` answers 503).
+    Degraded,
+}
+
+impl ClusterState {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterState::Connected => "connected",
+            ClusterState::CatchingUp => "catching-up",
+            ClusterState::Degraded => "degraded",
+        }
+    }
+}
+
+/// What a publish's ticket is for.
+#[derive(Debug)]
+enum Ticket {
+    /// An Event of the `POST` with this serial.
+    Post(u64, Arc<Event>),
+    /// An outbox entry, by its serial.
+    Outbox(u64),
+    /// Published with no one waiting (WebSocket, JSONL, host ingest, a routed command).
+    Loose(Arc<Event>),
+}
+
+/// A `POST /events` waiting for the stream's acknowledgements.
+#[derive(Debug)]
+struct Post {
+    key: usize,
+    close: bool,
+    accepted: usize,
+    remaining: usize,
+    /// Events whose publish failed.
+    failed: Vec<Arc<Event>>,
+}
+
+/// A remote claim record: one relay's claimants of one session.
+#[derive(Debug, Clone)]
+struct RemoteClaim {
+    relay: String,
+    session: String,
+    /// Roster entries (AEP-0003 §4.1), one per claimant there.
+    entries: Vec<Value>,
+    /// Each claimant's declared `control.accepts`.
+    accepts: Vec<Vec<String>>,
+}
+
+/// The core's cluster state (see the module docs).
+#[derive(Debug)]
+pub(super) struct Bus {
+    config: ClusterConfig,
+    state: ClusterState,
+    /// Whether the relay was ever connected (a later `Connected` is a reconnect).
+    ever_connected: bool,
+    max_payload: usize,
+    /// The last stream sequence admitted.
+    applied: u64,
+    /// The stream's last sequence when the connection came up: caught up past it.
+    target: u64,
+    /// Messages the consumer still has to deliver, as it last said.
+    lag: u64,
+    to_bus: VecDeque<ToBus>,
+    next_ticket: u64,
+    tickets: HashMap<u64, Ticket>,
+    posts: HashMap<u64, Post>,
+    /// Events admitted locally while degraded, not yet acknowledged by the stream.
+    outbox: BTreeMap<u64, (Arc<Event>, bool)>,
+    /// Msg ids of Events already delivered here (outbox Events, commands given to their
+    /// claimant directly): not fanned out again when the stream delivers them, except to
+    /// the connection named, which is skipped.
+    delivered: HashMap<String, Option<ConnId>>,
+    remote: HashMap<String, RemoteClaim>,
+    /// Commands forwarded to another relay: the sender's connection and command id.
+    requests: HashMap<u64, (usize, String)>,
+    /// Sessions whose local claim record must be put again (or deleted).
+    claims_dirty: HashSet<String>,
+    refresh_at: Option<Instant>,
+    /// Counters for `/metrics`.
+    pub(super) reconnects: u64,
+    pub(super) consumer_resets: u64,
+    pub(super) publish_errors: u64,
+}
+
+impl Bus {
+    /// The cluster state for a relay configured with `config`, not connected yet.
+    pub(super) fn new(config: ClusterConfig) -> Bus {
+        Bus {
+            config,
+            state: ClusterState::Degraded,
+            ever_connected: false,
+            max_payload: usize::MAX,
+            applied: 0,
+            target: 0,
+            lag: 0,
+            to_bus: VecDeque::new(),
+            next_ticket: 1,
+            tickets: HashMap::new(),
+            posts: HashMap::new(),
+            outbox: BTreeMap::new(),
+            delivered: HashMap::new(),
+            remote: HashMap::new(),
+            requests: HashMap::new(),
+            claims_dirty: HashSet::new(),
+            refresh_at: None,
+            reconnects: 0,
+            consumer_resets: 0,
+            publish_errors: 0,
+        }
+    }
+
+    fn ticket(&mut self, t: Ticket) -> u64 {
+        let n = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(n, t);
+        n
+    }
+
+    /// The publish of `ev` (its subject from the scanned attributes, never the other way
+    /// round: relays route on the Event, not on the subject).
+    fn publish(&mut self, ev: &Event, ticket: u64) {
+        let agent = ev.attr(Attr::Agent).unwrap_or_default();
+        let prefix = &self.config.prefix;
+        let subject = match (ev.scope(), ev.session()) {
+            (Scope::Agent, _) | (_, None) => cluster::agent_subject(prefix, agent),
+            (_, Some(s)) => cluster::event_subject(prefix, agent, s),
+        };
+        self.to_bus.push_back(ToBus::Publish {
+            ticket,
+            subject,
+            msg_id: cluster::msg_id(ev.source(), ev.id()),
+            payload: ev.bytes().clone(),
+        });
+    }
+
+    fn connected(&self) -> bool {
+        self.state != ClusterState::Degraded
+    }
+
+    /// The state, the consumer's lag and the outbox size (`/healthz`).
+    pub(super) fn health(&self) -> Value {
+        json!({
+            "state": self.state.as_str(),
+            "relay": self.config.relay_id,
+            "lag": self.lag,
+            "outbox": self.outbox.len(),
+            "applied": self.applied,
+            "remote_claims": self.remote.len(),
+        })
+    }
+
+    /// The state.
+    pub(super) fn state(&self) -> ClusterState {
+        self.state
+    }
+
+    /// Messages the consumer still has to deliver.
+    pub(super) fn lag(&self) -> u64 {
+        self.lag
+    }
+
+    /// Events in the outbox.
+    pub(super) fn outbox_len(&self) -> usize {
+        self.outbox.len()
+    }
+
+    /// Remote claimants of `session` (relay, accepts of each).
+    fn remote_claimants(&self, session: &str) -> Vec<(&str, &[String])> {
+        let mut v: Vec<(&str, &[String])> = self
+            .remote
+            .values()
+            .filter(|r| r.session == session)
+            .flat_map(|r| r.accepts.iter().map(move |a| (r.relay.as_str(), &a[..])))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// A claim record's value: `{"relay","session","entries","accepts"}`.
+fn claim_record(relay: &str, session: &str, entries: &[Value], accepts: &[Vec<String>]) -> Bytes {
+    let v = json!({ "relay": relay, "session": session, "entries": entries, "accepts": accepts });
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+fn parse_claim(b: &[u8]) -> Option<RemoteClaim> {
+    let v: Value = serde_json::from_slice(b).ok()?;
+    let accepts = v
+        .get("accepts")?
+        .as_array()?
+        .iter()
+        .map(|a| {
+            a.as_array()
+                .map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default()
+        })
+        .collect();
+    Some(RemoteClaim {
+        relay: v.get("relay")?.as_str()?.to_owned(),
+        session: v.get("session")?.as_str()?.to_owned(),
+        entries: v.get("entries")?.as_array()?.clone(),
+        accepts,
+    })
+}
+
+/// The answer a relay gives to a routed command: `{"ok":true}` or `{"code","detail"}`.
+fn route_answer(r: Result<(), (Code, String)>) -> Bytes {
+    let v = match r {
+        Ok(()) => json!({ "ok": true }),
+        Err((code, detail)) => json!({ "code": code.as_str(), "detail": detail }),
+    };
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// How an ingest went in cluster mode.
+pub(super) enum Submitted {
+    /// Accepted now (degraded, served locally): this many Events.
+    Now(usize),
+    /// Waiting for the stream's acknowledgements; the answer comes later.
+    Waiting,
+}
+
+impl Core {
+    /// Whether the relay runs clustered.
+    pub fn clustered(&self) -> bool {
+        self.bus.is_some()
+    }
+
+    /// The cluster state, when clustered.
+    pub fn cluster_state(&self) -> Option<ClusterState> {
+        self.bus.as_ref().map(|b| b.state())
+    }
+
+    /// Whether the relay is ready to serve as a member of the cluster: a single relay
+    /// always; a clustered one once connected and caught up (`/readyz`).
+    pub fn ready(&self) -> bool {
+        self.bus.as_ref().is_none_or(|b| b.state == ClusterState::Connected)
+    }
+
+    /// The next value for the bridge thread, or `None`. The reactor drains this after
+    /// every call into the core, as it does [`Core::poll_output`].
+    pub fn poll_bus(&mut self) -> Option<ToBus> {
+        let bus = self.bus.as_mut()?;
+        if !bus.claims_dirty.is_empty() {
+            let sessions: Vec<String> = bus.claims_dirty.drain().collect();
+            for s in sessions {
+                self.put_claim(&s);
+            }
+        }
+        self.bus.as_mut()?.to_bus.pop_front()
+    }
+
+    /// Hands the core what the bridge reported (see [`FromBus`]).
+    pub fn handle_bus(&mut self, msg: FromBus, now: Instant) {
+        self.now = now;
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        match msg {
+            FromBus::Connected {
+                max_payload,
+                last_seq,
+            } => {
+                if bus.ever_connected {
+                    bus.reconnects += 1;
+                }
+                bus.ever_connected = true;
+                bus.max_payload = max_payload;
+                bus.target = last_seq;
+                bus.state = if bus.applied >= last_seq {
+                    ClusterState::Connected
+                } else {
+                    ClusterState::CatchingUp
+                };
+                log::info!(
+                    "cluster: connected (stream at {last_seq}, applied {}); {} Events in the outbox",
+                    bus.applied,
+                    bus.outbox.len()
+                );
+                // The outbox, in order, then every local claim again.
+                let waiting: Vec<u64> = bus
+                    .outbox
+                    .iter()
+                    .filter(|(_, (_, in_flight))| !in_flight)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for serial in waiting {
+                    let t = bus.ticket(Ticket::Outbox(serial));
+                    let (ev, in_flight) = bus.outbox.get_mut(&serial).expect("listed");
+                    *in_flight = true;
+                    let ev = ev.clone();
+                    bus.publish(&ev, t);
+                }
+                let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
+                let bus = self.bus.as_mut().expect("clustered");
+                bus.claims_dirty.extend(sessions);
+                if bus.refresh_at.is_none() {
+                    bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
+                }
+            }
+            FromBus::Disconnected { reason } => {
+                if bus.state != ClusterState::Degraded {
+                    log::warn!("cluster: engine unreachable ({reason}); degraded");
+                }
+                bus.state = ClusterState::Degraded;
+                // Remote claims cannot be reached meanwhile.
+                bus.remote.clear();
+            }
+            FromBus::Message {
+                stream_seq,
+                pending,
+                payload,
+            } => {
+                bus.lag = pending;
+                if stream_seq <= bus.applied {
+                    return; // once per stream sequence
+                }
+                bus.applied = stream_seq;
+                if bus.state == ClusterState::CatchingUp
+                    && (bus.applied >= bus.target || pending == 0)
+                {
+                    bus.state = ClusterState::Connected;
+                    log::info!("cluster: caught up at stream sequence {stream_seq}");
+                }
+                self.admit_from_stream(stream_seq, payload);
+            }
+            FromBus::ConsumerReset => bus.consumer_resets += 1,
+            FromBus::Acked { ticket, .. } => self.acked(ticket, None),
+            FromBus::PublishFailed { ticket, error } => {
+                bus.publish_errors += 1;
+                self.acked(ticket, Some(error));
+            }
+            FromBus::Claim { key, value } => {
+                let own = bus.config.relay_id.clone();
+                match value.as_deref().and_then(parse_claim) {
+                    Some(c) if c.relay != own => {
+                        bus.remote.insert(key, c);
+                    }
+                    Some(_) => {}
+                    None => {
+                        bus.remote.remove(&key);
+                    }
+                }
+            }
+            FromBus::Request { reply, payload } => {
+                let answer = self.routed_command(payload);
+                if let Some(bus) = self.bus.as_mut() {
+                    bus.to_bus.push_back(ToBus::Reply {
+                        reply,
+                        payload: route_answer(answer),
+                    });
+                }
+            }
+            FromBus::Response { ticket, result } => {
+                let Some((key, id)) = bus.requests.remove(&ticket) else {
+                    return;
+                };
+                let refusal = match result {
+                    Ok(body) => {
+                        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        if v.get("ok").and_then(Value::as_bool) == Some(true) {
+                            None
+                        } else {
+                            let code = match v.get("code").and_then(Value::as_str) {
+                                Some("ambiguous") => Code::Ambiguous,
+                                Some("unsupported") => Code::Unsupported,
+                                _ => Code::NoRoute,
+                            };
+                            let d = v
+                                .get("detail")
+                                .and_then(Value::as_str)
+                                .unwrap_or("the claimant's relay refused the command")
+                                .to_owned();
+                            Some((code, d))
+                        }
+                    }
+                    Err(e) => Some((
+                        Code::NoRoute,
+                        format!("the claimant's relay did not take the command ({e}) (AEP-0004 §4.2)"),
+                    )),
+                };
+                if let Some((code, d)) = refusal {
+                    self.ws_refuse(key, code, Ref::Cause(&id), &d);
+                }
+            }
+        }
+    }
+
+    /// The claim refresh, when due (from [`Core::handle_timeout`]).
+    pub(super) fn bus_timeout(&mut self, now: Instant) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        if bus.refresh_at.is_some_and(|t| t <= now) {
+            bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
+            if bus.connected() {
+                let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
+                self.bus.as_mut().expect("clustered").claims_dirty.extend(sessions);
+            }
+        }
+    }
+
+    /// The next cluster deadline (the claim refresh).
+    pub(super) fn bus_deadline(&self) -> Option<Instant> {
+        self.bus.as_ref()?.refresh_at
+    }
+
+    /// Marks `session`'s local claim record for a put (or a delete once unclaimed).
+    pub(super) fn claim_changed(&mut self, session: &str) {
+        if let Some(bus) = self.bus.as_mut() {
+            bus.claims_dirty.insert(session.to_owned());
+        }
+    }
+
+    fn put_claim(&mut self, session: &str) {
+        let mut entries = Vec::new();
+        let mut accepts = Vec::new();
+        for c in self.claims.claimants(session) {
+            if let Some(d) = self.ws_state(c.0).and_then(|w| w.hello.as_deref()) {
+                entries.push(aep::roster_entry(session, d));
+                accepts.push(d.accepts.clone().unwrap_or_default());
+            }
+        }
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let key = cluster::kv_key(&[&bus.config.relay_id, session]);
+        if entries.is_empty() {
+            bus.to_bus.push_back(ToBus::DeleteClaim { key });
+        } else {
+            let value = claim_record(&bus.config.relay_id, session, &entries, &accepts);
+            bus.to_bus.push_back(ToBus::PutClaim { key, value });
+        }
+    }
+
+    /// Roster entries of the claimants on other relays (AEP-0003 §4.1), by session.
+    pub(super) fn remote_roster(&self) -> Vec<(String, Value)> {
+        let Some(bus) = self.bus.as_ref() else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, Value)> = bus
+            .remote
+            .values()
+            .flat_map(|r| r.entries.iter().map(|e| (r.session.clone(), e.clone())))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Cluster-mode ingest of validated Events. With `waiter` (a `POST`'s connection
+    /// and its `Connection: close`), the answer goes to it once the stream acknowledged
+    /// them all.
+    ///
+    /// # Errors
+    /// [`Refusal::EventTooLarge`] over the engine's `max_payload`;
+    /// [`Refusal::ClusterUnavailable`] when degraded and refusing (or the outbox full);
+    /// [`Refusal::HistoryUnavailable`] when a local admission cannot be kept.
+    pub(super) fn submit(
+        &mut self,
+        events: Vec<Arc<Event>>,
+        waiter: Option<(usize, bool)>,
+    ) -> Result<Submitted, Refusal> {
+        let Some(bus) = self.bus.as_mut() else {
+            return Err(Refusal::ClusterUnavailable {
+                detail: "not clustered".into(),
+            });
+        };
+        // Headers and subject take some room of their own.
+        let max = bus.max_payload.saturating_sub(512);
+        if let Some((i, ev)) = events.iter().enumerate().find(|(_, e)| e.bytes().len() > max) {
+            return Err(Refusal::EventTooLarge {
+                line: i + 1,
+                size: ev.bytes().len(),
+                max,
+            });
+        }
+        if !bus.connected() {
+            return self.degraded(events).map(Submitted::Now);
+        }
+        let n = events.len();
+        match waiter {
+            Some((key, close)) => {
+                let serial = bus.next_ticket;
+                bus.next_ticket += 1;
+                for ev in &events {
+                    let t = bus.ticket(Ticket::Post(serial, ev.clone()));
+                    bus.publish(ev, t);
+                }
+                bus.posts.insert(
+                    serial,
+                    Post {
+                        key,
+                        close,
+                        accepted: n,
+                        remaining: n,
+                        failed: Vec::new(),
+                    },
+                );
+                if let Some(conn) = self.conns.get_mut(key) {
+                    conn.awaiting = Some(serial);
+                }
+                // No next request is read until this one is answered.
+                self.set_interest(key, Some(false), None);
+                Ok(Submitted::Waiting)
+            }
+            None => {
+                for ev in events {
+                    let t = bus.ticket(Ticket::Loose(ev.clone()));
+                    bus.publish(&ev, t);
+                }
+                Ok(Submitted::Now(n))
+            }
+        }
+    }
+
+    /// Ingest while the engine is unreachable (see the module docs).
+    fn degraded(&mut self, events: Vec<Arc<Event>>) -> Result<usize, Refusal> {
+        let bus = self.bus.as_mut().expect("clustered");
+        if bus.config.degrade == Degrade::Refuse {
+            return Err(Refusal::ClusterUnavailable {
+                detail: "the engine is unreachable and this relay refuses local ingest (--cluster-degrade refuse)".into(),
+            });
+        }
+        if bus.outbox.len() + events.len() > bus.config.outbox {
+            return Err(Refusal::ClusterUnavailable {
+                detail: format!(
+                    "the engine is unreachable and the outbox holds {} Events already (its bound)",
+                    bus.outbox.len()
+                ),
+            });
+        }
+        self.persist(&events)?;
+        let bus = self.bus.as_mut().expect("clustered");
+        for ev in &events {
+            let serial = bus.next_ticket;
+            bus.next_ticket += 1;
+            bus.outbox.insert(serial, (ev.clone(), false));
+            bus.delivered
+                .insert(cluster::msg_id(ev.source(), ev.id()), None);
+        }
+        let n = events.len();
+        self.publish_unit(events);
+        Ok(n)
+    }
+
+    /// A publish answered: `error` `None` when stored.
+    fn acked(&mut self, ticket: u64, error: Option<String>) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let Some(t) = bus.tickets.remove(&ticket) else {
+            return;
+        };
+        match t {
+            Ticket::Outbox(serial) => match error {
+                None => {
+                    bus.outbox.remove(&serial);
+                }
+                Some(e) => {
+                    log::debug!("cluster: outbox publish failed ({e}); kept for the next connection");
+                    if let Some((_, in_flight)) = bus.outbox.get_mut(&serial) {
+                        *in_flight = false;
+                    }
+                }
+            },
+            Ticket::Loose(ev) => {
+                if let Some(e) = error {
+                    log::warn!("cluster: publish of {:?} failed ({e}); kept locally", ev.id());
+                    if let Err(r) = self.degraded(vec![ev]) {
+                        log::warn!("cluster: Event lost: {r}");
+                    }
+                }
+            }
+            Ticket::Post(serial, ev) => {
+                let Some(post) = bus.posts.get_mut(&serial) else {
+                    return;
+                };
+                post.remaining -= 1;
+                if error.is_some() {
+                    post.failed.push(ev);
+                }
+                if post.remaining > 0 {
+                    return;
+                }
+                let post = bus.posts.remove(&serial).expect("present");
+                self.answer_post(serial, post, error);
+            }
+        }
+    }
+
+    /// Answers a `POST` whose every publish was answered.
+    fn answer_post(&mut self, serial: u64, post: Post, error: Option<String>) {
+        let Post {
+            key,
+            close,
+            accepted,
+            failed,
+            ..
+        } = post;
+        if self.conns.get(key).is_none_or(|c| c.awaiting != Some(serial)) {
+            return; // the connection is gone
+        }
+        let outcome = if failed.is_empty() {
+            Ok(accepted)
+        } else {
+            // Some did not reach the stream: kept locally, or refused.
+            let e = error.unwrap_or_default();
+            log::warn!("cluster: {} of {accepted} Events not stored by the engine ({e})", failed.len());
+            self.degraded(failed).map(|_| accepted)
+        };
+        let resp = match outcome {
+            Ok(n) => {
+                self.metrics.ingested_http += n as u64;
+                http::response(202, "application/json", &[], format!("{{\"accepted\":{n}}}").as_bytes(), close)
+            }
+            Err(r) => {
+                self.refused(key, "POST /events", Some(r.status()), r.code(), &r.to_string());
+                http::response(r.status(), "application/json", &[], &r.body(), close)
+            }
+        };
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.awaiting = None;
+            conn.since = self.now;
+        }
+        self.reply(key, resp, close);
+        // The requests read behind it, then the socket.
+        self.process(key);
+        if self
+            .conns
+            .get(key)
+            .is_some_and(|c| !c.read_paused && c.awaiting.is_none() && !c.close_after_flush)
+        {
+            self.set_interest(key, Some(true), None);
+        }
+        self.rearm(key);
+    }
+
+    /// A `POST` that waited too long for the stream (the bridge answers every publish
+    /// within its ack timeout; this only guards against a bridge that cannot).
+    pub(super) fn post_expired(&mut self, key: usize) {
+        let Some(serial) = self.conns.get(key).and_then(|c| c.awaiting) else {
+            return;
+        };
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        if let Some(mut post) = bus.posts.remove(&serial) {
+            bus.tickets.retain(|_, t| !matches!(t, Ticket::Post(s, _) if *s == serial));
+            post.failed.clear();
+            let close = post.close;
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.awaiting = None;
+            }
+            let r = Refusal::ClusterUnavailable {
+                detail: "the engine did not acknowledge the Events in time; they may or may not be in the stream: retry with the same ids".into(),
+            };
+            self.refused(key, "POST /events", Some(r.status()), r.code(), &r.to_string());
+            let resp = http::response(r.status(), "application/json", &[], &r.body(), close);
+            self.reply(key, resp, true);
+        }
+    }
+
+    /// One stream message: admitted and fanned out (once per stream sequence; the caller
+    /// checked the sequence).
+    fn admit_from_stream(&mut self, seq: u64, payload: Bytes) {
+        let ev = match Event::parse(payload) {
+            Ok(ev) => Arc::new(ev),
+            Err(e) => {
+                log::warn!("cluster: stream message {seq} is not a valid Event ({}); skipped", e.detail);
+                return;
+            }
+        };
+        let id = cluster::msg_id(ev.source(), ev.id());
+        let bus = self.bus.as_mut().expect("clustered");
+        let except = match bus.delivered.remove(&id) {
+            // Delivered here already (an outbox Event): nothing more to do.
+            Some(None) => return,
+            // A command given to its claimant directly: everyone else gets it now.
+            Some(Some(c)) => Some(c),
+            None => None,
+        };
+        if self.store.holds(&ev) && !ev.is_command() {
+            return; // the same (source, id) again (AEP-0001 §7 #4)
+        }
+        if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+            // The stream keeps it; this relay's history misses it.
+            log::warn!("cluster: stream message {seq} not kept in the history: {r}");
+        }
+        match except {
+            Some(c) => self.publish_except(ev, c),
+            None => self.publish(ev),
+        }
+    }
+
+    /// A command for `session` (AEP-0004 §4.2) in cluster mode, from WebSocket `key`:
+    /// routed over local and remote claimants. `true` when handled here (delivered,
+    /// forwarded or refused); `false` leaves it to the single-relay path (exactly one
+    /// local claimant and no remote one, while degraded).
+    pub(super) fn cluster_command(&mut self, key: usize, ev: Event) -> Option<Event> {
+        let Some(bus) = self.bus.as_ref() else {
+            return Some(ev);
+        };
+        let session = ev.session().unwrap_or_default().to_owned();
+        let remote: Vec<(String, bool)> = bus
+            .remote_claimants(&session)
+            .into_iter()
+            .map(|(r, a)| (r.to_owned(), a.iter().any(|t| t == ev.event_type())))
+            .collect();
+        let local = self.claims.claimants(&session).len();
+        if remote.is_empty() && (local != 1 || !bus.connected()) {
+            return Some(ev); // no-route, ambiguous, or local delivery: as a single relay
+        }
+        if local + remote.len() > 1 {
+            let d = format!(
+                "session {session:?} has {} claimants across the cluster; a command needs exactly one (AEP-0004 §4.5)",
+                local + remote.len()
+            );
+            self.ws_refuse(key, Code::Ambiguous, Ref::Cause(ev.id()), &d);
+            return None;
+        }
+        if local == 1 {
+            // The one claimant is here: deliver, then publish to the stream.
+            return match self.deliver_command(ev) {
+                Ok(()) => None,
+                Err((code, d, ev)) => {
+                    self.ws_refuse(key, code, Ref::Cause(ev.id()), &d);
+                    None
+                }
+            };
+        }
+        let (relay, accepts) = remote.into_iter().next().expect("one");
+        if !accepts {
+            let d = format!(
+                "the claimant of session {session:?} does not accept {} (AEP-0004 §4.2)",
+                ev.event_type()
+            );
+            self.ws_refuse(key, Code::Unsupported, Ref::Cause(ev.id()), &d);
+            return None;
+        }
+        let bus = self.bus.as_mut().expect("clustered");
+        let ticket = bus.next_ticket;
+        bus.next_ticket += 1;
+        bus.requests.insert(ticket, (key, ev.id().to_owned()));
+        bus.to_bus.push_back(ToBus::Request {
+            ticket,
+            relay,
+            payload: ev.bytes().clone(),
+        });
+        None
+    }
+
+    /// A command another relay forwarded: checked again here, then delivered.
+    fn routed_command(&mut self, payload: Bytes) -> Result<(), (Code, String)> {
+        let ev = Event::parse(payload).map_err(|e| (Code::InvalidEvent, e.detail))?;
+        if !ev.is_command() {
+            return Err((Code::InvalidEvent, "not a command".into()));
+        }
+        self.deliver_command(ev).map_err(|(c, d, _)| (c, d))
+    }
+
+    /// Delivers a command to its one local claimant byte-identically, then publishes it
+    /// to the stream for history and observers (the claimant is skipped when it comes
+    /// back).
+    fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String, Event)> {
+        let session = ev.session();
+        let route = self.claims.route(session, |c| {
+            matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
+                if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
+        });
+        let target = match route {
+            Ok(t) => t,
+            Err(r) => {
+                let d = r.detail(ev.event_type(), session.unwrap_or_default());
+                return Err((r.code(), d, ev));
+            }
+        };
+        let max = self.config.max_output_bytes;
+        if self.conns.get(target.0).is_none_or(|c| c.out.len() > max) {
+            let d = "the only claimant of the session does not read its output (AEP-0003 §8.4)".to_owned();
+            return Err((Code::NoRoute, d, ev));
+        }
+        self.end_unit();
+        self.conns[target.0].send(rfc6455::text(ev.bytes()));
+        self.mark_dirty(target.0);
+        self.metrics.ingested_ws += 1;
+        let ev = Arc::new(ev);
+        let bus = self.bus.as_mut().expect("clustered");
+        bus.delivered
+            .insert(cluster::msg_id(ev.source(), ev.id()), Some(target));
+        let t = bus.ticket(Ticket::Loose(ev.clone()));
+        bus.publish(&ev, t);
+        Ok(())
+    }
+}
+
+/// How long a `POST` may wait for the stream before the core gives up on the bridge.
+pub(super) fn post_deadline(config: &ClusterConfig) -> Duration {
+    config.ack_timeout * 2 + Duration::from_secs(1)
+}
