@@ -14,7 +14,7 @@
 //!
 //! This module is always compiled and holds no I/O: the two message enums ([`ToBus`],
 //! [`FromBus`]), the engine settings ([`ClusterConfig`]) and the names on the bus
-//! (subjects, message ids, KV keys). The thread that speaks NATS is [`bridge`], behind the
+//! (subjects, message ids, KV keys). The thread that speaks NATS is `bridge`, behind the
 //! cargo feature `cluster`. Keeping the boundary a pair of small enums means a client
 //! spoken by the reactor itself could replace the bridge without touching the core.
 //!
@@ -457,9 +457,8 @@ mod tests {
     /// control byte, ASCII only.
     fn subject_safe(t: &str) -> bool {
         !t.is_empty()
-            && t.bytes().all(|b| {
-                b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>'
-            })
+            && t.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
     }
 
     fn kv_safe(key: &str) -> bool {
@@ -546,7 +545,9 @@ mod tests {
 
     #[test]
     fn decode_refuses_what_encode_never_makes() {
-        for bad in ["~2", "~zz", "~2e", "a.b", "~41", "a b", "~h00", "~~", "", "~C3"] {
+        for bad in [
+            "~2", "~zz", "~2e", "a.b", "~41", "a b", "~h00", "~~", "", "~C3",
+        ] {
             assert_eq!(decode_token(bad), None, "{bad:?}");
         }
     }

@@ -108,14 +108,21 @@ impl NatsServer {
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             self.check_alive("accepting connections");
             if Instant::now() > deadline {
-                panic!("nats-server does not accept on {port}; its log:\n{}", self.log());
+                panic!(
+                    "nats-server does not accept on {port}; its log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
 
     fn check_alive(&mut self, doing: &str) {
-        if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
             panic!(
                 "nats-server exited ({status}) before {doing}; its log:\n{}",
                 self.log()
