@@ -12,7 +12,9 @@
 //! - the engine killed: `Disconnected` at both; restarted: `Connected` again and each
 //!   consumer goes on with no loss and no duplicate;
 //! - a relay's consumer deleted mid-stream: `ConsumerReset`, then no loss and no duplicate
-//!   (issue 15, test 8).
+//!   (issue 15, test 8); the same when a stalled engine (SIGSTOP) misses heartbeats;
+//! - bad settings are refused at start; without an engine, publishes and requests fail
+//!   at once and the bridge stops at once.
 //!
 //! Skips when nats-server is not on `PATH` (fails under `CI=true`). Every wait is bounded
 //! by [`WAIT`].
@@ -629,4 +631,35 @@ fn deleted_consumer_is_recreated_without_loss_or_duplicate() {
         assert_exact(r, &(1..=40).collect::<Vec<_>>());
     }
     assert_eq!(b.count(|v| matches!(v, FromBus::ConsumerReset)), 0);
+}
+
+#[test]
+fn stalled_engine_missed_heartbeats_recreate_the_consumer_without_loss() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let mut a = Relay::start(config(&server.url(), "A"));
+    let mut b = Relay::start(config(&server.url(), "B"));
+    a.connected();
+    b.connected();
+    for i in 1..=10 {
+        b.send(publish(i, i));
+    }
+    b.acks(1..=10);
+    a.messages_through(10);
+
+    // Stalled for longer than two idle heartbeats: the connection stays, the
+    // heartbeats stop. The stall's length is the fault itself, not a synchronisation.
+    server.pause();
+    for i in 11..=20 {
+        b.send(publish(i, i));
+    }
+    std::thread::sleep(aep_relay::cluster::bridge::HEARTBEAT * 3);
+    server.resume();
+    a.wait_for("ConsumerReset", |v| matches!(v, FromBus::ConsumerReset));
+    b.acks(11..=20);
+    for r in [&mut a, &mut b] {
+        r.messages_through(20);
+        assert_exact(r, &(1..=20).collect::<Vec<_>>());
+    }
 }
