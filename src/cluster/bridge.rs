@@ -28,7 +28,10 @@
 //!   under way the later operations on one key collapse into the latest.
 //! - **Answers** requests on [`relay_subject`] and sends requests to other relays.
 
-use super::{relay_subject, ClusterAuth, ClusterConfig, FromBus, ToBus};
+use super::{
+    relay_subject, ClusterAuth, ClusterConfig, FromBus, ToBus, NOT_CONNECTED, NO_RESPONDERS,
+    TIMEOUT,
+};
 use async_nats::jetstream::{self, consumer::pull, kv};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -55,9 +58,6 @@ const PULL_EXPIRES: Duration = Duration::from_secs(10);
 const PULL_BATCH: usize = 512;
 /// How often the thread looks at its timers (claim expiry, retries, stale replies).
 const TICK: Duration = Duration::from_millis(200);
-/// The error of a publish or a request made while the bridge is not connected (before
-/// [`FromBus::Connected`], or after [`FromBus::Disconnected`]).
-pub const NOT_CONNECTED: &str = "not-connected";
 /// The pause before a failed set-up step is tried again.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -793,8 +793,8 @@ impl Bus {
                 self.responses.spawn(async move {
                     let result = client.request(subject, payload).await.map(|m| m.payload);
                     let result = result.map_err(|e| match e.kind() {
-                        async_nats::RequestErrorKind::NoResponders => "no-responders".to_string(),
-                        async_nats::RequestErrorKind::TimedOut => "timeout".to_string(),
+                        async_nats::RequestErrorKind::NoResponders => NO_RESPONDERS.to_string(),
+                        async_nats::RequestErrorKind::TimedOut => TIMEOUT.to_string(),
                         _ => e.to_string(),
                     });
                     FromBus::Response { ticket, result }

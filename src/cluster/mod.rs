@@ -174,7 +174,7 @@ pub enum FromBus {
         payload: Bytes,
     },
     /// The answer to [`ToBus::Request`]: `Ok(reply body)`, or `Err` with
-    /// `"no-responders"` (no relay listens on that subject), `"timeout"`, `"not-connected"`,
+    /// [`NO_RESPONDERS`] (no relay listens on that subject), [`TIMEOUT`], [`NOT_CONNECTED`],
     /// or another text.
     Response {
         /// The request's ticket.
@@ -202,6 +202,14 @@ pub enum ClusterAuth {
     /// A NATS credentials file (`.creds`: a user JWT and its NKey seed).
     Credentials(PathBuf),
 }
+
+/// The error of a [`ToBus::Publish`] or a [`ToBus::Request`] made while the bridge is not
+/// connected (before [`FromBus::Connected`], or after [`FromBus::Disconnected`]).
+pub const NOT_CONNECTED: &str = "not-connected";
+/// The error of a [`ToBus::Request`] that no relay listens for.
+pub const NO_RESPONDERS: &str = "no-responders";
+/// The error of a [`ToBus::Request`] not answered within [`ClusterConfig::request_timeout`].
+pub const TIMEOUT: &str = "timeout";
 
 /// The default stream name ([`ClusterConfig::stream`]).
 pub const DEFAULT_STREAM: &str = "AEP";
