@@ -12,7 +12,9 @@
 //! - the engine killed: `Disconnected` at both; restarted: `Connected` again and each
 //!   consumer goes on with no loss and no duplicate;
 //! - a relay's consumer deleted mid-stream: `ConsumerReset`, then no loss and no duplicate
-//!   (issue 15, test 8).
+//!   (issue 15, test 8); the same when a stalled engine (SIGSTOP) misses heartbeats;
+//! - bad settings are refused at start; without an engine, publishes and requests fail
+//!   at once and the bridge stops at once.
 //!
 //! Skips when nats-server is not on `PATH` (fails under `CI=true`). Every wait is bounded
 //! by [`WAIT`].
@@ -20,9 +22,7 @@
 
 mod support;
 
-use aep_relay::cluster::{
-    event_subject, kv_key, msg_id, Bridge, ClusterConfig, FromBus, ToBus,
-};
+use aep_relay::cluster::{event_subject, kv_key, msg_id, Bridge, ClusterConfig, FromBus, ToBus};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -116,7 +116,11 @@ impl Relay {
                 Ok(()) => return,
                 Err(back) => msg = back,
             }
-            assert!(Instant::now() < deadline, "{}: the bridge takes nothing", self.name);
+            assert!(
+                Instant::now() < deadline,
+                "{}: the bridge takes nothing",
+                self.name
+            );
             self.pump(Instant::now() + Duration::from_millis(50));
         }
     }
@@ -134,11 +138,20 @@ impl Relay {
         }
     }
 
-    /// Waits until Messages up to `stream_seq` have come.
+    /// Waits until Messages up to `stream_seq` have come, looking at everything taken
+    /// (a Message may come before the ack of its own publish); the cursor stays.
     fn messages_through(&mut self, stream_seq: u64) {
-        self.wait_for(&format!("Message {stream_seq}"), |v| {
-            matches!(v, FromBus::Message { stream_seq: s, .. } if *s >= stream_seq)
-        });
+        let deadline = Instant::now() + WAIT;
+        while !self.messages().iter().any(|(s, _)| *s >= stream_seq) {
+            if Instant::now() >= deadline {
+                panic!(
+                    "{}: no Message {stream_seq} within {WAIT:?}; it saw {:?}",
+                    self.name,
+                    &self.seen[self.cursor..]
+                );
+            }
+            self.pump(deadline);
+        }
     }
 
     /// Every Message taken so far: stream sequence and payload.
@@ -216,7 +229,9 @@ fn assert_exact(r: &Relay, expected: &[u64]) {
 
 #[test]
 fn publishes_are_pipelined_ordered_and_deduplicated() {
-    let Some(server) = NatsServer::start() else { return };
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
     let mut a = Relay::start(config(&server.url(), "A"));
     let mut b = Relay::start(config(&server.url(), "B"));
     assert_eq!(a.connected(), 0);
@@ -236,15 +251,33 @@ fn publishes_are_pipelined_ordered_and_deduplicated() {
         r.messages_through(N);
         assert_exact(r, &(1..=N).collect::<Vec<_>>());
         let payloads: Vec<Bytes> = r.messages().into_iter().map(|(_, p)| p).collect();
-        assert_eq!(payloads, (1..=N).map(event).collect::<Vec<_>>(), "{}", r.name);
+        assert_eq!(
+            payloads,
+            (1..=N).map(event).collect::<Vec<_>>(),
+            "{}",
+            r.name
+        );
         // Connected came before the first Message.
-        let first_msg = r.seen.iter().position(|v| matches!(v, FromBus::Message { .. }));
-        let connected = r.seen.iter().position(|v| matches!(v, FromBus::Connected { .. }));
-        assert!(connected < first_msg, "{}: Connected after a Message", r.name);
+        let first_msg = r
+            .seen
+            .iter()
+            .position(|v| matches!(v, FromBus::Message { .. }));
+        let connected = r
+            .seen
+            .iter()
+            .position(|v| matches!(v, FromBus::Connected { .. }));
+        assert!(
+            connected < first_msg,
+            "{}: Connected after a Message",
+            r.name
+        );
     }
     // `pending` counts down to 0 at the last message.
     assert!(matches!(
-        a.seen.iter().rev().find(|v| matches!(v, FromBus::Message { .. })),
+        a.seen
+            .iter()
+            .rev()
+            .find(|v| matches!(v, FromBus::Message { .. })),
         Some(FromBus::Message { pending: 0, .. })
     ));
 
@@ -264,7 +297,9 @@ fn publishes_are_pipelined_ordered_and_deduplicated() {
 
 #[test]
 fn claims_and_requests_cross_relays() {
-    let Some(server) = NatsServer::start() else { return };
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
     let mut a = Relay::start(config(&server.url(), "A"));
     let mut b = Relay::start(config(&server.url(), "B"));
     a.connected();
@@ -277,30 +312,34 @@ fn claims_and_requests_cross_relays() {
         value: Bytes::from_static(b"claim-1"),
     });
     let k = key.clone();
-    b.wait_for("the claim", |v| {
-        matches!(v, FromBus::Claim { key, value: Some(val) } if *key == k && val == "claim-1")
-    });
+    b.wait_for(
+        "the claim",
+        |v| matches!(v, FromBus::Claim { key, value: Some(val) } if *key == k && val == "claim-1"),
+    );
     // A refresh with another value is seen as such.
     a.send(ToBus::PutClaim {
         key: key.clone(),
         value: Bytes::from_static(b"claim-1b"),
     });
     let k = key.clone();
-    b.wait_for("the refreshed claim", |v| {
-        matches!(v, FromBus::Claim { key, value: Some(val) } if *key == k && val == "claim-1b")
-    });
+    b.wait_for(
+        "the refreshed claim",
+        |v| matches!(v, FromBus::Claim { key, value: Some(val) } if *key == k && val == "claim-1b"),
+    );
     // A relay started now gets the current claims.
     let mut c = Relay::start(config(&server.url(), "C"));
     c.connected();
     let k = key.clone();
-    c.wait_for("the current claim", |v| {
-        matches!(v, FromBus::Claim { key, value: Some(val) } if *key == k && val == "claim-1b")
-    });
+    c.wait_for(
+        "the current claim",
+        |v| matches!(v, FromBus::Claim { key, value: Some(val) } if *key == k && val == "claim-1b"),
+    );
     a.send(ToBus::DeleteClaim { key: key.clone() });
     let k = key.clone();
-    b.wait_for("the deletion", |v| {
-        matches!(v, FromBus::Claim { key, value: None } if *key == k)
-    });
+    b.wait_for(
+        "the deletion",
+        |v| matches!(v, FromBus::Claim { key, value: None } if *key == k),
+    );
 
     // A claim not refreshed is gone after its TTL (2 s here), though the engine says
     // nothing: the bridge reports it.
@@ -311,13 +350,15 @@ fn claims_and_requests_cross_relays() {
         value: Bytes::from_static(b"claim-2"),
     });
     let k = key2.clone();
-    b.wait_for("the second claim", |v| {
-        matches!(v, FromBus::Claim { key, value: Some(_) } if *key == k)
-    });
+    b.wait_for(
+        "the second claim",
+        |v| matches!(v, FromBus::Claim { key, value: Some(_) } if *key == k),
+    );
     let k = key2.clone();
-    b.wait_for("the second claim's expiry", |v| {
-        matches!(v, FromBus::Claim { key, value: None } if *key == k)
-    });
+    b.wait_for(
+        "the second claim's expiry",
+        |v| matches!(v, FromBus::Claim { key, value: None } if *key == k),
+    );
     assert!(
         put_at.elapsed() >= Duration::from_secs(2),
         "expired before its TTL: {:?}",
@@ -357,7 +398,9 @@ fn claims_and_requests_cross_relays() {
         relay: "nobody".into(),
         payload: Bytes::from_static(b"x"),
     });
-    let r = b.wait_for("the no-responders", |v| matches!(v, FromBus::Response { .. }));
+    let r = b.wait_for("the no-responders", |v| {
+        matches!(v, FromBus::Response { .. })
+    });
     assert_eq!(
         r,
         FromBus::Response {
@@ -365,12 +408,18 @@ fn claims_and_requests_cross_relays() {
             result: Err("no-responders".into())
         }
     );
-    assert!(asked.elapsed() < Duration::from_secs(1), "{:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
 }
 
 #[test]
 fn engine_restart_loses_and_repeats_nothing() {
-    let Some(mut server) = NatsServer::start() else { return };
+    let Some(mut server) = NatsServer::start() else {
+        return;
+    };
     let mut a = Relay::start(config(&server.url(), "A"));
     let mut b = Relay::start(config(&server.url(), "B"));
     a.connected();
@@ -388,36 +437,53 @@ fn engine_restart_loses_and_repeats_nothing() {
         value: Bytes::from_static(b"claim"),
     });
     let k = key.clone();
-    b.wait_for("the claim", |v| matches!(v, FromBus::Claim { key, .. } if *key == k));
+    b.wait_for(
+        "the claim",
+        |v| matches!(v, FromBus::Claim { key, .. } if *key == k),
+    );
 
     server.kill();
     for r in [&mut a, &mut b] {
-        r.wait_for("Disconnected", |v| matches!(v, FromBus::Disconnected { .. }));
+        r.wait_for("Disconnected", |v| {
+            matches!(v, FromBus::Disconnected { .. })
+        });
     }
     // During the outage a publish fails at once: the core keeps it in its outbox.
     a.send(publish(777, 51));
     assert_eq!(
-        a.wait_for("PublishFailed", |v| matches!(v, FromBus::PublishFailed { .. })),
+        a.wait_for("PublishFailed", |v| matches!(
+            v,
+            FromBus::PublishFailed { .. }
+        )),
         FromBus::PublishFailed {
             ticket: 777,
             error: "not-connected".into()
         }
     );
+    let down_at = [a.cursor, b.cursor];
     server.restart();
-    for r in [&mut a, &mut b] {
-        assert_eq!(r.connected(), 50, "{}: the stream survived the restart", r.name);
+    for (r, down_at) in [&mut a, &mut b].into_iter().zip(down_at) {
+        assert_eq!(
+            r.connected(),
+            50,
+            "{}: the stream survived the restart",
+            r.name
+        );
         assert!(
-            !r.seen[r.cursor..].iter().any(|v| matches!(v, FromBus::Message { .. })),
-            "{}: a Message before Connected",
+            !r.seen[down_at..r.cursor]
+                .iter()
+                .any(|v| matches!(v, FromBus::Message { .. })),
+            "{}: a Message between Disconnected and Connected",
             r.name
         );
         r.wait_for("ConsumerReset", |v| matches!(v, FromBus::ConsumerReset));
     }
     // The claims are given again on reconnect, and requests flow again.
     let k = key.clone();
-    b.wait_for("the claim again", |v| {
-        matches!(v, FromBus::Claim { key, value: Some(_) } if *key == k)
-    });
+    b.wait_for(
+        "the claim again",
+        |v| matches!(v, FromBus::Claim { key, value: Some(_) } if *key == k),
+    );
     b.send(ToBus::Request {
         ticket: 1,
         relay: "A".into(),
@@ -443,7 +509,10 @@ fn engine_restart_loses_and_repeats_nothing() {
         b.send(publish(i, i));
     }
     let acks = b.acks(51..=100);
-    assert!(acks.values().all(|&(s, d)| (51..=100).contains(&s) && !d), "{acks:?}");
+    assert!(
+        acks.values().all(|&(s, d)| (51..=100).contains(&s) && !d),
+        "{acks:?}"
+    );
     for r in [&mut a, &mut b] {
         r.messages_through(100);
         assert_exact(r, &(1..=100).collect::<Vec<_>>());
@@ -471,7 +540,10 @@ fn bad_settings_are_refused_and_a_bridge_without_engine_stops_promptly() {
     let mut r = Relay::start(config("nats://127.0.0.1:1", "A"));
     r.send(publish(1, 1));
     assert_eq!(
-        r.wait_for("PublishFailed", |v| matches!(v, FromBus::PublishFailed { .. })),
+        r.wait_for("PublishFailed", |v| matches!(
+            v,
+            FromBus::PublishFailed { .. }
+        )),
         FromBus::PublishFailed {
             ticket: 1,
             error: "not-connected".into()
@@ -504,7 +576,9 @@ fn delete_consumers_of(url: &str, relay: &str) -> usize {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = async_nats::connect(url).await.expect("connecting the test client");
+        let client = async_nats::connect(url)
+            .await
+            .expect("connecting the test client");
         let js = async_nats::jetstream::new(client);
         let stream = js.get_stream("AEP").await.expect("the stream");
         let want = format!("aep-relay {relay}");
@@ -517,7 +591,10 @@ fn delete_consumers_of(url: &str, relay: &str) -> usize {
             }
         }
         for n in &names {
-            stream.delete_consumer(n).await.expect("deleting the consumer");
+            stream
+                .delete_consumer(n)
+                .await
+                .expect("deleting the consumer");
         }
         names.len()
     })
@@ -525,7 +602,9 @@ fn delete_consumers_of(url: &str, relay: &str) -> usize {
 
 #[test]
 fn deleted_consumer_is_recreated_without_loss_or_duplicate() {
-    let Some(server) = NatsServer::start() else { return };
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
     let mut a = Relay::start(config(&server.url(), "A"));
     let mut b = Relay::start(config(&server.url(), "B"));
     a.connected();
@@ -552,4 +631,35 @@ fn deleted_consumer_is_recreated_without_loss_or_duplicate() {
         assert_exact(r, &(1..=40).collect::<Vec<_>>());
     }
     assert_eq!(b.count(|v| matches!(v, FromBus::ConsumerReset)), 0);
+}
+
+#[test]
+fn stalled_engine_missed_heartbeats_recreate_the_consumer_without_loss() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let mut a = Relay::start(config(&server.url(), "A"));
+    let mut b = Relay::start(config(&server.url(), "B"));
+    a.connected();
+    b.connected();
+    for i in 1..=10 {
+        b.send(publish(i, i));
+    }
+    b.acks(1..=10);
+    a.messages_through(10);
+
+    // Stalled for longer than two idle heartbeats: the connection stays, the
+    // heartbeats stop. The stall's length is the fault itself, not a synchronisation.
+    server.pause();
+    for i in 11..=20 {
+        b.send(publish(i, i));
+    }
+    std::thread::sleep(aep_relay::cluster::bridge::HEARTBEAT * 3);
+    server.resume();
+    a.wait_for("ConsumerReset", |v| matches!(v, FromBus::ConsumerReset));
+    b.acks(11..=20);
+    for r in [&mut a, &mut b] {
+        r.messages_through(20);
+        assert_exact(r, &(1..=20).collect::<Vec<_>>());
+    }
 }

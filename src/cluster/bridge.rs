@@ -28,7 +28,10 @@
 //!   under way the later operations on one key collapse into the latest.
 //! - **Answers** requests on [`relay_subject`] and sends requests to other relays.
 
-use super::{relay_subject, ClusterAuth, ClusterConfig, FromBus, ToBus};
+use super::{
+    relay_subject, ClusterAuth, ClusterConfig, FromBus, ToBus, NOT_CONNECTED, NO_RESPONDERS,
+    TIMEOUT,
+};
 use async_nats::jetstream::{self, consumer::pull, kv};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -55,9 +58,6 @@ const PULL_EXPIRES: Duration = Duration::from_secs(10);
 const PULL_BATCH: usize = 512;
 /// How often the thread looks at its timers (claim expiry, retries, stale replies).
 const TICK: Duration = Duration::from_millis(200);
-/// The error of a publish or a request made while the bridge is not connected (before
-/// [`FromBus::Connected`], or after [`FromBus::Disconnected`]).
-pub const NOT_CONNECTED: &str = "not-connected";
 /// The pause before a failed set-up step is tried again.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -226,8 +226,7 @@ fn connect_options(c: &ClusterConfig) -> Result<async_nats::ConnectOptions, Brid
         }
     };
     if let Some(ca) = &c.tls_ca {
-        std::fs::metadata(ca)
-            .map_err(|e| BridgeError::Config(format!("{}: {e}", ca.display())))?;
+        std::fs::metadata(ca).map_err(|e| BridgeError::Config(format!("{}: {e}", ca.display())))?;
         o = o.add_root_certificates(ca.clone()).require_tls(true);
     }
     Ok(o.name(format!("aep-relay {}", c.relay_id))
@@ -338,6 +337,8 @@ async fn run(
         Err(e) => {
             // With retry on initial connect this is a setting the client refuses.
             log::error!("cluster: cannot start the NATS client: {e}");
+            let reason = format!("cannot start the NATS client: {e}");
+            let _ = out.send(FromBus::Disconnected { reason }).await;
             return;
         }
     };
@@ -372,8 +373,9 @@ async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let r: Result<(), Gone> = async {
         loop {
+            // Unbiased: a long catch-up of the stream must not starve requests, acks or
+            // the timers.
             tokio::select! {
-                biased;
                 _ = &mut stopped => return Ok(()),
                 Some(ev) = events.recv() => bus.on_event(ev).await?,
                 Some(done) = bus.acks.join_next(), if !bus.acks.is_empty() => {
@@ -645,7 +647,9 @@ impl Bus {
         let (cseq, sseq, pending) = match m.info() {
             Ok(i) => (i.consumer_sequence, i.stream_sequence, i.pending),
             Err(e) => {
-                log::warn!("cluster: a message without JetStream metadata ({e}); recreating the consumer");
+                log::warn!(
+                    "cluster: a message without JetStream metadata ({e}); recreating the consumer"
+                );
                 return self.make_consumer().await;
             }
         };
@@ -739,7 +743,10 @@ impl Bus {
                     // one here. (A publish sent just before a loss is noticed is buffered
                     // by the client and answered when its ack comes or times out.)
                     let error = NOT_CONNECTED.to_string();
-                    return self.out.send(FromBus::PublishFailed { ticket, error }).await;
+                    return self
+                        .out
+                        .send(FromBus::PublishFailed { ticket, error })
+                        .await;
                 }
                 let msg = jetstream::message::PublishMessage::build()
                     .payload(payload)
@@ -786,8 +793,8 @@ impl Bus {
                 self.responses.spawn(async move {
                     let result = client.request(subject, payload).await.map(|m| m.payload);
                     let result = result.map_err(|e| match e.kind() {
-                        async_nats::RequestErrorKind::NoResponders => "no-responders".to_string(),
-                        async_nats::RequestErrorKind::TimedOut => "timeout".to_string(),
+                        async_nats::RequestErrorKind::NoResponders => NO_RESPONDERS.to_string(),
+                        async_nats::RequestErrorKind::TimedOut => TIMEOUT.to_string(),
                         _ => e.to_string(),
                     });
                     FromBus::Response { ticket, result }
@@ -820,7 +827,8 @@ impl Bus {
             self.out.send(FromBus::Claim { key, value: None }).await?;
         }
         let keep = self.config.request_timeout * 2 + Duration::from_secs(1);
-        self.replies.retain(|_, (_, at)| now.duration_since(*at) < keep);
+        self.replies
+            .retain(|_, (_, at)| now.duration_since(*at) < keep);
         Ok(())
     }
 }

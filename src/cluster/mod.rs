@@ -14,7 +14,7 @@
 //!
 //! This module is always compiled and holds no I/O: the two message enums ([`ToBus`],
 //! [`FromBus`]), the engine settings ([`ClusterConfig`]) and the names on the bus
-//! (subjects, message ids, KV keys). The thread that speaks NATS is [`bridge`], behind the
+//! (subjects, message ids, KV keys). The thread that speaks NATS is `bridge`, behind the
 //! cargo feature `cluster`. Keeping the boundary a pair of small enums means a client
 //! spoken by the reactor itself could replace the bridge without touching the core.
 //!
@@ -174,7 +174,7 @@ pub enum FromBus {
         payload: Bytes,
     },
     /// The answer to [`ToBus::Request`]: `Ok(reply body)`, or `Err` with
-    /// `"no-responders"` (no relay listens on that subject), `"timeout"`, `"not-connected"`,
+    /// [`NO_RESPONDERS`] (no relay listens on that subject), [`TIMEOUT`], [`NOT_CONNECTED`],
     /// or another text.
     Response {
         /// The request's ticket.
@@ -202,6 +202,14 @@ pub enum ClusterAuth {
     /// A NATS credentials file (`.creds`: a user JWT and its NKey seed).
     Credentials(PathBuf),
 }
+
+/// The error of a [`ToBus::Publish`] or a [`ToBus::Request`] made while the bridge is not
+/// connected (before [`FromBus::Connected`], or after [`FromBus::Disconnected`]).
+pub const NOT_CONNECTED: &str = "not-connected";
+/// The error of a [`ToBus::Request`] that no relay listens for.
+pub const NO_RESPONDERS: &str = "no-responders";
+/// The error of a [`ToBus::Request`] not answered within [`ClusterConfig::request_timeout`].
+pub const TIMEOUT: &str = "timeout";
 
 /// The default stream name ([`ClusterConfig::stream`]).
 pub const DEFAULT_STREAM: &str = "AEP";
@@ -478,9 +486,8 @@ mod tests {
     /// control byte, ASCII only.
     fn subject_safe(t: &str) -> bool {
         !t.is_empty()
-            && t.bytes().all(|b| {
-                b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>'
-            })
+            && t.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
     }
 
     fn kv_safe(key: &str) -> bool {
@@ -567,7 +574,9 @@ mod tests {
 
     #[test]
     fn decode_refuses_what_encode_never_makes() {
-        for bad in ["~2", "~zz", "~2e", "a.b", "~41", "a b", "~h00", "~~", "", "~C3"] {
+        for bad in [
+            "~2", "~zz", "~2e", "a.b", "~41", "a b", "~h00", "~~", "", "~C3",
+        ] {
             assert_eq!(decode_token(bad), None, "{bad:?}");
         }
     }

@@ -1,7 +1,8 @@
 //! A real nats-server for the cluster tests (issue 15): [`NatsServer::start`] runs
 //! `nats-server -a 127.0.0.1 -p -1 -m -1 -js -sd DIR --ports_file_dir DIR` in a fresh
 //! temporary directory and learns its URL from the ports file. [`NatsServer::kill`] and
-//! [`NatsServer::restart`] (same port, same store) make the engine outages.
+//! [`NatsServer::restart`] (same port, same store) make the engine outages,
+//! [`NatsServer::pause`] and [`NatsServer::resume`] a stalled engine.
 //!
 //! nats-server is found on `PATH` (`.ci/run` installs Debian's package). When it is
 //! missing a test skips with a message, except under `CI=true`, where it fails.
@@ -108,14 +109,21 @@ impl NatsServer {
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             self.check_alive("accepting connections");
             if Instant::now() > deadline {
-                panic!("nats-server does not accept on {port}; its log:\n{}", self.log());
+                panic!(
+                    "nats-server does not accept on {port}; its log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
 
     fn check_alive(&mut self, doing: &str) {
-        if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
             panic!(
                 "nats-server exited ({status}) before {doing}; its log:\n{}",
                 self.log()
@@ -144,6 +152,31 @@ impl NatsServer {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Freezes the server (SIGSTOP): its connections stay open and it answers nothing,
+    /// as an engine stalled by its host.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a [`NatsServer::pause`]d server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("nats-server is not running")
+            .id();
+        let ok = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid} failed");
     }
 
     /// Starts the server again on the same port with the same store (JetStream data
