@@ -93,6 +93,10 @@
 //!   signal-hook, ureq, aep-check); the library uses none of them.
 //! - `tls` (default): native TLS with rustls and the ring provider.
 //! - `status-page` (default): the HTML status page at `GET /`.
+//! - `cluster` (default): the bridge thread to NATS JetStream ([`cluster::Bridge`], with
+//!   async-nats on a current-thread tokio runtime) that cluster mode (`--cluster`,
+//!   [`Config::cluster`]) needs; the core's cluster logic and the [`cluster`] boundary
+//!   types are always there.
 //!
 //! A small host builds with `default-features = false` (adding `tls` or `status-page` as
 //! it needs).

@@ -106,7 +106,12 @@ impl IngestArgs {
 pub struct ClusterArgs {
     /// Join a cluster through these NATS servers (comma-separated `nats://host:port`).
     /// Without it the relay runs alone, exactly as before.
-    #[arg(long, env = "AEP_CLUSTER", value_name = "URL[,URL]", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "AEP_CLUSTER",
+        value_name = "URL[,URL]",
+        value_delimiter = ','
+    )]
     cluster: Vec<String>,
     /// This relay's id in the cluster, unique among the relays (default: the host name
     /// and the listen port).
@@ -124,13 +129,28 @@ pub struct ClusterArgs {
     #[arg(long, env = "AEP_CLUSTER_TOKEN", value_name = "TOKEN", conflicts_with_all = ["cluster_user", "cluster_creds"])]
     cluster_token: Option<String>,
     /// A user for the NATS servers (with --cluster-password).
-    #[arg(long, env = "AEP_CLUSTER_USER", value_name = "USER", requires = "cluster_password")]
+    #[arg(
+        long,
+        env = "AEP_CLUSTER_USER",
+        value_name = "USER",
+        requires = "cluster_password"
+    )]
     cluster_user: Option<String>,
     /// The password of --cluster-user.
-    #[arg(long, env = "AEP_CLUSTER_PASSWORD", value_name = "PASSWORD", requires = "cluster_user")]
+    #[arg(
+        long,
+        env = "AEP_CLUSTER_PASSWORD",
+        value_name = "PASSWORD",
+        requires = "cluster_user"
+    )]
     cluster_password: Option<String>,
     /// A NATS credentials file (`.creds`).
-    #[arg(long, env = "AEP_CLUSTER_CREDS", value_name = "FILE", conflicts_with = "cluster_user")]
+    #[arg(
+        long,
+        env = "AEP_CLUSTER_CREDS",
+        value_name = "FILE",
+        conflicts_with = "cluster_user"
+    )]
     cluster_creds: Option<PathBuf>,
     /// PEM root certificates to verify the NATS servers' TLS certificates with.
     #[arg(long, env = "AEP_CLUSTER_TLS_CA", value_name = "FILE")]
@@ -153,7 +173,10 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// The cluster configuration, or `None` without --cluster. `listen_port` names the
     /// relay when --relay-id is not given.
-    pub fn config(&self, listen_port: u16) -> Result<Option<aep_relay::cluster::ClusterConfig>, String> {
+    pub fn config(
+        &self,
+        listen_port: u16,
+    ) -> Result<Option<aep_relay::cluster::ClusterConfig>, String> {
         use aep_relay::cluster::{ClusterAuth, ClusterConfig, Degrade};
         let urls: Vec<String> = self
             .cluster
@@ -165,7 +188,9 @@ impl ClusterArgs {
             return Ok(None);
         }
         if !cfg!(feature = "cluster") {
-            return Err("--cluster needs the `cluster` feature, which this build leaves out".into());
+            return Err(
+                "--cluster needs the `cluster` feature, which this build leaves out".into(),
+            );
         }
         let relay_id = match &self.relay_id {
             Some(id) if id.is_empty() => return Err("--relay-id must not be empty".into()),
@@ -197,7 +222,11 @@ impl ClusterArgs {
             auth,
             tls_ca: self.cluster_tls_ca.clone(),
             claim_ttl: Duration::from_secs(self.cluster_claim_ttl_secs),
-            degrade: if self.cluster_degrade == "refuse" { Degrade::Refuse } else { Degrade::Local },
+            degrade: if self.cluster_degrade == "refuse" {
+                Degrade::Refuse
+            } else {
+                Degrade::Local
+            },
             outbox: self.cluster_outbox,
             ..ClusterConfig::default()
         }))

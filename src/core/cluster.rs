@@ -247,7 +247,11 @@ fn parse_claim(b: &[u8]) -> Option<RemoteClaim> {
         .iter()
         .map(|a| {
             a.as_array()
-                .map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_owned)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|t| t.as_str().map(str::to_owned))
+                        .collect()
+                })
                 .unwrap_or_default()
         })
         .collect();
@@ -290,7 +294,9 @@ impl Core {
     /// Whether the relay is ready to serve as a member of the cluster: a single relay
     /// always; a clustered one once connected and caught up (`/readyz`).
     pub fn ready(&self) -> bool {
-        self.bus.as_ref().is_none_or(|b| b.state == ClusterState::Connected)
+        self.bus
+            .as_ref()
+            .is_none_or(|b| b.state == ClusterState::Connected)
     }
 
     /// The next value for the bridge thread, or `None`. The reactor drains this after
@@ -432,7 +438,9 @@ impl Core {
                     }
                     Err(e) => Some((
                         Code::NoRoute,
-                        format!("the claimant's relay did not take the command ({e}) (AEP-0004 §4.2)"),
+                        format!(
+                            "the claimant's relay did not take the command ({e}) (AEP-0004 §4.2)"
+                        ),
                     )),
                 };
                 if let Some((code, d)) = refusal {
@@ -451,7 +459,11 @@ impl Core {
             bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
             if bus.connected() {
                 let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
-                self.bus.as_mut().expect("clustered").claims_dirty.extend(sessions);
+                self.bus
+                    .as_mut()
+                    .expect("clustered")
+                    .claims_dirty
+                    .extend(sessions);
             }
         }
     }
@@ -523,7 +535,11 @@ impl Core {
         };
         // Headers and subject take some room of their own.
         let max = bus.max_payload.saturating_sub(512);
-        if let Some((i, ev)) = events.iter().enumerate().find(|(_, e)| e.bytes().len() > max) {
+        if let Some((i, ev)) = events
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.bytes().len() > max)
+        {
             return Err(Refusal::EventTooLarge {
                 line: i + 1,
                 size: ev.bytes().len(),
@@ -613,7 +629,9 @@ impl Core {
                     bus.outbox.remove(&serial);
                 }
                 Some(e) => {
-                    log::debug!("cluster: outbox publish failed ({e}); kept for the next connection");
+                    log::debug!(
+                        "cluster: outbox publish failed ({e}); kept for the next connection"
+                    );
                     if let Some((_, in_flight)) = bus.outbox.get_mut(&serial) {
                         *in_flight = false;
                     }
@@ -621,7 +639,10 @@ impl Core {
             },
             Ticket::Loose(ev) => {
                 if let Some(e) = error {
-                    log::warn!("cluster: publish of {:?} failed ({e}); kept locally", ev.id());
+                    log::warn!(
+                        "cluster: publish of {:?} failed ({e}); kept locally",
+                        ev.id()
+                    );
                     if let Err(r) = self.degraded(vec![ev]) {
                         log::warn!("cluster: Event lost: {r}");
                     }
@@ -653,24 +674,41 @@ impl Core {
             failed,
             ..
         } = post;
-        if self.conns.get(key).is_none_or(|c| c.awaiting != Some(serial)) {
+        let Some(conn) = self.conns.get(key).filter(|c| c.awaiting == Some(serial)) else {
             return; // the connection is gone
-        }
+        };
+        // A peer that half-closed meanwhile gets its answer, then the close.
+        let close = close || conn.peer_eof;
         let outcome = if failed.is_empty() {
             Ok(accepted)
         } else {
             // Some did not reach the stream: kept locally, or refused.
             let e = error.unwrap_or_default();
-            log::warn!("cluster: {} of {accepted} Events not stored by the engine ({e})", failed.len());
+            log::warn!(
+                "cluster: {} of {accepted} Events not stored by the engine ({e})",
+                failed.len()
+            );
             self.degraded(failed).map(|_| accepted)
         };
         let resp = match outcome {
             Ok(n) => {
                 self.metrics.ingested_http += n as u64;
-                http::response(202, "application/json", &[], format!("{{\"accepted\":{n}}}").as_bytes(), close)
+                http::response(
+                    202,
+                    "application/json",
+                    &[],
+                    format!("{{\"accepted\":{n}}}").as_bytes(),
+                    close,
+                )
             }
             Err(r) => {
-                self.refused(key, "POST /events", Some(r.status()), r.code(), &r.to_string());
+                self.refused(
+                    key,
+                    "POST /events",
+                    Some(r.status()),
+                    r.code(),
+                    &r.to_string(),
+                );
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
         };
@@ -701,7 +739,8 @@ impl Core {
             return;
         };
         if let Some(mut post) = bus.posts.remove(&serial) {
-            bus.tickets.retain(|_, t| !matches!(t, Ticket::Post(s, _) if *s == serial));
+            bus.tickets
+                .retain(|_, t| !matches!(t, Ticket::Post(s, _) if *s == serial));
             post.failed.clear();
             let close = post.close;
             if let Some(conn) = self.conns.get_mut(key) {
@@ -710,7 +749,13 @@ impl Core {
             let r = Refusal::ClusterUnavailable {
                 detail: "the engine did not acknowledge the Events in time; they may or may not be in the stream: retry with the same ids".into(),
             };
-            self.refused(key, "POST /events", Some(r.status()), r.code(), &r.to_string());
+            self.refused(
+                key,
+                "POST /events",
+                Some(r.status()),
+                r.code(),
+                &r.to_string(),
+            );
             let resp = http::response(r.status(), "application/json", &[], &r.body(), close);
             self.reply(key, resp, true);
         }
@@ -722,7 +767,10 @@ impl Core {
         let ev = match Event::parse(payload) {
             Ok(ev) => Arc::new(ev),
             Err(e) => {
-                log::warn!("cluster: stream message {seq} is not a valid Event ({}); skipped", e.detail);
+                log::warn!(
+                    "cluster: stream message {seq} is not a valid Event ({}); skipped",
+                    e.detail
+                );
                 return;
             }
         };
@@ -776,13 +824,11 @@ impl Core {
         }
         if local == 1 {
             // The one claimant is here: deliver, then publish to the stream.
-            return match self.deliver_command(ev) {
-                Ok(()) => None,
-                Err((code, d, ev)) => {
-                    self.ws_refuse(key, code, Ref::Cause(ev.id()), &d);
-                    None
-                }
-            };
+            let id = ev.id().to_owned();
+            if let Err((code, d)) = self.deliver_command(ev) {
+                self.ws_refuse(key, code, Ref::Cause(&id), &d);
+            }
+            return None;
         }
         let (relay, accepts) = remote.into_iter().next().expect("one");
         if !accepts {
@@ -811,13 +857,13 @@ impl Core {
         if !ev.is_command() {
             return Err((Code::InvalidEvent, "not a command".into()));
         }
-        self.deliver_command(ev).map_err(|(c, d, _)| (c, d))
+        self.deliver_command(ev)
     }
 
     /// Delivers a command to its one local claimant byte-identically, then publishes it
     /// to the stream for history and observers (the claimant is skipped when it comes
     /// back).
-    fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String, Event)> {
+    fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String)> {
         let session = ev.session();
         let route = self.claims.route(session, |c| {
             matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
@@ -827,13 +873,14 @@ impl Core {
             Ok(t) => t,
             Err(r) => {
                 let d = r.detail(ev.event_type(), session.unwrap_or_default());
-                return Err((r.code(), d, ev));
+                return Err((r.code(), d));
             }
         };
         let max = self.config.max_output_bytes;
         if self.conns.get(target.0).is_none_or(|c| c.out.len() > max) {
-            let d = "the only claimant of the session does not read its output (AEP-0003 §8.4)".to_owned();
-            return Err((Code::NoRoute, d, ev));
+            let d = "the only claimant of the session does not read its output (AEP-0003 §8.4)"
+                .to_owned();
+            return Err((Code::NoRoute, d));
         }
         self.end_unit();
         self.conns[target.0].send(rfc6455::text(ev.bytes()));

@@ -48,8 +48,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use timer::Timers;
 
-pub(crate) mod conn;
 mod cluster;
+pub(crate) mod conn;
 mod journal;
 mod replay;
 mod request;
@@ -385,7 +385,10 @@ impl Core {
             ingested: 0,
             discovery: std::cell::OnceCell::new(),
             hellos: Vec::new(),
-            bus: config.cluster.clone().map(|c| Box::new(cluster::Bus::new(c))),
+            bus: config
+                .cluster
+                .clone()
+                .map(|c| Box::new(cluster::Bus::new(c))),
             config,
         }
     }
@@ -481,6 +484,10 @@ impl Core {
             return;
         };
         conn.peer_eof = true;
+        if conn.awaiting.is_some() {
+            // A POST waits for the stream (cluster mode): answered, then closed.
+            return;
+        }
         match conn.phase {
             Phase::Sse { .. } | Phase::Ws(_) => self.close(key),
             _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
@@ -980,7 +987,10 @@ impl Core {
         let c = &self.config;
         let conn = self.conns.get(key)?;
         if conn.awaiting.is_some() {
-            let wait = c.cluster.as_ref().map_or(c.request_timeout, cluster::post_deadline);
+            let wait = c
+                .cluster
+                .as_ref()
+                .map_or(c.request_timeout, cluster::post_deadline);
             return Some(conn.since + wait);
         }
         Some(match &conn.phase {

@@ -127,7 +127,10 @@ impl Core {
             }
             match &mut conn.phase {
                 Phase::Head => {
-                    if conn.rbuf.is_empty() || conn.awaiting.is_some() || self.over_output_bound(key) {
+                    if conn.rbuf.is_empty()
+                        || conn.awaiting.is_some()
+                        || self.over_output_bound(key)
+                    {
                         return;
                     }
                     let Some(conn) = self.conns.get_mut(key) else {
@@ -539,10 +542,22 @@ impl Core {
                 Ok(super::cluster::Submitted::Waiting) => return,
                 Ok(super::cluster::Submitted::Now(n)) => {
                     self.metrics.ingested_http += n as u64;
-                    http::response(202, "application/json", &[], format!("{{\"accepted\":{n}}}").as_bytes(), close)
+                    http::response(
+                        202,
+                        "application/json",
+                        &[],
+                        format!("{{\"accepted\":{n}}}").as_bytes(),
+                        close,
+                    )
                 }
                 Err(r) => {
-                    self.refused(key, "POST /events", Some(r.status()), r.code(), &r.to_string());
+                    self.refused(
+                        key,
+                        "POST /events",
+                        Some(r.status()),
+                        r.code(),
+                        &r.to_string(),
+                    );
                     http::response(r.status(), "application/json", &[], &r.body(), close)
                 }
             };

@@ -7,8 +7,8 @@ use super::{ClusterState, Core, NOT_FOUND};
 use crate::auth::{Grant, Scopes};
 use crate::envelope;
 use crate::metrics::{self, Exposition};
-use serde_json::{json, Value};
 use bytes::Bytes;
+use serde_json::{json, Value};
 
 impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
@@ -209,20 +209,52 @@ impl Core {
                 "gauge",
                 "Cluster mode: 1 for the relay's state with the engine.",
             );
-            for s in [ClusterState::Connected, ClusterState::CatchingUp, ClusterState::Degraded] {
+            for s in [
+                ClusterState::Connected,
+                ClusterState::CatchingUp,
+                ClusterState::Degraded,
+            ] {
                 let v = if s == state { 1.0 } else { 0.0 };
                 x.sample(metrics::CLUSTER_STATE, &[("state", s.as_str())], v);
             }
-            x.family(metrics::CLUSTER_LAG, "gauge", "Cluster mode: stream messages the consumer has yet to deliver.")
-                .sample(metrics::CLUSTER_LAG, &[], bus.lag() as f64);
-            x.family(metrics::CLUSTER_OUTBOX, "gauge", "Cluster mode: Events ingested while degraded, not yet in the stream.")
-                .sample(metrics::CLUSTER_OUTBOX, &[], bus.outbox_len() as f64);
-            x.family(metrics::CLUSTER_RECONNECTS, "counter", "Cluster mode: reconnections to the engine.")
-                .sample(metrics::CLUSTER_RECONNECTS, &[], bus.reconnects as f64);
-            x.family(metrics::CLUSTER_CONSUMER_RESETS, "counter", "Cluster mode: recreations of the ordered consumer.")
-                .sample(metrics::CLUSTER_CONSUMER_RESETS, &[], bus.consumer_resets as f64);
-            x.family(metrics::CLUSTER_PUBLISH_ERRORS, "counter", "Cluster mode: publishes the engine did not store.")
-                .sample(metrics::CLUSTER_PUBLISH_ERRORS, &[], bus.publish_errors as f64);
+            x.family(
+                metrics::CLUSTER_LAG,
+                "gauge",
+                "Cluster mode: stream messages the consumer has yet to deliver.",
+            )
+            .sample(metrics::CLUSTER_LAG, &[], bus.lag() as f64);
+            x.family(
+                metrics::CLUSTER_OUTBOX,
+                "gauge",
+                "Cluster mode: Events ingested while degraded, not yet in the stream.",
+            )
+            .sample(metrics::CLUSTER_OUTBOX, &[], bus.outbox_len() as f64);
+            x.family(
+                metrics::CLUSTER_RECONNECTS,
+                "counter",
+                "Cluster mode: reconnections to the engine.",
+            )
+            .sample(metrics::CLUSTER_RECONNECTS, &[], bus.reconnects as f64);
+            x.family(
+                metrics::CLUSTER_CONSUMER_RESETS,
+                "counter",
+                "Cluster mode: recreations of the ordered consumer.",
+            )
+            .sample(
+                metrics::CLUSTER_CONSUMER_RESETS,
+                &[],
+                bus.consumer_resets as f64,
+            );
+            x.family(
+                metrics::CLUSTER_PUBLISH_ERRORS,
+                "counter",
+                "Cluster mode: publishes the engine did not store.",
+            )
+            .sample(
+                metrics::CLUSTER_PUBLISH_ERRORS,
+                &[],
+                bus.publish_errors as f64,
+            );
         }
         x.finish()
     }

@@ -76,7 +76,10 @@ pub struct Relay {
     /// Cluster mode (issue 15): the bridge thread to the engine, and what the core gave
     /// for it that its channel had no room for yet.
     #[cfg(feature = "cluster")]
-    bus: Option<(crate::cluster::Bridge, std::collections::VecDeque<crate::cluster::ToBus>)>,
+    bus: Option<(
+        crate::cluster::Bridge,
+        std::collections::VecDeque<crate::cluster::ToBus>,
+    )>,
     /// Why the core asked to stop, once it did.
     stopped: Option<Stop>,
     now: Instant,
@@ -125,7 +128,9 @@ impl Relay {
         };
         #[cfg(not(feature = "cluster"))]
         if config.cluster.is_some() {
-            return Err(StartError::Cluster("this build leaves out the `cluster` feature".into()));
+            return Err(StartError::Cluster(
+                "this build leaves out the `cluster` feature".into(),
+            ));
         }
         let jsonl =
             crate::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())

@@ -314,6 +314,19 @@ impl Sim {
         Ok(())
     }
 
+    /// Hands the core what a cluster bridge would report (cluster mode, issue 15), and
+    /// carries out its outputs.
+    pub fn bus(&mut self, msg: aep_relay::cluster::FromBus) {
+        self.core.handle_bus(msg, self.now);
+        self.run();
+    }
+
+    /// Takes what the core asked of the cluster bridge so far (cluster mode), oldest
+    /// first.
+    pub fn take_bus(&mut self) -> Vec<aep_relay::cluster::ToBus> {
+        std::iter::from_fn(|| self.core.poll_bus()).collect()
+    }
+
     /// Starts a graceful shutdown.
     pub fn shutdown(&mut self) {
         self.core.begin_shutdown(self.now);

@@ -117,6 +117,10 @@ struct Args {
     /// NDJSON, `ws` WebSocket frames), e.g. WS subscribers fed by HTTP; relay only.
     #[arg(long, value_enum)]
     publisher: Option<Target>,
+    /// Publish to this address instead of `--addr` (loopback only): another relay of a
+    /// cluster, for the latency from a POST at one relay to a subscriber at another.
+    #[arg(long)]
+    publish_addr: Option<SocketAddr>,
     /// Count the server's write syscalls (`write`, `writev`, `sendmsg`, `sendto`) during
     /// the fan-out with `perf stat` (needs `--server-pid`, perf on PATH and tracepoint
     /// access, i.e. root or `perf_event_paranoid` ≤ -1). Enabling syscall tracepoints
@@ -152,12 +156,14 @@ fn fail(msg: impl std::fmt::Display) -> ! {
 }
 
 fn check(args: &Args) {
-    let loopback = match args.addr.ip() {
-        IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.is_loopback(),
-    };
-    if !loopback {
-        fail(format!("{} is not a loopback address", args.addr));
+    for addr in std::iter::once(args.addr).chain(args.publish_addr) {
+        let loopback = match addr.ip() {
+            IpAddr::V4(a) => a.is_loopback(),
+            IpAddr::V6(a) => a.is_loopback(),
+        };
+        if !loopback {
+            fail(format!("{addr} is not a loopback address"));
+        }
     }
     if args.serve {
         if !(1..=3600).contains(&args.timeout) {
@@ -847,10 +853,11 @@ struct Published {
 
 fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) -> Published {
     let via = args.publisher.unwrap_or(args.target);
-    let mut s = connect(args.addr);
+    let addr = args.publish_addr.unwrap_or(args.addr);
+    let mut s = connect(addr);
     match via {
         Target::Mqtt => mqtt_connect(&mut s, "aepload-pub"),
-        Target::Ws => ws_open(&mut s, args.addr, "emitter"),
+        Target::Ws => ws_open(&mut s, addr, "emitter"),
         Target::Nats => nats_connect(&mut s),
         Target::Ceiling => s
             .write_all(b"PUB\n")
@@ -930,7 +937,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
             out.extend_from_slice(
                 format!(
                     "POST /events HTTP/1.1\r\nHost: {}\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n",
-                    args.addr,
+                    addr,
                     body.len()
                 )
                 .as_bytes(),

@@ -1,0 +1,255 @@
+//! Cluster mode's core logic (issue 15), driven with `aep_sim` (no socket, no engine,
+//! virtual time): the bridge's reports are handed in as `FromBus` values and what the
+//! core asks of it is read back as `ToBus` values. The end-to-end behaviour with a real
+//! nats-server is `tests/cluster.rs`; this is the sequencing a bridge cannot show:
+//! a `POST /events` answered only after the stream acknowledged it (pipelined requests
+//! waiting behind it), admission once per stream sequence, the degraded outbox.
+
+use aep_relay::cluster::{ClusterConfig, Degrade, FromBus, ToBus};
+use aep_relay::{Config, ConnId};
+use aep_sim::Sim;
+use bytes::Bytes;
+
+fn event(id: &str, seq: u64) -> String {
+    format!(
+        r#"{{"aep":"0.1","id":"{id}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/s","agent":"a","session":"s","seq":{seq}}}"#
+    )
+}
+
+fn post(ev: &str) -> Vec<u8> {
+    format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
+        ev.len()
+    )
+    .into_bytes()
+}
+
+fn relay(degrade: Degrade) -> Sim {
+    let c = Config {
+        cluster: Some(ClusterConfig {
+            relay_id: "r1".into(),
+            degrade,
+            outbox: 2,
+            ..ClusterConfig::default()
+        }),
+        ..Config::default()
+    };
+    Sim::new(c).expect("config")
+}
+
+fn connected(sim: &mut Sim) {
+    sim.bus(FromBus::Connected {
+        max_payload: 1 << 20,
+        last_seq: 0,
+    });
+}
+
+/// A live SSE subscriber; returns it with the stream head taken.
+fn subscriber(sim: &mut Sim) -> ConnId {
+    let s = sim.connect(None);
+    sim.feed(s, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    sim.take_output(s);
+    s
+}
+
+fn text(sim: &mut Sim, c: ConnId) -> String {
+    String::from_utf8(sim.take_output(c).unwrap_or_default()).unwrap()
+}
+
+/// The publishes among `out`: (ticket, subject, payload).
+fn publishes(out: Vec<ToBus>) -> Vec<(u64, String, Bytes)> {
+    out.into_iter()
+        .filter_map(|m| match m {
+            ToBus::Publish {
+                ticket,
+                subject,
+                payload,
+                ..
+            } => Some((ticket, subject, payload)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A POST is answered 202 only once the stream acknowledged its Event; nothing is fanned
+/// out at ingest: the subscriber gets the Event when the stream delivers it, once, even
+/// when the stream delivers that sequence twice (issue 15 "one stream, one order").
+#[test]
+fn a_post_waits_for_the_ack_and_admission_comes_from_the_stream_once() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let sub = subscriber(&mut sim);
+    let c = sim.connect(None);
+    let ev = event("e1", 0);
+    sim.feed(c, &post(&ev), false);
+    assert_eq!(text(&mut sim, c), "", "no answer before the ack");
+    let p = publishes(sim.take_bus());
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].1, "aep.ev.a.s");
+    assert_eq!(&p[0].2[..], ev.as_bytes(), "published byte-identical");
+    assert_eq!(text(&mut sim, sub), "", "nothing fanned out at ingest");
+    sim.bus(FromBus::Acked {
+        ticket: p[0].0,
+        stream_seq: 1,
+        duplicate: false,
+    });
+    let answer = text(&mut sim, c);
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    assert!(answer.ends_with(r#"{"accepted":1}"#), "{answer}");
+    for _ in 0..2 {
+        sim.bus(FromBus::Message {
+            stream_seq: 1,
+            pending: 0,
+            payload: p[0].2.clone(),
+        });
+    }
+    let got = text(&mut sim, sub);
+    assert_eq!(got.matches("data: ").count(), 1, "{got}");
+    assert!(got.contains(&format!("data: {ev}\n")), "{got}");
+    // The same Event at another stream sequence (a retry outside the duplicate
+    // window) is held once, delivered once (AEP-0001 §7 #4).
+    sim.bus(FromBus::Message {
+        stream_seq: 2,
+        pending: 0,
+        payload: p[0].2.clone(),
+    });
+    assert_eq!(text(&mut sim, sub), "");
+}
+
+/// A request pipelined behind a waiting POST is read only once that POST is answered:
+/// answers stay in request order (RFC 9112 §9.3).
+#[test]
+fn a_request_behind_a_waiting_post_is_answered_after_it() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let c = sim.connect(None);
+    let mut bytes = post(&event("e1", 0));
+    bytes.extend_from_slice(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    sim.feed(c, &bytes, false);
+    assert_eq!(text(&mut sim, c), "");
+    let p = publishes(sim.take_bus());
+    sim.bus(FromBus::Acked {
+        ticket: p[0].0,
+        stream_seq: 1,
+        duplicate: false,
+    });
+    let out = text(&mut sim, c);
+    let first = out.find("HTTP/1.1 202").expect("the 202");
+    let second = out.find("HTTP/1.1 200").expect("then the health answer");
+    assert!(first < second, "{out}");
+}
+
+/// A publish that fails is kept locally (degrade `local`): the POST is still answered
+/// 202 and the local subscriber gets the Event at once; on reconnect the outbox is
+/// published, and when the stream delivers it the subscriber gets no second copy.
+#[test]
+fn degraded_ingest_is_local_then_the_outbox_goes_out_without_a_second_delivery() {
+    let mut sim = relay(Degrade::Local);
+    let sub = subscriber(&mut sim);
+    let c = sim.connect(None);
+    let ev = event("e1", 0);
+    // Not connected yet: degraded.
+    sim.feed(c, &post(&ev), false);
+    let answer = text(&mut sim, c);
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    assert_eq!(text(&mut sim, sub).matches("data: ").count(), 1);
+    assert!(
+        publishes(sim.take_bus()).is_empty(),
+        "nothing published while degraded"
+    );
+    connected(&mut sim);
+    let p = publishes(sim.take_bus());
+    assert_eq!(p.len(), 1, "the outbox is published on connect");
+    assert_eq!(&p[0].2[..], ev.as_bytes());
+    sim.bus(FromBus::Acked {
+        ticket: p[0].0,
+        stream_seq: 1,
+        duplicate: false,
+    });
+    sim.bus(FromBus::Message {
+        stream_seq: 1,
+        pending: 0,
+        payload: p[0].2.clone(),
+    });
+    assert_eq!(
+        text(&mut sim, sub),
+        "",
+        "no second delivery to the origin's subscribers"
+    );
+    // The outbox is bounded (2 here): past it, 503 cluster-unavailable.
+    sim.bus(FromBus::Disconnected {
+        reason: "test".into(),
+    });
+    for (i, want) in [(1, "202"), (2, "202"), (3, "503")] {
+        sim.feed(c, &post(&event(&format!("d{i}"), i)), false);
+        let a = text(&mut sim, c);
+        assert!(a.starts_with(&format!("HTTP/1.1 {want}")), "{i}: {a}");
+        if want == "503" {
+            assert!(a.contains(r#""error":"cluster-unavailable""#), "{a}");
+        }
+    }
+}
+
+/// With `--cluster-degrade refuse`, ingest while the engine is unreachable answers 503
+/// `cluster-unavailable`, and an Event over the engine's `max_payload` is refused with
+/// 413 `event-too-large` when connected.
+#[test]
+fn refuse_mode_answers_503_and_an_event_over_max_payload_413() {
+    let mut sim = relay(Degrade::Refuse);
+    let c = sim.connect(None);
+    sim.feed(c, &post(&event("e1", 0)), false);
+    let a = text(&mut sim, c);
+    assert!(a.starts_with("HTTP/1.1 503"), "{a}");
+    assert!(a.contains(r#""error":"cluster-unavailable""#), "{a}");
+    sim.bus(FromBus::Connected {
+        max_payload: 600,
+        last_seq: 0,
+    });
+    let big = event("e2", 1).replace(
+        "\"seq\":1",
+        &format!("\"seq\":1,\"data\":{{\"x\":\"{}\"}}", "y".repeat(200)),
+    );
+    sim.feed(c, &post(&big), false);
+    let a = text(&mut sim, c);
+    assert!(a.starts_with("HTTP/1.1 413"), "{a}");
+    assert!(a.contains(r#""error":"event-too-large""#), "{a}");
+}
+
+/// `/readyz` answers 503 until the relay is connected and has caught up with the stream
+/// as it stood at the connection; `/healthz` says where it stands.
+#[test]
+fn readyz_waits_for_catching_up() {
+    let mut sim = relay(Degrade::Local);
+    let c = sim.connect(None);
+    let ask = |sim: &mut Sim, path: &str| {
+        sim.feed(
+            c,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+            false,
+        );
+        text(sim, c)
+    };
+    assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
+    sim.bus(FromBus::Connected {
+        max_payload: 1 << 20,
+        last_seq: 2,
+    });
+    let h = ask(&mut sim, "/healthz");
+    assert!(h.contains(r#""state":"catching-up""#), "{h}");
+    assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
+    for seq in 1..=2 {
+        sim.bus(FromBus::Message {
+            stream_seq: seq,
+            pending: 2 - seq,
+            payload: Bytes::from(event(&format!("e{seq}"), seq)),
+        });
+    }
+    assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 200"));
+    let h = ask(&mut sim, "/healthz");
+    assert!(h.contains(r#""state":"connected""#), "{h}");
+    sim.bus(FromBus::Disconnected {
+        reason: "test".into(),
+    });
+    assert!(ask(&mut sim, "/healthz").contains(r#""state":"degraded""#));
+    assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
+}
