@@ -602,17 +602,26 @@ impl Core {
             });
         }
         self.persist(&events)?;
-        let bus = self.bus.as_mut().expect("clustered");
         for ev in &events {
-            let serial = bus.next_ticket;
-            bus.next_ticket += 1;
-            bus.outbox.insert(serial, (ev.clone(), false));
-            bus.delivered
-                .insert(cluster::msg_id(ev.source(), ev.id()), None);
+            self.keep_in_outbox(ev);
         }
         let n = events.len();
         self.publish_unit(events);
         Ok(n)
+    }
+
+    /// Keeps `ev`, delivered here already, for the stream: published on (re)connect, and
+    /// not delivered here again when the stream brings it back. A no-op for a single
+    /// relay.
+    pub(super) fn keep_in_outbox(&mut self, ev: &Arc<Event>) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let serial = bus.next_ticket;
+        bus.next_ticket += 1;
+        bus.outbox.insert(serial, (ev.clone(), false));
+        bus.delivered
+            .insert(cluster::msg_id(ev.source(), ev.id()), None);
     }
 
     /// A publish answered: `error` `None` when stored.

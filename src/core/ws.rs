@@ -429,8 +429,10 @@ impl Core {
         self.end_unit();
         self.conns[target.0].send(rfc6455::text(ev.bytes()));
         self.mark_dirty(target.0);
-        // History and observers; the target already has it.
+        // History and observers; the target already has it. Clustered and degraded, the
+        // stream gets it on reconnect (every relay's history, AEP-0004 §4.2).
         self.metrics.ingested_ws += 1;
+        self.keep_in_outbox(&ev);
         self.publish_except(ev, target);
     }
 

@@ -121,6 +121,10 @@ struct Args {
     /// cluster, for the latency from a POST at one relay to a subscriber at another.
     #[arg(long)]
     publish_addr: Option<SocketAddr>,
+    /// Publish nothing: count the deliveries of `--events` Events that another instance
+    /// publishes (at another relay of a cluster), from the first one on.
+    #[arg(long)]
+    subscribe_only: bool,
     /// Count the server's write syscalls (`write`, `writev`, `sendmsg`, `sendto`) during
     /// the fan-out with `perf stat` (needs `--server-pid`, perf on PATH and tracepoint
     /// access, i.e. root or `perf_event_paranoid` ≤ -1). Enabling syscall tracepoints
@@ -753,6 +757,10 @@ struct Answers {
     ok: AtomicU64,
     bad: AtomicU64,
     last: AtomicU64,
+    /// HTTP: when each request not yet answered was written (answers come in order).
+    sent_at: std::sync::Mutex<std::collections::VecDeque<u64>>,
+    /// HTTP: each request's answer latency, ns (written to status line read).
+    answer_ns: std::sync::Mutex<Vec<u64>>,
 }
 
 fn answers(
@@ -798,6 +806,14 @@ fn answers(
                             let all = memmem::find_iter(lines, b"HTTP/1.1 ").count() as u64;
                             ok = memmem::find_iter(lines, b"HTTP/1.1 202").count() as u64;
                             bad = all - ok;
+                            let now = clock();
+                            let mut q = state.sent_at.lock().unwrap();
+                            let mut lat = state.answer_ns.lock().unwrap();
+                            for _ in 0..all {
+                                if let Some(t) = q.pop_front() {
+                                    lat.push(now.saturating_sub(t));
+                                }
+                            }
                         } else if matches!(target, Target::Nats | Target::Ceiling) {
                             // The PONG to the PING after the last PUB; `-ERR` lines; and
                             // the server's own keep-alive PING, answered.
@@ -842,6 +858,10 @@ fn answers(
 }
 
 struct Published {
+    /// HTTP publisher: p50 and p99 of the time from writing a POST to reading its
+    /// status line, ns (0 for the other bindings).
+    answer_p50_ns: u64,
+    answer_p99_ns: u64,
     started: u64,
     /// When the last write returned.
     written: u64,
@@ -943,6 +963,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
                 .as_bytes(),
             );
             out.extend_from_slice(&body);
+            state.sent_at.lock().unwrap().push_back(clock());
         }
         if let Err(e) = s.write_all(&out) {
             fail(format!("publish: {e}"));
@@ -1010,12 +1031,17 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         }
         Target::Redis => {}
     }
+    let mut lat = std::mem::take(&mut *state.answer_ns.lock().unwrap());
+    lat.sort_unstable();
+    let q = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0);
     Published {
         started,
         written,
         finished,
         ok,
         bad,
+        answer_p50_ns: q(0.50),
+        answer_p99_ns: q(0.99),
     }
 }
 
@@ -1400,7 +1426,26 @@ fn main() {
     let self_before = cpu_seconds(std::process::id());
     let cpu_before = args.server_pid.and_then(cpu_seconds);
     let preempt_before = args.server_pid.and_then(preempted);
-    let published = publish(&args, &shared, n_subs, deadline);
+    let published = if args.subscribe_only {
+        // Another instance publishes (at another relay of a cluster): the run starts at
+        // the first delivery. Its latencies mean nothing here (the send times are that
+        // instance's clock); its deliveries/s do.
+        while shared.delivered.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_micros(200));
+        }
+        let t = clock();
+        Published {
+            answer_p50_ns: 0,
+            answer_p99_ns: 0,
+            started: t,
+            written: t,
+            finished: t,
+            ok: 0,
+            bad: 0,
+        }
+    } else {
+        publish(&args, &shared, n_subs, deadline)
+    };
     let expected = args.events * n_subs;
     // Wait for the deliveries: all of them, or until they stop coming.
     let drain = Duration::from_millis(args.drain_ms);
@@ -1515,7 +1560,7 @@ fn main() {
             "{{\"target\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
              \"connect_s\":{connect_s:.3},\"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
-             \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\
+             \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\"post_p50_us\":{:.1},\"post_p99_us\":{:.1},\
              \"dropped_subscribers\":{dropped},\"client_cpu_s\":{client_cpu:.2},\"client_busy\":{client_busy:.2},\
              \"server_cpu_s\":{cpu:.2},\"server_busy\":{server_busy:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_preempted\":{preemptions},\"server_rss_mib\":{rss_mib:.1},\"server_peak_rss_mib\":{peak_mib:.1},{syscall_json}}}",
             args.target.name(),
@@ -1527,6 +1572,8 @@ fn main() {
             args.window,
             published.ok,
             published.bad,
+            published.answer_p50_ns as f64 / 1e3,
+            published.answer_p99_ns as f64 / 1e3,
         );
     } else {
         println!(
@@ -1545,8 +1592,11 @@ fn main() {
         println!("  load tool: {client_cpu:.2} CPU s ({client_busy:.2} of its core)");
         println!("  latency p50 {p50:.1} µs, p99 {p99:.1} µs, max {max:.1} µs");
         println!(
-            "  publisher: writes {write_s:.3} s, answered after {publish_s:.3} s, ok {} / errors {}",
-            published.ok, published.bad
+            "  publisher: writes {write_s:.3} s, answered after {publish_s:.3} s, ok {} / errors {}; POST answered p50 {:.1} µs, p99 {:.1} µs",
+            published.ok,
+            published.bad,
+            published.answer_p50_ns as f64 / 1e3,
+            published.answer_p99_ns as f64 / 1e3
         );
         if args.server_pid.is_some() {
             println!(

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Cluster mode measured (issue 15): relays joined by one nats-server (JetStream), next to
+# a single relay, under the same `aep-load` workloads, in one run. Rounds interleave the
+# configurations; the report gives the median and the spread (min-max) over the rounds.
+#
+#   ingest    one relay, 1 SSE subscriber, POST batches of $BATCH as fast as the window
+#             allows: Events/s through the stream and the p50/p99 of a POST's answer
+#             (written to status line), against the same relay without --cluster.
+#   e2e       POST at R1, SSE subscribers at R2, at $RATE Events/s: delivery latency
+#             p50/p99 (the load tool's clock stamps each Event), against POST and SSE at
+#             one single relay.
+#   fanout    one relay, $SUBS SSE subscribers: deliveries/s, clustered and single.
+#   three     three relays, $SUBS SSE subscribers at each, Events POSTed at R1: total
+#             deliveries/s over the three, against one single relay with 3 x $SUBS.
+#
+# Placement: nats-server and the relays on core $SERVER_CPU, the load on $LOAD_CPU; the
+# `three` scenario puts R2 and R3 on the load's core too (two cores, four servers: the
+# figure is what this machine gives, not a scaling law).
+#
+# Usage: benches/cluster.sh   (env: ROUNDS 3, EVENTS 20000, BATCH 64, SUBS 100, RATE 1000,
+#        SIZE 580, SERVER_CPU 1, LOAD_CPU 0, RESULTS target/cluster/DATE)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+EVENTS=${EVENTS:-20000}
+BATCH=${BATCH:-64}
+SUBS=${SUBS:-100}
+RATE=${RATE:-1000}
+SIZE=${SIZE:-580}
+SERVER_CPU=${SERVER_CPU:-1}
+LOAD_CPU=${LOAD_CPU:-0}
+RESULTS=${RESULTS:-target/cluster/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$RESULTS"
+NATS=$(command -v nats-server || echo /usr/sbin/nats-server)
+[[ -x $NATS ]] || { echo "nats-server is needed (apt install nats-server)" >&2; exit 1; }
+cargo build --release --locked -q --bin aep-relay -p aep-relay
+cargo build --release --locked -q -p aep-load
+RELAY=target/release/aep-relay
+LOAD=target/release/aep-load
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start_nats() {
+  local dir; dir=$(mktemp -d)
+  NATS_PORT=$(free_port)
+  taskset -c "$SERVER_CPU" "$NATS" -a 127.0.0.1 -p "$NATS_PORT" -m -1 -js -sd "$dir" >"$RESULTS/nats.log" 2>&1 &
+  NATS_PID=$!; PIDS+=("$NATS_PID")
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$NATS_PORT") 2>/dev/null && return; sleep 0.05; done
+  echo "nats-server did not start" >&2; exit 1
+}
+
+# start_relay CPU PORT [cluster args...]: waits for /readyz.
+start_relay() {
+  local cpu=$1 port=$2; shift 2
+  taskset -c "$cpu" "$RELAY" --listen 127.0.0.1:"$port" "$@" >>"$RESULTS/relay-$port.log" 2>&1 &
+  local pid=$!; PIDS+=("$pid")
+  for _ in $(seq 200); do
+    if [[ $(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$port/readyz") == 200 ]]; then
+      echo "$pid"; return
+    fi
+    sleep 0.05
+  done
+  echo "relay on $port not ready" >&2; exit 1
+}
+
+stop() { for p in "$@"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
+
+load() { taskset -c "$LOAD_CPU" "$LOAD" --json --size "$SIZE" --timeout 120 "$@"; }
+
+wait_subs() { # wait_subs PORT N
+  for _ in $(seq 400); do
+    [[ $(curl -s "127.0.0.1:$1/healthz" | jq -r '.subscribers // 0') -ge $2 ]] && return
+    sleep 0.05
+  done
+  echo "subscribers did not connect on $1" >&2; exit 1
+}
+
+out="$RESULTS/runs.jsonl"
+: >"$out"
+record() { jq -c --arg s "$1" --arg c "$2" --argjson r "$3" '. + {scenario:$s, config:$c, round:$r}' >>"$out"; }
+
+for round in $(seq "$ROUNDS"); do
+  for config in single cluster; do
+    if [[ $config == cluster ]]; then start_nats; fi
+    cl() { [[ $config == cluster ]] && echo "--cluster nats://127.0.0.1:$NATS_PORT --relay-id $1 --cluster-stream B$round$2"; }
+    # ingest
+    p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 i))
+    load --target sse --addr 127.0.0.1:"$p" --subs 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"
+    stop "$r"
+    # fanout
+    p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 f))
+    load --target sse --addr 127.0.0.1:"$p" --subs "$SUBS" --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record fanout $config "$round"
+    stop "$r"
+    # e2e: POST at R1, subscribers at R2 (the same relay when single)
+    p1=$(free_port); r1=$(start_relay "$SERVER_CPU" "$p1" $(cl r1 e))
+    if [[ $config == cluster ]]; then p2=$(free_port); r2=$(start_relay "$SERVER_CPU" "$p2" $(cl r2 e)); else p2=$p1; r2=$r1; fi
+    load --target sse --addr 127.0.0.1:"$p2" --publish-addr 127.0.0.1:"$p1" --subs 10 --events $((RATE * 3)) --rate "$RATE" --batch 1 | record e2e $config "$round"
+    stop "$r1" "$r2"
+    # three relays (3 x SUBS subscribers) against one
+    if [[ $config == cluster ]]; then
+      p1=$(free_port); p2=$(free_port); p3=$(free_port)
+      r1=$(start_relay "$SERVER_CPU" "$p1" $(cl r1 t)); r2=$(start_relay "$LOAD_CPU" "$p2" $(cl r2 t)); r3=$(start_relay "$LOAD_CPU" "$p3" $(cl r3 t))
+      load --target sse --addr 127.0.0.1:"$p2" --subs "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t2.json" &
+      l2=$!
+      load --target sse --addr 127.0.0.1:"$p3" --subs "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t3.json" &
+      l3=$!
+      wait_subs "$p2" "$SUBS"; wait_subs "$p3" "$SUBS"
+      load --target sse --addr 127.0.0.1:"$p1" --subs "$SUBS" --events "$EVENTS" --batch "$BATCH" >"$RESULTS/t1.json"
+      wait "$l2" "$l3"
+      jq -s -c '{deliveries: (map(.deliveries)|add), seconds: (map(.seconds)|max), loss: (map(.loss)|add)} | . + {deliveries_per_s: (.deliveries / .seconds)}' \
+        "$RESULTS"/t{1,2,3}.json | record three $config "$round"
+      stop "$r1" "$r2" "$r3"
+      stop "$NATS_PID"
+    else
+      p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p")
+      load --target sse --addr 127.0.0.1:"$p" --subs $((SUBS * 3)) --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record three $config "$round"
+      stop "$r"
+    fi
+  done
+done
+
+python3 - "$out" <<'EOF' | tee "$RESULTS/report.md"
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+def cell(s, c, k, scale=1.0, fmt="{:.0f}"):
+    v = sorted(r[k] * scale for r in runs if r["scenario"] == s and r["config"] == c and r.get(k) is not None)
+    if not v:
+        return "-"
+    return (fmt + " ({}-{})").format(statistics.median(v), fmt.format(v[0]), fmt.format(v[-1]))
+def ratio(s, k):
+    by = {}
+    for r in runs:
+        if r["scenario"] == s:
+            by.setdefault(r["round"], {})[r["config"]] = r[k]
+    v = sorted(x["cluster"] / x["single"] for x in by.values() if "cluster" in x and "single" in x and x["single"])
+    return "{:.2f}x ({:.2f}-{:.2f})".format(statistics.median(v), v[0], v[-1]) if v else "-"
+print("| scenario | measure | single relay | cluster | cluster / single |")
+print("|---|---|---|---|---|")
+for s, k, name, scale, fmt in [
+    ("ingest", "events_per_s", "Events/s", 1, "{:.0f}"),
+    ("ingest", "post_p50_us", "POST answered p50, ms", 1e-3, "{:.2f}"),
+    ("ingest", "post_p99_us", "POST answered p99, ms", 1e-3, "{:.2f}"),
+    ("fanout", "deliveries_per_s", "deliveries/s", 1, "{:.0f}"),
+    ("e2e", "p50_us", "delivery latency p50, ms", 1e-3, "{:.2f}"),
+    ("e2e", "p99_us", "delivery latency p99, ms", 1e-3, "{:.2f}"),
+    ("three", "deliveries_per_s", "total deliveries/s", 1, "{:.0f}"),
+]:
+    print(f"| {s} | {name} | {cell(s,'single',k,scale,fmt)} | {cell(s,'cluster',k,scale,fmt)} | {ratio(s,k)} |")
+losses = [r for r in runs if r.get("loss")]
+print(f"\n{len(runs)} runs; runs with loss: {len(losses)}")
+EOF
