@@ -913,11 +913,9 @@ fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
     );
     // The replays must agree byte for byte after the outage (issue 15 item 6). R3 and R4
     // admitted everything from the stream; R1 and R2 admitted their own outage Events
-    // first.
-    // FAILS at main 1601559 (relay behaviour, reported to the lead): `from=all` lists the
-    // streams least-recently-written first, and a ring holds Events in admission order;
-    // R1 admitted o1 (and router1's Event) before o2 (and router2's), R2 the other way
-    // round, so one of them differs from the stream's order, which R3 and R4 follow.
+    // first, in their own order (`from=all` lists the streams least-recently-written
+    // first, and a ring holds foreign Events in admission order), and rebuild their
+    // stores in stream order once their outboxes are back through the stream.
     let order = |b: &str| -> Vec<String> {
         data_lines(b)
             .iter()

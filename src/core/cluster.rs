@@ -132,6 +132,11 @@ pub(super) struct Bus {
     /// Sessions whose local claim record must be put again (or deleted).
     claims_dirty: HashSet<String>,
     refresh_at: Option<Instant>,
+    /// Set at the first local admission of an outage: the replay store as the stream
+    /// had built it, and every stream message admitted since, in stream order. Once the
+    /// outbox is back through the stream, the store is rebuilt from them, so it is again
+    /// what every other relay built (the same rings, in the same order).
+    provisional: Option<(super::Store<Event>, Vec<Arc<Event>>)>,
     /// Counters for `/metrics`.
     pub(super) reconnects: u64,
     pub(super) consumer_resets: u64,
@@ -159,6 +164,7 @@ impl Bus {
             requests: HashMap::new(),
             claims_dirty: HashSet::new(),
             refresh_at: None,
+            provisional: None,
             reconnects: 0,
             consumer_resets: 0,
             publish_errors: 0,
@@ -385,9 +391,13 @@ impl Core {
                     log::info!("cluster: caught up at stream sequence {stream_seq}");
                 }
                 self.admit_from_stream(stream_seq, payload);
+                self.settle_provisional();
             }
             FromBus::ConsumerReset => bus.consumer_resets += 1,
-            FromBus::Acked { ticket, .. } => self.acked(ticket, None),
+            FromBus::Acked { ticket, .. } => {
+                self.acked(ticket, None);
+                self.settle_provisional();
+            }
             FromBus::PublishFailed { ticket, error } => {
                 bus.publish_errors += 1;
                 self.acked(ticket, Some(error));
@@ -452,6 +462,8 @@ impl Core {
 
     /// The claim refresh, when due (from [`Core::handle_timeout`]).
     pub(super) fn bus_timeout(&mut self, now: Instant) {
+        // A rebuild deferred behind a replay in progress.
+        self.settle_provisional();
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -617,6 +629,10 @@ impl Core {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
+        if bus.provisional.is_none() {
+            // The store from here on holds Events out of stream order (see `provisional`).
+            bus.provisional = Some((self.store.clone(), Vec::new()));
+        }
         let serial = bus.next_ticket;
         bus.next_ticket += 1;
         bus.outbox.insert(serial, (ev.clone(), false));
@@ -785,6 +801,9 @@ impl Core {
         };
         let id = cluster::msg_id(ev.source(), ev.id());
         let bus = self.bus.as_mut().expect("clustered");
+        if let Some((_, log)) = bus.provisional.as_mut() {
+            log.push(ev.clone());
+        }
         let except = match bus.delivered.remove(&id) {
             // Delivered here already (an outbox Event): nothing more to do.
             Some(None) => return,
@@ -803,6 +822,35 @@ impl Core {
             Some(c) => self.publish_except(ev, c),
             None => self.publish(ev),
         }
+    }
+
+    /// Rebuilds the replay store in stream order once an outage's local admissions are
+    /// all back through the stream (see `Bus::provisional`), when no replay or paused
+    /// publication holds a position in it.
+    pub(super) fn settle_provisional(&mut self) {
+        let Some(bus) = self.bus.as_ref() else {
+            return;
+        };
+        let healed = bus.provisional.is_some()
+            && bus.connected()
+            && bus.outbox.is_empty()
+            && !bus.delivered.values().any(Option::is_none);
+        if !healed
+            || !self.publishing.is_empty()
+            || self.conns.iter().any(|(_, c)| !c.replay.is_empty())
+        {
+            return;
+        }
+        let bus = self.bus.as_mut().expect("clustered");
+        let (mut store, log) = bus.provisional.take().expect("checked");
+        for ev in &log {
+            store.admit(ev);
+        }
+        log::info!(
+            "cluster: replay store rebuilt in stream order after an outage ({} stream messages since it began)",
+            log.len()
+        );
+        self.store = store;
     }
 
     /// A command for `session` (AEP-0004 §4.2) in cluster mode, from WebSocket `key`:

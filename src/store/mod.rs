@@ -289,6 +289,7 @@ impl Key {
 }
 
 /// One held Event.
+#[derive(Clone)]
 struct Entry<E> {
     key: Key,
     /// The Event's dedupe hash, as in its [`ByKey`]: eviction finds the set slot without
@@ -304,6 +305,7 @@ struct Entry<E> {
 /// Equal keys have equal hashes (one hasher per store), so comparing `hash` first is
 /// exact; the same `Arc` is equal without reading its key, which is how eviction removes
 /// an Event from the set without a cache miss on its bytes.
+#[derive(Clone)]
 struct ByKey<E> {
     hash: u64,
     ev: Arc<E>,
@@ -349,6 +351,7 @@ type DedupeSet<E> = HashSet<ByKey<E>, BuildHasherDefault<PreHashed>>;
 const NIL: usize = usize::MAX;
 
 /// One stream's buffer: an owning stream `(source, session)` or a foreign-only one.
+#[derive(Clone)]
 struct Session<E> {
     name: Box<str>,
     /// The owning emitter's `source` (AEP-0001 §5.2); `None` for a foreign-only stream.
@@ -489,7 +492,9 @@ pub struct Exhausted {
 type Named = SmallVec<[usize; 1]>;
 
 /// Bounded per-stream replay buffers (AEP-0003 §5). See the [module docs](self) for the
-/// order, eviction and cost model.
+/// order, eviction and cost model. A clone shares every held Event (`Arc`) and copies
+/// only the rings and indexes: O(Events held), none of their bytes.
+#[derive(Clone)]
 pub struct Store<E> {
     buffer_per_session: usize,
     max_sessions: usize,

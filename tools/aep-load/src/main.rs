@@ -1033,7 +1033,11 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     }
     let mut lat = std::mem::take(&mut *state.answer_ns.lock().unwrap());
     lat.sort_unstable();
-    let q = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0);
+    let q = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
     Published {
         started,
         written,
