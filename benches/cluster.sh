@@ -85,7 +85,7 @@ record() { jq -c --arg s "$1" --arg c "$2" --argjson r "$3" '. + {scenario:$s, c
 for round in $(seq "$ROUNDS"); do
   for config in single cluster; do
     if [[ $config == cluster ]]; then start_nats; fi
-    cl() { [[ $config == cluster ]] && echo "--cluster nats://127.0.0.1:$NATS_PORT --relay-id $1 --cluster-stream B$round$2"; }
+    cl() { [[ $config == cluster ]] && echo "--cluster nats://127.0.0.1:$NATS_PORT --relay-id $1 --cluster-stream B$round$2 --cluster-prefix b$round$2"; }
     # ingest
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 i))
     load --target sse --addr 127.0.0.1:"$p" --subs 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"

@@ -127,6 +127,9 @@ pub(super) struct Bus {
     /// the connection named, which is skipped.
     delivered: HashMap<String, Option<ConnId>>,
     remote: HashMap<String, RemoteClaim>,
+    /// The other relays' presence records (`{relay, state, lag, outbox, applied}`), by
+    /// relay id: put by each relay with its claims' refresh, gone after the claim TTL.
+    relays: BTreeMap<String, Value>,
     /// Commands forwarded to another relay: the sender's connection and command id.
     requests: HashMap<u64, (usize, String)>,
     /// Sessions whose local claim record must be put again (or deleted).
@@ -161,6 +164,7 @@ impl Bus {
             outbox: BTreeMap::new(),
             delivered: HashMap::new(),
             remote: HashMap::new(),
+            relays: BTreeMap::new(),
             requests: HashMap::new(),
             claims_dirty: HashSet::new(),
             refresh_at: None,
@@ -209,6 +213,25 @@ impl Bus {
             "applied": self.applied,
             "remote_claims": self.remote.len(),
         })
+    }
+
+    /// This relay's presence record, put in the claims bucket under a three-part key
+    /// (claim keys have two), so relays see each other without a protocol of their own.
+    fn put_presence(&mut self) {
+        let mut v = self.health();
+        v["presence"] = true.into();
+        let key = cluster::kv_key(&["relay", &self.config.relay_id, "presence"]);
+        let value = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+        self.to_bus.push_back(ToBus::PutClaim { key, value });
+    }
+
+    /// Every relay of the cluster as this one knows it, itself first (`/status`).
+    pub(super) fn relays(&self) -> Vec<Value> {
+        let mut own = self.health();
+        own["self"] = true.into();
+        std::iter::once(own)
+            .chain(self.relays.values().cloned())
+            .collect()
     }
 
     /// The state.
@@ -362,6 +385,7 @@ impl Core {
                 let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
                 let bus = self.bus.as_mut().expect("clustered");
                 bus.claims_dirty.extend(sessions);
+                bus.put_presence();
                 if bus.refresh_at.is_none() {
                     bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
                 }
@@ -373,6 +397,7 @@ impl Core {
                 bus.state = ClusterState::Degraded;
                 // Remote claims cannot be reached meanwhile.
                 bus.remote.clear();
+                bus.relays.clear();
             }
             FromBus::Message {
                 stream_seq,
@@ -404,6 +429,30 @@ impl Core {
             }
             FromBus::Claim { key, value } => {
                 let own = bus.config.relay_id.clone();
+                let presence = value
+                    .as_deref()
+                    .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+                    .filter(|v| v.get("presence").and_then(Value::as_bool) == Some(true));
+                if let Some(p) = presence {
+                    if let Some(r) = p.get("relay").and_then(Value::as_str) {
+                        if r != own {
+                            bus.relays.insert(r.to_owned(), p.clone());
+                        }
+                    }
+                    return;
+                }
+                if value.is_none() {
+                    // A presence record gone: the relay stopped refreshing it.
+                    let gone: Vec<String> = bus
+                        .relays
+                        .keys()
+                        .filter(|r| cluster::kv_key(&["relay", r, "presence"]) == key)
+                        .cloned()
+                        .collect();
+                    for r in gone {
+                        bus.relays.remove(&r);
+                    }
+                }
                 match value.as_deref().and_then(parse_claim) {
                     Some(c) if c.relay != own => {
                         bus.remote.insert(key, c);
@@ -470,6 +519,7 @@ impl Core {
         if bus.refresh_at.is_some_and(|t| t <= now) {
             bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
             if bus.connected() {
+                bus.put_presence();
                 let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
                 self.bus
                     .as_mut()
@@ -511,6 +561,14 @@ impl Core {
             let value = claim_record(&bus.config.relay_id, session, &entries, &accepts);
             bus.to_bus.push_back(ToBus::PutClaim { key, value });
         }
+    }
+
+    /// The cluster's relays for `/status` (`None` for a single relay).
+    pub(super) fn cluster_status(&self) -> Option<Value> {
+        let bus = self.bus.as_ref()?;
+        let mut v = bus.health();
+        v["relays"] = bus.relays().into();
+        Some(v)
     }
 
     /// Roster entries of the claimants on other relays (AEP-0003 §4.1), by session.

@@ -75,6 +75,8 @@ impl Core {
             "backpressure_disconnects": st.backpressure_disconnects,
             "rejected": rejected,
             "not_found": not_found,
+            // Cluster mode: this relay's state and every relay it knows (issue 15).
+            "cluster": self.cluster_status(),
         });
         serde_json::to_vec(&doc).unwrap_or_default()
     }
