@@ -726,8 +726,22 @@ impl Core {
                         "cluster: publish of {:?} failed ({e}); kept locally",
                         ev.id()
                     );
-                    if let Err(r) = self.degraded(vec![ev]) {
-                        log::warn!("cluster: Event lost: {r}");
+                    let id = cluster::msg_id(ev.source(), ev.id());
+                    match bus.delivered.remove(&id) {
+                        // A command its claimant already has: the observers here get
+                        // it now, the stream on reconnect.
+                        Some(Some(claimant)) => {
+                            if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+                                log::warn!("cluster: command not kept in the history: {r}");
+                            }
+                            self.keep_in_outbox(&ev);
+                            self.publish_except(ev, claimant);
+                        }
+                        _ => {
+                            if let Err(r) = self.degraded(vec![ev]) {
+                                log::warn!("cluster: Event lost: {r}");
+                            }
+                        }
                     }
                 }
             }
@@ -857,12 +871,17 @@ impl Core {
                 return;
             }
         };
-        let id = cluster::msg_id(ev.source(), ev.id());
         let bus = self.bus.as_mut().expect("clustered");
         if let Some((_, log)) = bus.provisional.as_mut() {
             log.push(ev.clone());
         }
-        let except = match bus.delivered.remove(&id) {
+        // The msg id (a SHA-256) only when something waits for one.
+        let delivered = if bus.delivered.is_empty() {
+            None
+        } else {
+            bus.delivered.remove(&cluster::msg_id(ev.source(), ev.id()))
+        };
+        let except = match delivered {
             // Delivered here already (an outbox Event): nothing more to do.
             Some(None) => return,
             // A command given to its claimant directly: everyone else gets it now.
