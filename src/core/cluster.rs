@@ -35,7 +35,6 @@ use super::conn::Phase;
 use super::{Core, Refusal};
 use crate::cluster::{self, ClusterConfig, Degrade, FromBus, ToBus};
 use crate::envelope::{Attr, Event, Scope};
-use crate::http;
 use crate::ws::aep::{self, Ref};
 use crate::ws::rfc6455;
 use crate::{Code, ConnId};
@@ -787,28 +786,10 @@ impl Core {
             );
             self.degraded(failed).map(|_| accepted)
         };
-        let resp = match outcome {
-            Ok(n) => {
-                self.metrics.ingested_http += n as u64;
-                http::response(
-                    202,
-                    "application/json",
-                    &[],
-                    format!("{{\"accepted\":{n}}}").as_bytes(),
-                    close,
-                )
-            }
-            Err(r) => {
-                self.refused(
-                    key,
-                    "POST /events",
-                    Some(r.status()),
-                    r.code(),
-                    &r.to_string(),
-                );
-                http::response(r.status(), "application/json", &[], &r.body(), close)
-            }
-        };
+        if let Ok(n) = outcome {
+            self.metrics.ingested_http += n as u64;
+        }
+        let resp = self.post_answer(key, outcome, close);
         if let Some(conn) = self.conns.get_mut(key) {
             conn.awaiting = None;
             conn.since = self.now;
@@ -835,25 +816,17 @@ impl Core {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
-        if let Some(mut post) = bus.posts.remove(&serial) {
+        if bus.posts.remove(&serial).is_some() {
             bus.tickets
                 .retain(|_, t| !matches!(t, Ticket::Post(s, _) if *s == serial));
-            post.failed.clear();
-            let close = post.close;
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.awaiting = None;
             }
             let r = Refusal::ClusterUnavailable {
                 detail: "the engine did not acknowledge the Events in time; they may or may not be in the stream: retry with the same ids".into(),
             };
-            self.refused(
-                key,
-                "POST /events",
-                Some(r.status()),
-                r.code(),
-                &r.to_string(),
-            );
-            let resp = http::response(r.status(), "application/json", &[], &r.body(), close);
+            // Closed after it: the connection's requests stay in order.
+            let resp = self.post_answer(key, Err(r), true);
             self.reply(key, resp, true);
         }
     }

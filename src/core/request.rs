@@ -538,51 +538,41 @@ impl Core {
             let submitted = self
                 .validate_body(Bytes::from(body), backing, batch)
                 .and_then(|events| self.submit(events, Some((key, close))));
-            let resp = match submitted {
+            let outcome = match submitted {
                 Ok(super::cluster::Submitted::Waiting) => return,
                 Ok(super::cluster::Submitted::Now(n)) => {
                     self.metrics.ingested_http += n as u64;
-                    http::response(
-                        202,
-                        "application/json",
-                        &[],
-                        format!("{{\"accepted\":{n}}}").as_bytes(),
-                        close,
-                    )
+                    Ok(n)
                 }
-                Err(r) => {
-                    self.refused(
-                        key,
-                        "POST /events",
-                        Some(r.status()),
-                        r.code(),
-                        &r.to_string(),
-                    );
-                    http::response(r.status(), "application/json", &[], &r.body(), close)
-                }
+                Err(r) => Err(r),
             };
+            let resp = self.post_answer(key, outcome, close);
             return self.reply(key, resp, close);
         }
-        let resp = match self.ingest_body(Bytes::from(body), backing, batch, Origin::Http) {
-            Ok(n) => http::response(
-                202,
-                "application/json",
-                &[],
-                format!("{{\"accepted\":{n}}}").as_bytes(),
-                close,
-            ),
+        let outcome = self.ingest_body(Bytes::from(body), backing, batch, Origin::Http);
+        let resp = self.post_answer(key, outcome, close);
+        self.reply(key, resp, close);
+    }
+
+    /// The answer to `POST /events` (AEP-0003 §3.2.3): 202 `{"accepted":n}`, or the
+    /// refusal's status and JSON body, counted and logged ([`Core::refused`]).
+    pub(super) fn post_answer(
+        &mut self,
+        key: usize,
+        outcome: Result<usize, Refusal>,
+        close: bool,
+    ) -> Vec<u8> {
+        match outcome {
+            Ok(n) => {
+                let body = format!("{{\"accepted\":{n}}}");
+                http::response(202, "application/json", &[], body.as_bytes(), close)
+            }
             Err(r) => {
-                self.refused(
-                    key,
-                    "POST /events",
-                    Some(r.status()),
-                    r.code(),
-                    &r.to_string(),
-                );
+                let detail = r.to_string();
+                self.refused(key, "POST /events", Some(r.status()), r.code(), &detail);
                 http::response(r.status(), "application/json", &[], &r.body(), close)
             }
-        };
-        self.reply(key, resp, close);
+        }
     }
 
     /// Validates every Event of a body, then ingests them all in order, or none.
