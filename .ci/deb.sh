@@ -15,7 +15,7 @@
 # systemd but by this script (see "Start" below). Needs root (dpkg), or sudo -n.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin:/usr/sbin:/sbin"
+export PATH="$PATH:${CARGO_HOME:-${HOME:-/root}/.cargo}/bin:/usr/sbin:/sbin"
 
 sudo=""
 if [[ "$(id -u)" -ne 0 ]]; then
