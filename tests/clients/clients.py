@@ -245,13 +245,23 @@ class Sse:
 NOTE = 'naïve ✓ 𝄞 \\u00e9 \\/ \\"quoted\\"'
 
 
-def ev(session, seq, typ, agent="clients", epoch=0):
+def ev(session, seq, typ, agent="clients", epoch=0, time_="2026-07-03T10:15:04.221Z",
+       severity=None, pad=0):
     """A valid sequenced Event as exact text. Its data holds non-ASCII characters,
-    escapes and spaces that any re-serialization would change."""
-    return ('{"aep":"0.1","id":"%s-%d-%d","type":"%s","time":"2026-07-03T10:15:04.221Z",'
+    escapes and spaces that any re-serialization would change; `severity` adds that
+    attribute, `pad` that many bytes of data."""
+    return ('{"aep":"0.1","id":"%s-%d-%d","type":"%s","time":"%s",'
             '"source":"aep://127.0.0.1/agent/%s/session/%s","agent":"%s","session":"%s",'
-            '"seq":%d,"epoch":%d,"data":{"note":"%s", "n": %d}}'
-            % (session, epoch, seq, typ, agent, session, agent, session, seq, epoch, NOTE, seq))
+            '"seq":%d,"epoch":%d,%s"data":{"note":"%s", "n": %d%s}}'
+            % (session, epoch, seq, typ, time_, agent, session, agent, session, seq, epoch,
+               '"severity":"%s",' % severity if severity else "", NOTE, seq,
+               ', "pad":"%s"' % ("x" * pad) if pad else ""))
+
+
+def now_rfc3339(offset_ms=0):
+    """The current time as an Event's `time` (UTC, milliseconds)."""
+    t = time.time() + offset_ms / 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % (int(t * 1000) % 1000)
 
 
 def tokens_file(lines):
@@ -340,6 +350,13 @@ class Browser:
         self.call("Page.navigate", {"url": url})
         wait_until(lambda: self.eval("document.readyState === 'complete' && location.href")
                    == url, f"the page {url} to load")
+
+    def viewport(self, width, height):
+        """Lays the page out as in a window of `width` x `height` CSS pixels at scale 1
+        (what a screenshot without `selector` then shows)."""
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                                                          "deviceScaleFactor": 1,
+                                                          "mobile": False})
 
     def screenshot(self, path, selector=None):
         params = {"format": "png"}
@@ -849,12 +866,87 @@ def test_curl_readme():
         relay.stop()
 
 
+# The status page's testable state (see the comment at the top of src/status.html).
+SPARKS_JS = ("(() => Object.fromEntries([...document.querySelectorAll('.spark')].map((b) =>"
+             " [b.id.slice(6), {points: +(b.dataset.points || 0), nonzero: +(b.dataset.nonzero"
+             " || 0), max: +(b.dataset.max || 0), d: b.querySelector('.line').getAttribute('d')"
+             " || ''}])))()")
+TAIL_JS = ("[...document.querySelectorAll('#tail .ev')].map((d) =>"
+           " [...d.querySelector('.line').children].map((c) => c.textContent))")
+TAIL_RAW_JS = "[...document.querySelectorAll('#tail .ev')].map((d) => d.raw)"
+ROWS_JS = ("[...document.querySelectorAll('#session_rows tr')]"
+           ".map((tr) => [...tr.cells].map((td) => td.textContent))")
+RELAYS_JS = ("[...document.querySelectorAll('#relay_rows tr')].map((tr) =>"
+             " [tr.dataset.relay, ...[...tr.cells].slice(1).map((td) => td.textContent)])")
+NUMBERS_JS = ("(() => Object.fromEntries(['sessions','subscriptions','connections',"
+              "'ingested','ingest_rate','deliveries','delivery_rate','dropped','refused']"
+              ".map((k) => [k, document.getElementById(k).textContent])))()")
+SCREEN = (1000, 800)  # the README's screenshots
+
+
+def tail_line(e):
+    """The line the page's tail shows for Event text `e`: time of day, type, session,
+    seq, severity."""
+    doc = json.loads(e)
+    return [doc["time"][11:23], doc["type"], doc["session"], str(doc["seq"]),
+            doc.get("severity", "info")]
+
+
+def session_row(e, events, earliest, latest):
+    doc = json.loads(e)
+    return [doc["session"], doc["agent"], doc["source"], str(events), earliest, latest]
+
+
+def wait_sparks(browser, pred, what):
+    """Waits until the sparklines' state satisfies `pred`; returns it."""
+    got = []
+
+    def ok():
+        got[:] = [browser.eval(SPARKS_JS)]
+        return pred(got[0]) and got[0]
+    try:
+        return wait_until(ok, what, interval=0.2)
+    except Failure as e:
+        raise Failure(f"{e}; the sparklines: "
+                      f"{ {k: {**v, 'd': v['d'][-60:]} for k, v in (got or [{}])[0].items()} }")
+
+
+def open_raw(browser, index):
+    """Clicks the tail's line `index` (negative: from the end); returns its raw view."""
+    browser.eval("(() => { const l = [...document.querySelectorAll('#tail .ev .line')];"
+                 " l[(%d + l.length) %% l.length].click(); })()" % index)
+    return browser.eval("(() => { const l = [...document.querySelectorAll('#tail .ev')];"
+                        " const r = l[(%d + l.length) %% l.length].querySelector('.raw');"
+                        " return r && r.textContent; })()" % index)
+
+
+class SlowConsumer:
+    """An SSE consumer that never reads, behind a small receive window: the relay's
+    queue toward it fills and it drops info Events for it (AEP-0003 §8.4)."""
+
+    def __init__(self, relay, query):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        self.sock.settimeout(WAIT)
+        self.sock.connect(("127.0.0.1", relay.port))
+        self.sock.sendall(f"GET /stream?{query} HTTP/1.1\r\nHost: {relay.addr}\r\n"
+                          "Accept: text/event-stream\r\n\r\n".encode())
+
+    def close(self):
+        self.sock.close()
+
+
 def test_status_page():
-    """GET /?access_token= in headless Chromium: the counters, the sessions table and the
-    live tail update as Events are posted; the filter typed into the page applies."""
+    """GET /?access_token= in headless Chromium: the counters, the sparklines (ingest,
+    deliveries, connections, drops, refusals), the sessions table with agent and source,
+    and the live tail (one line per Event, its raw JSON on a click) follow the traffic;
+    the filter typed into the page applies; screenshots before and after."""
     tokens = tokens_file([("ops-watch-22de", "watch"), ("agent-emit-3", "emit")])
-    relay = Relay("status", "--tokens-file", tokens)
+    # A small output bound, so that a consumer that does not read drops soon.
+    relay = Relay("status", "--tokens-file", tokens, "--max-output", "65536")
     browser = Browser("status")
+    slow = None
+    idle = []
     out = Path(ARGS.out)
     try:
         page_url = f"{relay.base}/?access_token=ops-watch-22de"
@@ -863,58 +955,117 @@ def test_status_page():
         browser.call("Runtime.enable")
         browser.call("Log.enable")
         browser.call("Network.enable")
+        browser.viewport(*SCREEN)
         browser.goto(page_url)
-        numbers_js = ("(() => Object.fromEntries(['sessions','subscriptions','connections',"
-                      "'ingested','ingest_rate','deliveries','delivery_rate','dropped','refused']"
-                      ".map((k) => [k, document.getElementById(k).textContent])))()")
-        wait_until(lambda: browser.eval(numbers_js)["ingested"] == "0"
+        wait_until(lambda: browser.eval(NUMBERS_JS)["ingested"] == "0"
                    and browser.eval("document.getElementById('subscriptions').textContent")
                    == "1", "the page's first numbers (its own tail subscribed)")
-        before = browser.eval(numbers_js)
+        before = browser.eval(NUMBERS_JS)
         check(browser.eval("document.getElementById('err').textContent") == "",
               "the page shows no error")
         check(before["refused"] == "0", "loading the page caused no refusal (no favicon 404)")
+        check(browser.eval("document.getElementById('cluster_panel').hidden") is True,
+              "a single relay shows no cluster panel")
+        sp_before = wait_sparks(browser, lambda s: all(v["points"] >= 3 for v in s.values()),
+                                "three samples in every sparkline")
+        for name in ["ingest", "deliveries", "drops", "refusals"]:
+            check(sp_before[name]["nonzero"] == 0, f"{name} is flat before any traffic: "
+                                                   f"{sp_before[name]}")
+        check(sp_before["connections"]["nonzero"] >= 1, "the page's own connections show")
         shot_before = browser.screenshot(out / "status-before.png")
         cards_before = browser.screenshot(out / "status-cards-before.png", ".cards")
+        sparks_before = browser.screenshot(out / "status-sparks-before.png", ".sparks")
         log(f"before: {before}")
 
-        posted = [ev("st-a", i, t) for i, t in
+        # Drops: a consumer of its own session that never reads, and that session posted
+        # in batches (each smaller than the output bound, so the page keeps up) until the
+        # relay drops for it.
+        slow = SlowConsumer(relay, "access_token=ops-watch-22de&filter="
+                            + urllib.parse.quote('{"session":["st-flood"]}'))
+        # Connections: three more that send nothing (the relay keeps them for the
+        # request timeout, 30 s), so the line rises clear of the page's own.
+        idle = [socket.create_connection(("127.0.0.1", relay.port), timeout=WAIT)
+                for _ in range(3)]
+        wait_until(lambda: relay.status(token="ops-watch-22de")["subscriptions"] == 2,
+                   "the slow consumer to subscribe")
+        flood = [0]
+
+        def flood_batch():
+            batch = [ev("st-flood", flood[0] + i, "tool.completed", time_=now_rfc3339(),
+                        pad=900) for i in range(16)]
+            flood[0] += len(batch)
+            relay.post_ok(batch, token="agent-emit-3")
+            return relay.status(token="ops-watch-22de")["dropped"] > 0
+        wait_until(flood_batch, "the relay to drop for the slow consumer", interval=0.02)
+        log(f"{flood[0]} Events of about 1 KB for the slow consumer made it drop")
+
+        t = now_rfc3339
+        posted = [ev("st-a", i, typ, time_=t(i * 150)) for i, typ in
                   enumerate(["session.started", "run.started", "tool.started"])]
-        posted += [ev("st-b", 7, "run.started"), ev("st-b", 8, "run.finished")]
+        posted += [ev("st-b", 7, "run.started", agent="planner", time_=t(600)),
+                   ev("st-b", 8, "run.finished", agent="planner", time_=t(800),
+                      severity="warning")]
         relay.post_ok(posted, token="agent-emit-3")
         status, _ = relay.post(['{"aep":"0.1","id":"x","type":"tool.started"}'],
                                token="agent-emit-3")
         check(status == 400, f"an invalid Event is refused: {status}")
+        ingested = flood[0] + len(posted)
         rates = []
 
         def updated():
-            n = browser.eval(numbers_js)
+            n = browser.eval(NUMBERS_JS)
             rates.append(n["ingest_rate"])
-            return n["ingested"] == "5" and n["sessions"] == "2" and n["refused"] == "1" and n
-        after = wait_until(updated, "the numbers to update", interval=0.1)
-        check(any(r not in ("–", "0.0") for r in rates), f"an ingest rate was shown: {rates}")
-        rows = browser.eval("[...document.querySelectorAll('#session_rows tr')]"
-                            ".map((tr) => [...tr.cells].map((td) => td.textContent))")
-        check(rows == [["st-a", "3", "0:0", "0:2"], ["st-b", "2", "0:7", "0:8"]],
-              f"the sessions table: {rows}")
-        tail_js = "[...document.querySelectorAll('#tail .ev')].map((d) => d.textContent)"
-        wait_until(lambda: len(browser.eval(tail_js)) == 5, "the live tail")
-        check(browser.eval(tail_js) == posted, "the tail shows the posted Events, in order")
-        wait_until(lambda: int(browser.eval(numbers_js)["deliveries"]) >= 5,
+            return (n["ingested"] == str(ingested) and n["sessions"] == "3"
+                    and n["refused"] == "1" and n)
+        wait_until(updated, "the numbers to update", interval=0.1)
+        check(any(r not in ("–", "0") for r in rates), f"an ingest rate was shown: {rates}")
+        rows = browser.eval(ROWS_JS)
+        want = [session_row(posted[4], 2, "0:7", "0:8"), session_row(posted[2], 3, "0:0", "0:2")]
+        flood_row = session_row(ev("st-flood", 0, "x"), flood[0], "0:0", f"0:{flood[0] - 1}")
+        # (The flood's earliest and count depend on how many it took: the replay buffer
+        # keeps the newest.)
+        check(len(rows) == 3 and rows[:2] == want and rows[2][:3] == flood_row[:3]
+              and rows[2][5] == flood_row[5], f"the sessions table, most recent first: {rows}")
+        wait_until(lambda: browser.eval(TAIL_JS)[-5:] == [tail_line(e) for e in posted],
+                   "the live tail's last five lines")
+        check(browser.eval(TAIL_RAW_JS)[-5:] == posted, "the tail holds the Events as sent")
+        check(open_raw(browser, -2) == posted[-2], "a click on a line shows its raw JSON")
+        check(open_raw(browser, -2) is None, "a second click closes it")
+        check(open_raw(browser, -1) == posted[-1], "another line's raw JSON")
+        wait_until(lambda: int(browser.eval(NUMBERS_JS)["deliveries"]) >= 5,
                    "deliveries counted")
-        after = browser.eval(numbers_js)
+
+        # The sparklines moved: a sample of the traffic is in every ring.
+        moved = ["ingest", "deliveries", "drops", "refusals"]
+        sp_after = wait_sparks(
+            browser, lambda s: all(s[n]["nonzero"] >= 1 for n in moved)
+            and s["connections"]["max"] >= sp_before["connections"]["max"] + 3,
+            "the sparklines of ingest, deliveries, drops and refusals to leave 0, and "
+            "connections to rise by 3")
+        for name in sp_after:
+            check(sp_after[name]["d"] != sp_before[name]["d"], f"the {name} line moved")
+        after = browser.eval(NUMBERS_JS)
         log(f"after: {after}")
+        log("sparklines: " + ", ".join(f"{k} {v['nonzero']}/{v['points']} nonzero, max "
+                                       f"{v['max']:g}" for k, v in sp_after.items()))
         shot_after = browser.screenshot(out / "status-after.png")
         cards_after = browser.screenshot(out / "status-cards-after.png", ".cards")
         check(shot_before != shot_after and cards_before != cards_after,
               "the screenshots differ in the counter area")
+        check(browser.screenshot(out / "status-sparks-after.png", ".sparks") != sparks_before,
+              "the sparklines' area differs")
+        slow.close()
+        slow = None
+        for c in idle:
+            c.close()
+        idle = []
 
         # A filter typed into the page: only matching Events reach the tail.
         browser.eval("(() => { const f = document.getElementById('filter');"
                      " f.focus(); f.select(); })()")
         browser.call("Input.insertText", {"text": '{"type":["run.*"]}'})
         browser.eval("document.querySelector('#tail_form button').click()")
-        wait_until(lambda: browser.eval(tail_js) == [], "the tail to restart")
+        wait_until(lambda: browser.eval(TAIL_RAW_JS) == [], "the tail to restart")
 
         def new_tail_open():
             browser.eval("1")  # collects the DevTools events that came meanwhile
@@ -923,18 +1074,152 @@ def test_status_page():
                        for e in browser.events)
         wait_until(new_tail_open, "the page's stream with the typed filter to open")
         wait_until(lambda: relay.status(token="ops-watch-22de")["subscriptions"] == 1,
-                   "the old tail to be released")
+                   "the old tail and the slow consumer to be released")
         more = [ev("st-c", 1, "tool.started"), ev("st-c", 2, "run.finished")]
         relay.post_ok(more, token="agent-emit-3")
-        wait_until(lambda: browser.eval(tail_js) == [more[1]], "the filtered tail")
-        wait_until(lambda: browser.eval(numbers_js)["ingested"] == "7", "the counters again")
+        wait_until(lambda: browser.eval(TAIL_RAW_JS) == [more[1]], "the filtered tail")
+        wait_until(lambda: browser.eval(NUMBERS_JS)["ingested"] == str(ingested + 2),
+                   "the counters again")
         browser.screenshot(out / "status-filtered.png")
         problems = browser.console_problems()
         check(problems == [], f"no console errors (CSP, scripts): {problems}")
         log("the typed filter {\"type\":[\"run.*\"]} shows only run.finished")
     finally:
+        if slow:
+            slow.close()
+        for c in idle:
+            c.close()
         browser.close()
         relay.stop()
+
+
+def nats_binary():
+    """nats-server on PATH, or where Debian puts it (/usr/sbin, which a PATH may lack)."""
+    dirs = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/usr/local/sbin"]
+    return next((str(Path(d) / "nats-server") for d in dirs
+                 if d and os.access(Path(d) / "nats-server", os.X_OK)), None)
+
+
+class Nats:
+    """A real nats-server with JetStream on loopback, in a directory of its own, started
+    as tests/support/nats.rs does; its URL comes from its ports file."""
+
+    def __init__(self):
+        binary = nats_binary()
+        check(binary, "nats-server is not installed (run.sh installs Debian's nats-server)")
+        self.dir = Path(tempfile.mkdtemp(prefix="nats-", dir=ARGS.out))
+        ports = self.dir / "ports"
+        ports.mkdir()
+        self.proc = spawn([binary, "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "-js",
+                           "-sd", str(self.dir / "store"), "--ports_file_dir", str(ports)],
+                          Path(ARGS.out) / "nats-server.log")
+
+        def url():
+            if self.proc.poll() is not None:
+                raise Failure("nats-server exited at start-up (see nats-server.log)")
+            f = ports / f"nats-server_{self.proc.pid}.ports"
+            # A file still being written does not parse: polled again.
+            return f.exists() and json.loads(f.read_text())["nats"][0]
+        self.url = wait_until(url, "nats-server's ports file")
+        port = int(self.url.rsplit(":", 1)[1])
+        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                   or True, "nats-server to accept connections")
+
+    def stop(self):
+        return stop(self.proc)
+
+
+def test_status_page_cluster():
+    """Two relays clustered through a real nats-server: one relay's page lists both in
+    its relays panel (state, lag, outbox), tails the Events posted to either, and its
+    sparklines move; screenshots before and after."""
+    nats = Nats()
+    relays = []
+    browser = None
+    out = Path(ARGS.out)
+    try:
+        for rid in ["r1", "r2"]:
+            relays.append(Relay(f"cluster-{rid}", "--cluster", nats.url, "--relay-id", rid))
+        r1, r2 = relays
+
+        def known(relay):
+            c = relay.status()["cluster"]
+            return c and sorted((r["relay"], r["state"]) for r in c["relays"])
+        both = [("r1", "connected"), ("r2", "connected")]
+        for r in relays:
+            wait_until(lambda: known(r) == both, f"{r.addr} to know both relays connected")
+        browser = Browser("status-cluster")
+        browser.call("Runtime.enable")
+        browser.call("Log.enable")
+        browser.viewport(*SCREEN)
+        browser.goto(f"{r1.base}/")
+        wait_until(lambda: sorted((r[0], r[1]) for r in browser.eval(RELAYS_JS)) == both,
+                   "the relays panel of r1's page to show r1 and r2, connected")
+        check(browser.eval("document.getElementById('cluster_panel').hidden") is False,
+              "the cluster panel shows")
+        panel = browser.eval(RELAYS_JS)
+        check(panel[0][0] == "r1" and "(this page)" in browser.eval(
+            "document.querySelector('#relay_rows tr').cells[0].textContent"),
+              f"r1, the page's own relay, comes first and says so: {panel}")
+        check(all(re.fullmatch(r"\d+", v) for row in panel for v in row[2:]),
+              f"lag, outbox and applied are numbers: {panel}")
+        check("relay r1" in browser.eval("document.getElementById('whoami').textContent"),
+              "the heading names the relay")
+        sp_before = wait_sparks(browser, lambda s: all(v["points"] >= 3 for v in s.values()),
+                                "three samples in every sparkline")
+        for name in ["ingest", "deliveries", "refusals"]:
+            check(sp_before[name]["nonzero"] == 0, f"{name} is flat before any traffic: "
+                                                   f"{sp_before[name]}")
+        shot_before = browser.screenshot(out / "status-cluster-before.png")
+        log(f"r1's page lists {panel}")
+
+        # Traffic on both relays: r1's page shows what either ingested.
+        t = now_rfc3339
+        at_r2 = [ev("cl-east", i, typ, agent="worker-east", time_=t(i * 200)) for i, typ in
+                 enumerate(["session.started", "run.started", "tool.started"])]
+        at_r1 = [ev("cl-west", i, typ, agent="worker-west", time_=t(700 + i * 200))
+                 for i, typ in enumerate(["session.started", "run.started"])]
+        at_r1.append(ev("cl-west", 2, "run.finished", agent="worker-west", time_=t(1200),
+                        severity="notice"))
+        r2.post_ok(at_r2)
+        r1.post_ok(at_r1)
+        status, _ = r1.post(['{"aep":"0.1","id":"x","type":"tool.started"}'])
+        check(status == 400, f"an invalid Event is refused: {status}")
+        wait_until(lambda: sorted(browser.eval(TAIL_RAW_JS)) == sorted(at_r2 + at_r1),
+                   "r1's tail to show the Events posted to r1 and to r2")
+        lines = browser.eval(TAIL_JS)
+        check(sorted(lines) == sorted(tail_line(e) for e in at_r2 + at_r1),
+              f"one readable line per Event: {lines}")
+        wait_until(lambda: sorted(r[0] for r in browser.eval(ROWS_JS)) == ["cl-east", "cl-west"],
+                   "r1's sessions table to hold both relays' sessions")
+        rows = {r[0]: r for r in browser.eval(ROWS_JS)}
+        check(rows["cl-east"][1:4] == ["worker-east", json.loads(at_r2[0])["source"], "3"],
+              f"the session posted to r2, on r1's page: {rows['cl-east']}")
+        check(open_raw(browser, -1) == browser.eval(TAIL_RAW_JS)[-1],
+              "a click on a line shows its raw JSON")
+        moved = ["ingest", "deliveries", "refusals"]
+        sp_after = wait_sparks(browser, lambda s: all(s[n]["nonzero"] >= 1 for n in moved),
+                               "the sparklines of ingest, deliveries and refusals to leave 0")
+        for name in moved:
+            check(sp_after[name]["d"] != sp_before[name]["d"], f"the {name} line moved")
+        # The applied counts follow the stream: wait for both relays to report them again.
+        wait_until(lambda: sorted((r[0], r[1]) for r in browser.eval(RELAYS_JS)) == both
+                   and all(int(r[4]) >= 6 for r in browser.eval(RELAYS_JS)),
+                   "both relays to report the 6 Events applied")
+        panel = browser.eval(RELAYS_JS)
+        log(f"after: r1's page lists {panel}")
+        log("sparklines: " + ", ".join(f"{k} {v['nonzero']}/{v['points']} nonzero, max "
+                                       f"{v['max']:g}" for k, v in sp_after.items()))
+        shot_after = browser.screenshot(out / "status-cluster-after.png")
+        check(shot_before != shot_after, "the screenshots differ")
+        problems = browser.console_problems()
+        check(problems == [], f"no console errors (CSP, scripts): {problems}")
+    finally:
+        if browser:
+            browser.close()
+        for r in reversed(relays):
+            r.stop()
+        nats.stop()
 
 
 TESTS = {
@@ -944,6 +1229,7 @@ TESTS = {
     "python-websockets-emitter": test_python_websockets_emitter,
     "curl-readme": test_curl_readme,
     "status-page": test_status_page,
+    "status-page-cluster": test_status_page_cluster,
 }
 
 

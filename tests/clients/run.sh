@@ -7,9 +7,11 @@
 #     against hostile sessions: LF, CR, NUL, %, non-ASCII, 1 KiB),
 #   - Python `websockets` as a consumer (two subscriptions) and as an emitter,
 #   - the README's curl commands as the README shows them,
-#   - the status page (GET /) in headless Chromium, with screenshots before and after.
+#   - the status page (GET /) in headless Chromium, with screenshots before and after:
+#     its counters, sparklines, sessions table and live tail on one relay, and its relays
+#     panel on one of two relays clustered through a real nats-server.
 # It prints PASS/FAIL per check, then `N passed, N failed`, and exits non-zero on any
-# failure. Chromium, curl and a Python venv come from Debian's packages and PyPI the
+# failure. Chromium, curl, nats-server and a Python venv come from Debian's packages and PyPI the
 # first time (a clean machine needs a few minutes for Chromium); later runs reuse them.
 #
 # Usage: tests/clients/run.sh            (from anywhere; run by CI after cargo test)
@@ -39,6 +41,8 @@ need_deb() { # need_deb COMMAND PACKAGE...
 need_deb chromium chromium
 need_deb curl curl
 need_deb python3 python3 python3-venv
+# The cluster check's engine; Debian puts it in /usr/sbin, which a user's PATH may lack.
+[[ -x /usr/sbin/nats-server ]] || need_deb nats-server nats-server
 
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import websockets' 2>/dev/null; then
   echo "installing websockets (PyPI) into $venv"
