@@ -144,7 +144,6 @@ impl Default for Metrics {
     }
 }
 
-
 impl Metrics {
     /// Counts one refusal with `code`.
     pub fn reject(&mut self, code: &'static str) {

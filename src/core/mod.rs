@@ -693,9 +693,7 @@ impl Core {
             }
         }
         let conn = &mut self.conns[key];
-        if matches!(conn.phase, Phase::Closing)
-            && written > written_before
-        {
+        if matches!(conn.phase, Phase::Closing) && written > written_before {
             // The linger counts from the last byte the peer took: a consumer still
             // reading its last answer (a long `live=0` replay) is not cut off mid-way.
             conn.since = now;
