@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 use support::nats::NatsServer;
 use support::*;
 
+use aep_relay::Config;
+use aep_sim::Sim;
+
 /// The token of the clustered relays (every scope), which Prometheus presents.
 const TOKEN: &str = "t";
 /// Every relay's output bound: small, so that a stalled consumer drops soon.
@@ -950,4 +953,91 @@ fn dashboard_queries_exactly_the_metrics_the_relay_exports() {
         queried.len(),
         families.len()
     );
+}
+
+/// The histograms measure what they say, on virtual time (the sans-IO core driven by
+/// `aep_sim`, no tool needed): a delivery written in the turn it was fanned out is 0 s;
+/// one whose socket was full until 300 ms later is 0.3 s; a heartbeat is no delivery and
+/// adds no sample; a `POST /events` whose body arrives 2 s after its head took 2 s.
+#[test]
+fn histograms_measure_fan_out_to_write_and_post_time_on_virtual_time() {
+    let mut sim = Sim::new(Config::default()).unwrap();
+    let metrics = |sim: &mut Sim| -> String {
+        let c = sim.connect(None);
+        sim.feed(
+            c,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            false,
+        );
+        let out = String::from_utf8(sim.take_output(c).unwrap()).unwrap();
+        out.split_once("\r\n\r\n").unwrap().1.to_string()
+    };
+    // A consumer whose socket holds at most 1500 untaken bytes.
+    let c = sim.connect(Some(1500));
+    sim.feed(c, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    assert!(String::from_utf8(sim.take_output(c).unwrap())
+        .unwrap()
+        .starts_with("HTTP/1.1 200 OK"));
+    sim.ingest(ev("a", "h", 0).into()).unwrap();
+    assert!(!sim.take_output(c).unwrap().is_empty(), "written at once");
+    let pad = format!(r#","data":{{"pad":"{}"}}"#, "x".repeat(500));
+    let batch: String = (1..4).map(|s| envelope_with("h", s, &pad) + "\n").collect();
+    sim.ingest(batch.into()).unwrap();
+    assert!(sim.queued_output(c).unwrap() > 0, "the socket is full");
+    sim.advance(Duration::from_millis(300));
+    sim.take_output(c).unwrap();
+    assert_eq!(sim.queued_output(c), Some(0), "written 300 ms later");
+    let text = metrics(&mut sim);
+    let m = |name: &str| sample(&text, name).unwrap_or_else(|| panic!("no {name}:\n{text}"));
+    let b = |le: &str| {
+        m(&format!(
+            r#"aep_delivery_latency_seconds_bucket{{binding="sse",le="{le}"}}"#
+        ))
+    };
+    assert_eq!(
+        m(r#"aep_delivery_latency_seconds_count{binding="sse"}"#),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        (b("0.0001"), b("0.25"), b("0.5"), b("+Inf")),
+        (1.0, 1.0, 2.0, 2.0)
+    );
+    assert!((m(r#"aep_delivery_latency_seconds_sum{binding="sse"}"#) - 0.3).abs() < 1e-9);
+    assert_eq!(
+        m(r#"aep_delivery_latency_seconds_count{binding="ws"}"#),
+        0.0
+    );
+
+    // A heartbeat (15 s) is written, but it carries no Event: no sample.
+    sim.advance(Duration::from_secs(15));
+    let out = String::from_utf8(sim.take_output(c).unwrap()).unwrap();
+    assert!(out.ends_with("\n\n: ping\n\n"), "{out}");
+    let text = metrics(&mut sim);
+    assert_eq!(
+        sample(
+            &text,
+            r#"aep_delivery_latency_seconds_count{binding="sse"}"#
+        ),
+        Some(2.0)
+    );
+
+    // POST time: from the head's first byte to the answer.
+    let body = ev("a", "h", 9);
+    let p = sim.connect(None);
+    let head = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    sim.feed(p, head.as_bytes(), false);
+    sim.advance(Duration::from_secs(2));
+    sim.feed(p, body.as_bytes(), false);
+    let answer = String::from_utf8(sim.take_output(p).unwrap()).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    let text = metrics(&mut sim);
+    let m = |name: &str| sample(&text, name).unwrap_or_else(|| panic!("no {name}:\n{text}"));
+    assert_eq!(m("aep_post_duration_seconds_count"), 1.0);
+    assert_eq!(m(r#"aep_post_duration_seconds_bucket{le="1"}"#), 0.0);
+    assert_eq!(m(r#"aep_post_duration_seconds_bucket{le="2.5"}"#), 1.0);
+    assert!((m("aep_post_duration_seconds_sum") - 2.0).abs() < 1e-9);
 }
