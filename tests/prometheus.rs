@@ -4,7 +4,8 @@
 //! binding, drops, the latency histograms, and, clustered with a real nats-server, the
 //! cluster state, lag and outbox through an engine outage; every query of the Grafana
 //! dashboard (`contrib/grafana/aep-relay.json`) runs there and names only metrics the
-//! relay exports, and every metric the relay exports has a panel.
+//! relay exports, and every metric the relay exports has a panel. On virtual time (no
+//! tool needed), the histograms measure what they say.
 //!
 //! Prometheus and promtool come from Debian's `prometheus` package (`.ci/run` installs
 //! it), nats-server from `nats-server`. When one is missing a test skips with a message,
@@ -571,6 +572,14 @@ fn dashboard_exprs() -> Vec<String> {
     let d: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     fn panels(list: &Value, out: &mut Vec<String>) {
         for p in list.as_array().into_iter().flatten() {
+            if p["type"] != "row" {
+                assert_eq!(
+                    p["datasource"],
+                    json!({"type": "prometheus", "uid": "${datasource}"}),
+                    "panel {:?} queries the data source variable",
+                    p["title"]
+                );
+            }
             for t in p["targets"].as_array().into_iter().flatten() {
                 if let Some(e) = t["expr"].as_str() {
                     out.push(e.to_string());
@@ -1040,4 +1049,33 @@ fn histograms_measure_fan_out_to_write_and_post_time_on_virtual_time() {
     assert_eq!(m(r#"aep_post_duration_seconds_bucket{le="1"}"#), 0.0);
     assert_eq!(m(r#"aep_post_duration_seconds_bucket{le="2.5"}"#), 1.0);
     assert!((m("aep_post_duration_seconds_sum") - 2.0).abs() < 1e-9);
+}
+
+/// Events read from a JSONL source (`--stdin`) are counted under `binding="jsonl"`, so
+/// that `rate(aep_events_ingested_total[…])` sees every ingest path.
+#[test]
+fn jsonl_ingest_is_counted_under_its_binding() {
+    let mut relay = RelayProcess::spawn_with(&["--stdin"], &[], true, "127.0.0.1:0");
+    let mut stdin = relay.stdin.take().unwrap();
+    for line in events("jsonl", 0, 3) {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = relay.get_text("/metrics");
+        let n = sample(&text, r#"aep_events_ingested_total{binding="jsonl"}"#);
+        if n == Some(3.0) {
+            assert_eq!(
+                sample(&text, r#"aep_events_ingested_total{binding="http"}"#),
+                Some(0.0)
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "jsonl ingest not counted: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -596,7 +596,10 @@ impl Core {
         if self.clustered() {
             let events = self.validate_body(ndjson, usize::MAX, true)?;
             return match self.submit(events, None)? {
-                cluster::Submitted::Now(n) => Ok(n),
+                cluster::Submitted::Now(n) => {
+                    self.count_ingested(origin, n);
+                    Ok(n)
+                }
                 cluster::Submitted::Waiting => Ok(0),
             };
         }
@@ -616,7 +619,7 @@ impl Core {
             self.persist(events)?;
             self.publish_unit(events.iter().cloned());
         }
-        self.metrics.ingested_jsonl += events.len() as u64;
+        self.count_ingested(Origin::Jsonl, events.len());
         Ok(())
     }
 

@@ -594,6 +594,15 @@ impl Core {
         self.reply(key, resp, close);
     }
 
+    /// Counts `n` Events accepted from `origin` (`aep_events_ingested_total{binding}`).
+    pub(super) fn count_ingested(&mut self, origin: Origin, n: usize) {
+        match origin {
+            Origin::Ws => self.metrics.ingested_ws += n as u64,
+            Origin::Http => self.metrics.ingested_http += n as u64,
+            Origin::Jsonl => self.metrics.ingested_jsonl += n as u64,
+        }
+    }
+
     /// Validates every Event of a body, then ingests them all in order, or none.
     /// `backing` is the size of the allocation `body` is part of (`usize::MAX` when
     /// unknown): every Event that may be held is given bytes of its own when it is only
@@ -609,11 +618,7 @@ impl Core {
         let n = ok.len();
         // Kept in the history before it is published or answered (issue 5).
         self.persist(&ok)?;
-        match origin {
-            Origin::Ws => self.metrics.ingested_ws += n as u64,
-            Origin::Http => self.metrics.ingested_http += n as u64,
-            Origin::Jsonl => self.metrics.ingested_jsonl += n as u64,
-        }
+        self.count_ingested(origin, n);
         // One ingest unit: the batch's frames are coalesced (see `fanout`).
         self.publish_unit(ok);
         Ok(n)
