@@ -178,7 +178,7 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
         "info Events toward the stalled consumer were dropped and counted"
     );
     assert!(
-        text.contains("aep_connection_dropped_events{conn="),
+        text.contains("aep_connection_dropped_events_total{conn="),
         "per-connection drop count"
     );
     let queued = metric(&text, "aep_output_queued_bytes");

@@ -305,6 +305,16 @@ pub(crate) struct Conn {
     /// Live frames held back while a replay is in progress, so they follow it in order.
     /// Bounded like `out` (the backpressure rule applies to it).
     pub(crate) backlog: OutQueue,
+    /// A sampled delivery (`aep_delivery_latency_seconds`): `out.pushed()` just past
+    /// the fan-out frames queued in one settle, and the time they were queued; observed
+    /// by `Core::write_to` once the socket took them. One at a time per connection.
+    pub(crate) latency_mark: Option<(u64, Instant)>,
+    /// The publication number (`decided`) of the last sampled delivery: a new sample
+    /// starts only when fan-out decided a later Event for this connection.
+    pub(crate) sampled: u64,
+    /// When the `POST /events` being handled began (`aep_post_duration_seconds`), until
+    /// its answer is queued.
+    pub(crate) post_since: Option<Instant>,
 }
 
 impl Conn {
@@ -337,6 +347,9 @@ impl Conn {
             cors: None,
             replay: VecDeque::new(),
             backlog: OutQueue::default(),
+            latency_mark: None,
+            sampled: 0,
+            post_since: None,
         }
     }
 

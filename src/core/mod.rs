@@ -596,7 +596,10 @@ impl Core {
         if self.clustered() {
             let events = self.validate_body(ndjson, usize::MAX, true)?;
             return match self.submit(events, None)? {
-                cluster::Submitted::Now(n) => Ok(n),
+                cluster::Submitted::Now(n) => {
+                    self.count_ingested(origin, n);
+                    Ok(n)
+                }
                 cluster::Submitted::Waiting => Ok(0),
             };
         }
@@ -611,10 +614,12 @@ impl Core {
     pub fn publish_events(&mut self, events: &[Arc<Event>], now: Instant) -> Result<(), Refusal> {
         self.now = now;
         if self.clustered() {
-            return self.submit(events.to_vec(), None).map(|_| ());
+            self.submit(events.to_vec(), None)?;
+        } else {
+            self.persist(events)?;
+            self.publish_unit(events.iter().cloned());
         }
-        self.persist(events)?;
-        self.publish_unit(events.iter().cloned());
+        self.count_ingested(Origin::Jsonl, events.len());
         Ok(())
     }
 
@@ -679,9 +684,19 @@ impl Core {
             }
         };
         let conn = &mut self.conns[key];
-        if matches!(conn.phase, Phase::Closing)
-            && conn.out.pushed() - conn.out.len() as u64 > written_before
-        {
+        let written = conn.out.pushed() - conn.out.len() as u64;
+        if let Some((_, at)) = conn.latency_mark.filter(|(end, _)| written >= *end) {
+            // The sampled delivery's last byte went to the socket.
+            conn.latency_mark = None;
+            let d = now.saturating_duration_since(at);
+            match conn.phase {
+                Phase::Sse { .. } => self.metrics.latency_sse.observe(d),
+                Phase::Ws(_) => self.metrics.latency_ws.observe(d),
+                _ => {}
+            }
+        }
+        let conn = &mut self.conns[key];
+        if matches!(conn.phase, Phase::Closing) && written > written_before {
             // The linger counts from the last byte the peer took: a consumer still
             // reading its last answer (a long `live=0` replay) is not cut off mid-way.
             conn.since = now;
@@ -842,7 +857,18 @@ impl Core {
         // fan-out).
         let mut dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
-            if self.conns.get(key).is_some_and(|c| c.dirty) {
+            if let Some(c) = self.conns.get_mut(key).filter(|c| c.dirty) {
+                // Delivery latency is sampled here, once per connection and write batch,
+                // never per delivery: the end of what fan-out queued, and when (see
+                // `write_to`). Not behind a replay (its frames wait in the backlog).
+                if c.latency_mark.is_none()
+                    && c.decided != c.sampled
+                    && c.backlog.is_empty()
+                    && c.replay.is_empty()
+                {
+                    c.sampled = c.decided;
+                    c.latency_mark = Some((c.out.pushed(), self.now));
+                }
                 self.outputs.push_back(Output::Writable(ConnId(key)));
                 self.rearm(key);
             }

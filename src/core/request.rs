@@ -35,6 +35,10 @@ impl Core {
         self.end_unit();
         let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
+            if let Some(t) = conn.post_since.take() {
+                let d = self.now.saturating_duration_since(t);
+                self.metrics.post_duration.observe(d);
+            }
             match &conn.cors {
                 Some(origin) => conn.send(http::insert_headers(&bytes, &cors_lines(origin))),
                 None => conn.send(bytes),
@@ -451,6 +455,11 @@ impl Core {
     }
 
     pub(super) fn begin_ingest(&mut self, key: usize, head: RequestHead) {
+        // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
+        // request, from the answer before it) to this request's answer (`reply`).
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.post_since = Some(conn.since);
+        }
         let framing = match http::framing(&head, self.config.max_body_bytes) {
             Ok(f) => f,
             // Unreadable framing: `reply_skipping_body` closes after the answer.
@@ -575,6 +584,15 @@ impl Core {
         }
     }
 
+    /// Counts `n` Events accepted from `origin` (`aep_events_ingested_total{binding}`).
+    pub(super) fn count_ingested(&mut self, origin: Origin, n: usize) {
+        match origin {
+            Origin::Ws => self.metrics.ingested_ws += n as u64,
+            Origin::Http => self.metrics.ingested_http += n as u64,
+            Origin::Jsonl => self.metrics.ingested_jsonl += n as u64,
+        }
+    }
+
     /// Validates every Event of a body, then ingests them all in order, or none.
     /// `backing` is the size of the allocation `body` is part of (`usize::MAX` when
     /// unknown): every Event that may be held is given bytes of its own when it is only
@@ -590,10 +608,7 @@ impl Core {
         let n = ok.len();
         // Kept in the history before it is published or answered (issue 5).
         self.persist(&ok)?;
-        match origin {
-            Origin::Ws => self.metrics.ingested_ws += n as u64,
-            Origin::Http | Origin::Jsonl => self.metrics.ingested_http += n as u64,
-        }
+        self.count_ingested(origin, n);
         // One ingest unit: the batch's frames are coalesced (see `fanout`).
         self.publish_unit(ok);
         Ok(n)

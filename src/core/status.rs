@@ -94,6 +94,11 @@ impl Core {
                 metrics::INGESTED,
                 &[("binding", "ws")],
                 self.metrics.ingested_ws as f64,
+            )
+            .sample(
+                metrics::INGESTED,
+                &[("binding", "jsonl")],
+                self.metrics.ingested_jsonl as f64,
             );
         x.family(
             metrics::REJECTED,
@@ -148,8 +153,8 @@ impl Core {
         let (mut http_n, mut sse_n, mut ws_n, mut queued) = (0u64, 0u64, 0u64, 0usize);
         x.family(
             metrics::CONN_DROPPED,
-            "gauge",
-            "Events dropped toward each live connection that had drops.",
+            "counter",
+            "Events dropped toward each live connection that had drops (the series ends with the connection).",
         );
         for (key, c) in self.conns.iter() {
             match c.phase {
@@ -204,6 +209,27 @@ impl Core {
         .sample(metrics::QUEUED_BYTES, &[], queued as f64);
         x.family(metrics::UPTIME, "gauge", "Seconds since start.")
             .sample(metrics::UPTIME, &[], self.uptime().as_secs_f64());
+        x.family(
+            metrics::DELIVERY_LATENCY,
+            "histogram",
+            "Seconds from an Event's fan-out (its ingest; in cluster mode its arrival from the stream) to the write that carried it to the consumer's socket, by binding; sampled, at most one delivery per connection and write batch.",
+        )
+        .histogram(
+            metrics::DELIVERY_LATENCY,
+            &[("binding", "sse")],
+            &self.metrics.latency_sse,
+        )
+        .histogram(
+            metrics::DELIVERY_LATENCY,
+            &[("binding", "ws")],
+            &self.metrics.latency_ws,
+        );
+        x.family(
+            metrics::POST_DURATION,
+            "histogram",
+            "Seconds from a POST /events request's first byte to its answer (in cluster mode, the wait for the engine's acknowledgements included).",
+        )
+        .histogram(metrics::POST_DURATION, &[], &self.metrics.post_duration);
         if let Some(bus) = &self.bus {
             let state = bus.state();
             x.family(
