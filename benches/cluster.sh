@@ -88,27 +88,27 @@ for round in $(seq "$ROUNDS"); do
     cl() { [[ $config == cluster ]] && echo "--cluster nats://127.0.0.1:$NATS_PORT --relay-id $1 --cluster-stream B$round$2 --cluster-prefix b$round$2"; }
     # ingest
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 i))
-    load --target sse --addr 127.0.0.1:"$p" --subs 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"
+    load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"
     stop "$r"
     # fanout
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 f))
-    load --target sse --addr 127.0.0.1:"$p" --subs "$SUBS" --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record fanout $config "$round"
+    load --target sse --addr 127.0.0.1:"$p" --subscribers "$SUBS" --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record fanout $config "$round"
     stop "$r"
     # e2e: POST at R1, subscribers at R2 (the same relay when single)
     p1=$(free_port); r1=$(start_relay "$SERVER_CPU" "$p1" $(cl r1 e))
     if [[ $config == cluster ]]; then p2=$(free_port); r2=$(start_relay "$SERVER_CPU" "$p2" $(cl r2 e)); else p2=$p1; r2=$r1; fi
-    load --target sse --addr 127.0.0.1:"$p2" --publish-addr 127.0.0.1:"$p1" --subs 10 --events $((RATE * 3)) --rate "$RATE" --batch 1 | record e2e $config "$round"
+    load --target sse --addr 127.0.0.1:"$p2" --publish-addr 127.0.0.1:"$p1" --subscribers 10 --events $((RATE * 3)) --rate "$RATE" --batch 1 | record e2e $config "$round"
     stop "$r1" "$r2"
     # three relays (3 x SUBS subscribers) against one
     if [[ $config == cluster ]]; then
       p1=$(free_port); p2=$(free_port); p3=$(free_port)
       r1=$(start_relay "$SERVER_CPU" "$p1" $(cl r1 t)); r2=$(start_relay "$LOAD_CPU" "$p2" $(cl r2 t)); r3=$(start_relay "$LOAD_CPU" "$p3" $(cl r3 t))
-      load --target sse --addr 127.0.0.1:"$p2" --subs "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t2.json" &
+      load --target sse --addr 127.0.0.1:"$p2" --subscribers "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t2.json" &
       l2=$!
-      load --target sse --addr 127.0.0.1:"$p3" --subs "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t3.json" &
+      load --target sse --addr 127.0.0.1:"$p3" --subscribers "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t3.json" &
       l3=$!
       wait_subs "$p2" "$SUBS"; wait_subs "$p3" "$SUBS"
-      load --target sse --addr 127.0.0.1:"$p1" --subs "$SUBS" --events "$EVENTS" --batch "$BATCH" >"$RESULTS/t1.json"
+      load --target sse --addr 127.0.0.1:"$p1" --subscribers "$SUBS" --events "$EVENTS" --batch "$BATCH" >"$RESULTS/t1.json"
       wait "$l2" "$l3"
       jq -s -c '{deliveries: (map(.deliveries)|add), seconds: (map(.seconds)|max), loss: (map(.loss)|add)} | . + {deliveries_per_s: (.deliveries / .seconds)}' \
         "$RESULTS"/t{1,2,3}.json | record three $config "$round"
@@ -116,7 +116,7 @@ for round in $(seq "$ROUNDS"); do
       stop "$NATS_PID"
     else
       p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p")
-      load --target sse --addr 127.0.0.1:"$p" --subs $((SUBS * 3)) --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record three $config "$round"
+      load --target sse --addr 127.0.0.1:"$p" --subscribers $((SUBS * 3)) --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record three $config "$round"
       stop "$r"
     fi
   done

@@ -139,6 +139,10 @@ pub(super) struct Bus {
     /// outbox is back through the stream, the store is rebuilt from them, so it is again
     /// what every other relay built (the same rings, in the same order).
     provisional: Option<(super::Store<Event>, Vec<Arc<Event>>)>,
+    /// Stream messages admitted since the last output, published as one ingest unit
+    /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
+    /// next asks for output.
+    batch: Vec<Arc<Event>>,
     /// Counters for `/metrics`.
     pub(super) reconnects: u64,
     pub(super) consumer_resets: u64,
@@ -168,6 +172,7 @@ impl Bus {
             claims_dirty: HashSet::new(),
             refresh_at: None,
             provisional: None,
+            batch: Vec::new(),
             reconnects: 0,
             consumer_resets: 0,
             publish_errors: 0,
@@ -343,6 +348,10 @@ impl Core {
     /// Hands the core what the bridge reported (see [`FromBus`]).
     pub fn handle_bus(&mut self, msg: FromBus, now: Instant) {
         self.now = now;
+        if !matches!(msg, FromBus::Message { .. }) {
+            // What the stream delivered before this report goes out first.
+            self.flush_stream_batch();
+        }
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -861,17 +870,48 @@ impl Core {
             Some(Some(c)) => Some(c),
             None => None,
         };
-        if self.store.holds(&ev) && !ev.is_command() {
+        let again = |e: &Arc<Event>| e.source() == ev.source() && e.id() == ev.id();
+        if !ev.is_command() && (self.store.holds(&ev) || bus.batch.iter().any(again)) {
             return; // the same (source, id) again (AEP-0001 §7 #4)
         }
-        if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
-            // The stream keeps it; this relay's history misses it.
-            log::warn!("cluster: stream message {seq} not kept in the history: {r}");
-        }
         match except {
-            Some(c) => self.publish_except(ev, c),
-            None => self.publish(ev),
+            None => bus.batch.push(ev),
+            Some(c) => {
+                self.flush_stream_batch();
+                if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+                    log::warn!("cluster: stream message {seq} not kept in the history: {r}");
+                }
+                self.publish_except(ev, c);
+            }
         }
+    }
+
+    /// Publishes the stream messages admitted since the last output as one ingest unit:
+    /// kept in the history, then fanned out (from [`Core::poll_output`], and before any
+    /// other report of the bridge is handled).
+    pub(super) fn flush_stream_batch(&mut self) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        if bus.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut bus.batch);
+        if let Err(r) = self.persist(&batch) {
+            // The stream keeps them; this relay's history misses them.
+            log::warn!(
+                "cluster: {} stream messages not kept in the history: {r}",
+                batch.len()
+            );
+        }
+        self.publish_unit(batch.iter().cloned());
+        if let Some(bus) = self.bus.as_mut() {
+            // The room stays for the next batch.
+            let mut batch = batch;
+            batch.clear();
+            bus.batch = batch;
+        }
+        self.settle_provisional();
     }
 
     /// Rebuilds the replay store in stream order once an outage's local admissions are
@@ -882,6 +922,7 @@ impl Core {
             return;
         };
         let healed = bus.provisional.is_some()
+            && bus.batch.is_empty()
             && bus.connected()
             && bus.outbox.is_empty()
             && !bus.delivered.values().any(Option::is_none);

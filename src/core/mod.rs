@@ -629,6 +629,7 @@ impl Core {
     /// `Writable(id)` asks for [`Core::write_to`] on `id`. A publication paused for lack
     /// of room continues here once every `Writable` it asked for was taken.
     pub fn poll_output(&mut self) -> Option<Output> {
+        self.flush_stream_batch();
         loop {
             if let Some(o) = self.outputs.pop_front() {
                 return Some(o);
