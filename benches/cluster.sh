@@ -5,17 +5,20 @@
 #
 #   ingest    one relay, 1 SSE subscriber, POST batches of $BATCH as fast as the window
 #             allows: Events/s through the stream and the p50/p99 of a POST's answer
-#             (written to status line), against the same relay without --cluster.
+#             (written to status line), against the same relay without --cluster; then
+#             again with a window of 4096 Events in flight (latency not the bound).
 #   e2e       POST at R1, SSE subscribers at R2, at $RATE Events/s: delivery latency
 #             p50/p99 (the load tool's clock stamps each Event), against POST and SSE at
 #             one single relay.
-#   fanout    one relay, $SUBS SSE subscribers: deliveries/s, clustered and single.
+#   fanout    one relay, $SUBS SSE subscribers: deliveries/s and deliveries per relay
+#             CPU-second (the bridge thread included), clustered and single.
 #   three     three relays, $SUBS SSE subscribers at each, Events POSTed at R1: total
 #             deliveries/s over the three, against one single relay with 3 x $SUBS.
 #
 # Placement: nats-server and the relays on core $SERVER_CPU, the load on $LOAD_CPU; the
-# `three` scenario puts R2 and R3 on the load's core too (two cores, four servers: the
-# figure is what this machine gives, not a scaling law).
+# `three` scenario pins nothing (two cores, four servers and three loads: the figure is
+# what this machine gives, not a scaling law; its loss column counts the info Events the
+# relays dropped for consumers that fell behind, AEP-0003 §8.4).
 #
 # Usage: benches/cluster.sh   (env: ROUNDS 3, EVENTS 20000, BATCH 64, SUBS 100, RATE 1000,
 #        SIZE 580, SERVER_CPU 1, LOAD_CPU 0, RESULTS target/cluster/DATE)
@@ -80,7 +83,7 @@ wait_subs() { # wait_subs PORT N
 
 out="$RESULTS/runs.jsonl"
 : >"$out"
-record() { jq -c --arg s "$1" --arg c "$2" --argjson r "$3" '. + {scenario:$s, config:$c, round:$r}' >>"$out"; }
+record() { sed 's/NaN/null/g' | jq -c --arg s "$1" --arg c "$2" --argjson r "$3" '. + {scenario:$s, config:$c, round:$r}' >>"$out"; }
 
 for round in $(seq "$ROUNDS"); do
   for config in single cluster; do
@@ -89,6 +92,8 @@ for round in $(seq "$ROUNDS"); do
     # ingest
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 i))
     load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"
+    # the same with 16 times the window: what the relay takes when latency is not the bound
+    load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --window 4096 --server-pid "$r" | record ingest-w4096 $config "$round"
     stop "$r"
     # fanout
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 f))
@@ -99,24 +104,26 @@ for round in $(seq "$ROUNDS"); do
     if [[ $config == cluster ]]; then p2=$(free_port); r2=$(start_relay "$SERVER_CPU" "$p2" $(cl r2 e)); else p2=$p1; r2=$r1; fi
     load --target sse --addr 127.0.0.1:"$p2" --publish-addr 127.0.0.1:"$p1" --subscribers 10 --events $((RATE * 3)) --rate "$RATE" --batch 1 | record e2e $config "$round"
     stop "$r1" "$r2"
-    # three relays (3 x SUBS subscribers) against one
+    # three relays (3 x SUBS subscribers) against one: no pinning, every process on
+    # both cores (four servers and their loads do not fit two cores one each)
+    both=0,1
     if [[ $config == cluster ]]; then
       p1=$(free_port); p2=$(free_port); p3=$(free_port)
-      r1=$(start_relay "$SERVER_CPU" "$p1" $(cl r1 t)); r2=$(start_relay "$LOAD_CPU" "$p2" $(cl r2 t)); r3=$(start_relay "$LOAD_CPU" "$p3" $(cl r3 t))
-      load --target sse --addr 127.0.0.1:"$p2" --subscribers "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t2.json" &
+      r1=$(start_relay $both "$p1" $(cl r1 t)); r2=$(start_relay $both "$p2" $(cl r2 t)); r3=$(start_relay $both "$p3" $(cl r3 t))
+      taskset -c $both "$LOAD" --json --size "$SIZE" --timeout 120 --target sse --addr 127.0.0.1:"$p2" --subscribers "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t2.json" &
       l2=$!
-      load --target sse --addr 127.0.0.1:"$p3" --subscribers "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t3.json" &
+      taskset -c $both "$LOAD" --json --size "$SIZE" --timeout 120 --target sse --addr 127.0.0.1:"$p3" --subscribers "$SUBS" --events "$EVENTS" --subscribe-only >"$RESULTS/t3.json" &
       l3=$!
       wait_subs "$p2" "$SUBS"; wait_subs "$p3" "$SUBS"
-      load --target sse --addr 127.0.0.1:"$p1" --subscribers "$SUBS" --events "$EVENTS" --batch "$BATCH" >"$RESULTS/t1.json"
+      taskset -c $both "$LOAD" --json --size "$SIZE" --timeout 120 --target sse --addr 127.0.0.1:"$p1" --subscribers "$SUBS" --events "$EVENTS" --batch "$BATCH" >"$RESULTS/t1.json"
       wait "$l2" "$l3"
-      jq -s -c '{deliveries: (map(.deliveries)|add), seconds: (map(.seconds)|max), loss: (map(.loss)|add)} | . + {deliveries_per_s: (.deliveries / .seconds)}' \
-        "$RESULTS"/t{1,2,3}.json | record three $config "$round"
+      sed 's/NaN/null/g' "$RESULTS"/t{1,2,3}.json | jq -s -c '{deliveries: (map(.deliveries)|add), seconds: (map(.seconds)|max), loss: (map(.loss)|add)} | . + {deliveries_per_s: (.deliveries / .seconds)}' \
+        | record three $config "$round"
       stop "$r1" "$r2" "$r3"
       stop "$NATS_PID"
     else
-      p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p")
-      load --target sse --addr 127.0.0.1:"$p" --subscribers $((SUBS * 3)) --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record three $config "$round"
+      p=$(free_port); r=$(start_relay $both "$p")
+      taskset -c $both "$LOAD" --json --size "$SIZE" --timeout 120 --target sse --addr 127.0.0.1:"$p" --subscribers $((SUBS * 3)) --events "$EVENTS" --batch "$BATCH" | record three $config "$round"
       stop "$r"
     fi
   done
@@ -143,12 +150,15 @@ for s, k, name, scale, fmt in [
     ("ingest", "events_per_s", "Events/s", 1, "{:.0f}"),
     ("ingest", "post_p50_us", "POST answered p50, ms", 1e-3, "{:.2f}"),
     ("ingest", "post_p99_us", "POST answered p99, ms", 1e-3, "{:.2f}"),
+    ("ingest-w4096", "events_per_s", "Events/s, window 4096", 1, "{:.0f}"),
+    ("ingest-w4096", "post_p99_us", "POST answered p99, ms, window 4096", 1e-3, "{:.2f}"),
     ("fanout", "deliveries_per_s", "deliveries/s", 1, "{:.0f}"),
+    ("fanout", "deliveries_per_server_cpu_s", "deliveries per relay CPU-s", 1, "{:.0f}"),
     ("e2e", "p50_us", "delivery latency p50, ms", 1e-3, "{:.2f}"),
     ("e2e", "p99_us", "delivery latency p99, ms", 1e-3, "{:.2f}"),
     ("three", "deliveries_per_s", "total deliveries/s", 1, "{:.0f}"),
 ]:
     print(f"| {s} | {name} | {cell(s,'single',k,scale,fmt)} | {cell(s,'cluster',k,scale,fmt)} | {ratio(s,k)} |")
-losses = [r for r in runs if r.get("loss")]
-print(f"\n{len(runs)} runs; runs with loss: {len(losses)}")
+losses = [f'{r["scenario"]}/{r["config"]}/round {r["round"]}: {r["loss"]}' for r in runs if r.get("loss")]
+print(f"\n{len(runs)} runs; Events not delivered (backpressure drops): {', '.join(losses) or 'none'}")
 EOF
