@@ -31,7 +31,6 @@
 //! every relay's history and reaches observers), and answers. A refusal, a timeout or no
 //! responder becomes the sender's in-band `error`.
 
-use super::conn::Phase;
 use super::{Core, Refusal};
 use crate::cluster::{self, ClusterConfig, Degrade, FromBus, ToBus};
 use crate::envelope::{Attr, Event, Scope};
@@ -1012,24 +1011,7 @@ impl Core {
     /// to the stream for history and observers (the claimant is skipped when it comes
     /// back).
     fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String)> {
-        let session = ev.session();
-        let route = self.claims.route(session, |c| {
-            matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
-                if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
-        });
-        let target = match route {
-            Ok(t) => t,
-            Err(r) => {
-                let d = r.detail(ev.event_type(), session.unwrap_or_default());
-                return Err((r.code(), d));
-            }
-        };
-        let max = self.config.max_output_bytes;
-        if self.conns.get(target.0).is_none_or(|c| c.out.len() > max) {
-            let d = "the only claimant of the session does not read its output (AEP-0003 §8.4)"
-                .to_owned();
-            return Err((Code::NoRoute, d));
-        }
+        let target = self.command_target(&ev)?;
         self.end_unit();
         self.conns[target.0].send(rfc6455::text(ev.bytes()));
         self.mark_dirty(target.0);

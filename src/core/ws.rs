@@ -398,29 +398,10 @@ impl Core {
         let Some(ev) = self.cluster_command(key, ev) else {
             return; // delivered, forwarded or refused across the cluster
         };
-        let session = ev.session();
-        let route = self.claims.route(session, |c| {
-            matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
-                if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
-        });
-        let target = match route {
+        let target = match self.command_target(&ev) {
             Ok(t) => t,
-            Err(r) => {
-                let d = r.detail(ev.event_type(), session.unwrap_or_default());
-                return self.ws_refuse(key, r.code(), Ref::Cause(ev.id()), &d);
-            }
+            Err((code, d)) => return self.ws_refuse(key, code, Ref::Cause(ev.id()), &d),
         };
-        let max = self.config.max_output_bytes;
-        let stalled = self.conns.get(target.0).is_none_or(|c| c.out.len() > max);
-        if stalled {
-            self.ws_close(
-                target.0,
-                "backpressure: the output queue is full",
-                close_code::TRY_AGAIN,
-            );
-            let d = "the only claimant of the session does not read its output; it was disconnected and the command not delivered (AEP-0003 §8.4)";
-            return self.ws_refuse(key, Code::NoRoute, Ref::Cause(ev.id()), d);
-        }
         let ev = Arc::new(ev);
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
             let d = r.to_string();
@@ -434,6 +415,35 @@ impl Core {
         self.metrics.ingested_ws += 1;
         self.keep_in_outbox(&ev);
         self.publish_except(ev, target);
+    }
+
+    /// The one local claimant a command goes to (AEP-0004 §4.2): the session's single
+    /// claimant that declared the type in `control.accepts`. A claimant that does not
+    /// read its output is disconnected (AEP-0003 §8.4) and the command not delivered.
+    ///
+    /// # Errors
+    /// The refusal's code and detail: `no-route`, `ambiguous`, `unsupported`.
+    pub(super) fn command_target(&mut self, ev: &Event) -> Result<ConnId, (Code, String)> {
+        let session = ev.session();
+        let route = self.claims.route(session, |c| {
+            matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
+                if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
+        });
+        let target = route.map_err(|r| {
+            let d = r.detail(ev.event_type(), session.unwrap_or_default());
+            (r.code(), d)
+        })?;
+        let max = self.config.max_output_bytes;
+        if self.conns.get(target.0).is_none_or(|c| c.out.len() > max) {
+            self.ws_close(
+                target.0,
+                "backpressure: the output queue is full",
+                close_code::TRY_AGAIN,
+            );
+            let d = "the only claimant of the session does not read its output; it was disconnected and the command not delivered (AEP-0003 §8.4)";
+            return Err((Code::NoRoute, d.to_owned()));
+        }
+        Ok(target)
     }
 
     /// A frame (a `type` without a dot). Unknown types, a repeated `hello`, `pong` and
