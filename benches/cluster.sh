@@ -40,8 +40,11 @@ cargo build --release --locked -q --bin aep-relay -p aep-relay
 cargo build --release --locked -q -p aep-load
 RELAY=target/release/aep-relay
 LOAD=target/release/aep-load
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# Every server started, by pid (a file: relays start in command substitutions, whose
+# variables do not reach this shell), killed on any exit.
+PIDFILE="$RESULTS/pids"
+: >"$PIDFILE"
+cleanup() { while read -r p; do kill "$p" 2>/dev/null || true; done <"$PIDFILE"; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -50,7 +53,7 @@ start_nats() {
   local dir; dir=$(mktemp -d)
   NATS_PORT=$(free_port)
   taskset -c "$SERVER_CPU" "$NATS" -a 127.0.0.1 -p "$NATS_PORT" -m -1 -js -sd "$dir" >"$RESULTS/nats.log" 2>&1 &
-  NATS_PID=$!; PIDS+=("$NATS_PID")
+  NATS_PID=$!; echo "$NATS_PID" >>"$PIDFILE"
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$NATS_PORT") 2>/dev/null && return; sleep 0.05; done
   echo "nats-server did not start" >&2; exit 1
 }
@@ -59,7 +62,7 @@ start_nats() {
 start_relay() {
   local cpu=$1 port=$2; shift 2
   taskset -c "$cpu" "$RELAY" --listen 127.0.0.1:"$port" "$@" >>"$RESULTS/relay-$port.log" 2>&1 &
-  local pid=$!; PIDS+=("$pid")
+  local pid=$!; echo "$pid" >>"$PIDFILE"
   for _ in $(seq 200); do
     if [[ $(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$port/readyz") == 200 ]]; then
       echo "$pid"; return
