@@ -10,6 +10,9 @@ use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use bytes::Bytes;
 
+mod support;
+use support::sim::{masked, ws_frames, Frame};
+
 fn event(id: &str, seq: u64) -> String {
     format!(
         r#"{{"aep":"0.1","id":"{id}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/s","agent":"a","session":"s","seq":{seq}}}"#
@@ -252,4 +255,43 @@ fn readyz_waits_for_catching_up() {
     });
     assert!(ask(&mut sim, "/healthz").contains(r#""state":"degraded""#));
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
+}
+
+/// A WebSocket emitter's Event that the stream does not store, on a relay that refuses
+/// to keep it locally (`--cluster-degrade refuse`), is not lost silently: the emitter gets
+/// an in-band `error` naming it (AEP-0003 §6.5), `cluster-unavailable`.
+#[test]
+fn a_websocket_event_the_stream_refuses_gets_an_error_frame() {
+    let mut sim = relay(Degrade::Refuse);
+    connected(&mut sim);
+    let c = sim.connect(None);
+    sim.feed(
+        c,
+        b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        false,
+    );
+    sim.feed(
+        c,
+        &masked(r#"{"type":"hello","versions":["0.1"],"role":"emitter","identity":{"agent":"a"}}"#),
+        false,
+    );
+    sim.take_output(c);
+    sim.feed(c, &masked(&event("w1", 0)), false);
+    let p = publishes(sim.take_bus());
+    assert_eq!(p.len(), 1, "the Event goes to the stream");
+    sim.bus(FromBus::PublishFailed {
+        ticket: p[0].0,
+        error: "timeout".into(),
+    });
+    let errors: Vec<_> = ws_frames(&sim.take_output(c).unwrap())
+        .into_iter()
+        .filter_map(|f| match f {
+            Frame::Text(v) if v["type"] == "error" => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["code"], "cluster-unavailable");
+    assert_eq!(errors[0]["id"], "w1");
 }

@@ -74,8 +74,9 @@ enum Ticket {
     Post(u64, Arc<Event>),
     /// An outbox entry, by its serial.
     Outbox(u64),
-    /// Published with no one waiting (WebSocket, JSONL, host ingest, a routed command).
-    Loose(Arc<Event>),
+    /// Published with no one waiting (WebSocket, JSONL, host ingest, a routed command),
+    /// with the WebSocket emitter to tell when it fails for good (its key and peer).
+    Loose(Arc<Event>, Option<(usize, std::net::SocketAddr)>),
 }
 
 /// A `POST /events` waiting for the stream's acknowledgements.
@@ -302,6 +303,18 @@ fn route_answer(r: Result<(), (Code, String)>) -> Bytes {
         Err((code, detail)) => json!({ "code": code.as_str(), "detail": detail }),
     };
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// Who hears how a cluster-mode ingest went.
+pub(super) enum Waiter {
+    /// A `POST /events` on this connection (and its `Connection: close`): answered once
+    /// the stream acknowledged every Event.
+    Post(usize, bool),
+    /// A WebSocket emitter on this connection: told with an `error` frame if an Event
+    /// is neither stored by the stream nor kept locally.
+    Ws(usize),
+    /// No one (JSONL, an embedding host's ingest).
+    None,
 }
 
 /// How an ingest went in cluster mode.
@@ -603,7 +616,7 @@ impl Core {
     pub(super) fn submit(
         &mut self,
         events: Vec<Arc<Event>>,
-        waiter: Option<(usize, bool)>,
+        waiter: Waiter,
     ) -> Result<Submitted, Refusal> {
         let Some(bus) = self.bus.as_mut() else {
             return Err(Refusal::ClusterUnavailable {
@@ -627,8 +640,13 @@ impl Core {
             return self.degraded(events).map(Submitted::Now);
         }
         let n = events.len();
+        let emitter = match waiter {
+            Waiter::Ws(key) => self.conns.get(key).map(|c| (key, c.peer)),
+            _ => None,
+        };
+        let bus = self.bus.as_mut().expect("clustered");
         match waiter {
-            Some((key, close)) => {
+            Waiter::Post(key, close) => {
                 let serial = bus.next_ticket;
                 bus.next_ticket += 1;
                 for ev in &events {
@@ -652,9 +670,9 @@ impl Core {
                 self.set_interest(key, Some(false), None);
                 Ok(Submitted::Waiting)
             }
-            None => {
+            Waiter::Ws(_) | Waiter::None => {
                 for ev in events {
-                    let t = bus.ticket(Ticket::Loose(ev.clone()));
+                    let t = bus.ticket(Ticket::Loose(ev.clone(), emitter));
                     bus.publish(&ev, t);
                 }
                 Ok(Submitted::Now(n))
@@ -727,7 +745,7 @@ impl Core {
                     }
                 }
             },
-            Ticket::Loose(ev) => {
+            Ticket::Loose(ev, emitter) => {
                 if let Some(e) = error {
                     log::warn!(
                         "cluster: publish of {:?} failed ({e}); kept locally",
@@ -745,8 +763,15 @@ impl Core {
                             self.publish_except(ev, claimant);
                         }
                         _ => {
-                            if let Err(r) = self.degraded(vec![ev]) {
-                                log::warn!("cluster: Event lost: {r}");
+                            if let Err(r) = self.degraded(vec![ev.clone()]) {
+                                log::warn!("cluster: Event {:?} not accepted: {r}", ev.id());
+                                // The emitter, if still the same connection, hears it.
+                                if let Some((key, peer)) = emitter {
+                                    if self.conns.get(key).is_some_and(|c| c.peer == peer) {
+                                        let d = r.to_string();
+                                        self.ws_refuse(key, r.code(), Ref::Id(ev.id()), &d);
+                                    }
+                                }
                             }
                         }
                     }
@@ -1020,7 +1045,7 @@ impl Core {
         let bus = self.bus.as_mut().expect("clustered");
         bus.delivered
             .insert(cluster::msg_id(ev.source(), ev.id()), Some(target));
-        let t = bus.ticket(Ticket::Loose(ev.clone()));
+        let t = bus.ticket(Ticket::Loose(ev.clone(), None));
         bus.publish(&ev, t);
         Ok(())
     }

@@ -595,7 +595,7 @@ impl Core {
         self.now = now;
         if self.clustered() {
             let events = self.validate_body(ndjson, usize::MAX, true)?;
-            return match self.submit(events, None)? {
+            return match self.submit(events, cluster::Waiter::None)? {
                 cluster::Submitted::Now(n) => {
                     self.count_ingested(origin, n);
                     Ok(n)
@@ -614,7 +614,7 @@ impl Core {
     pub fn publish_events(&mut self, events: &[Arc<Event>], now: Instant) -> Result<(), Refusal> {
         self.now = now;
         if self.clustered() {
-            self.submit(events.to_vec(), None)?;
+            self.submit(events.to_vec(), cluster::Waiter::None)?;
         } else {
             self.persist(events)?;
             self.publish_unit(events.iter().cloned());

@@ -546,7 +546,7 @@ impl Core {
         if self.clustered() {
             let submitted = self
                 .validate_body(Bytes::from(body), backing, batch)
-                .and_then(|events| self.submit(events, Some((key, close))));
+                .and_then(|events| self.submit(events, super::cluster::Waiter::Post(key, close)));
             let outcome = match submitted {
                 Ok(super::cluster::Submitted::Waiting) => return,
                 Ok(super::cluster::Submitted::Now(n)) => {

@@ -337,7 +337,7 @@ impl Core {
         let ev = Arc::new(ev);
         if self.clustered() {
             // Into the stream; admitted from there (issue 15).
-            return match self.submit(vec![ev.clone()], None) {
+            return match self.submit(vec![ev.clone()], super::cluster::Waiter::Ws(key)) {
                 Ok(_) => self.metrics.ingested_ws += 1,
                 Err(r) => {
                     let d = r.to_string();
