@@ -141,7 +141,15 @@ impl Cli {
             allow_insecure_off_host: self.allow_insecure_off_host,
             jsonl: self.ingest.jsonl(),
             history: self.ingest.history(),
-            cluster: self.cluster.config(self.listen.port())?,
+            // The stream keeps per subject at least what a relay keeps per session, so a
+            // relay that rebuilds from it holds what the others hold (AEP-0003 §5), and
+            // twice that (at least the default), so a consumer that falls behind on one
+            // session does not find its next messages already discarded.
+            cluster: self.cluster.config(self.listen.port())?.map(|mut c| {
+                let per_subject = self.buffer.saturating_mul(2) as i64;
+                c.max_msgs_per_subject = per_subject.max(c.max_msgs_per_subject);
+                c
+            }),
         })
     }
 

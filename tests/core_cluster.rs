@@ -295,3 +295,83 @@ fn a_websocket_event_the_stream_refuses_gets_an_error_frame() {
     assert_eq!(errors[0]["code"], "cluster-unavailable");
     assert_eq!(errors[0]["id"], "w1");
 }
+
+/// An ack that times out while the connection stays up (a stalled engine): the POST is
+/// still answered 202 (the Event kept locally and in the outbox), the relay says it is
+/// degraded, the outbox is retried on the claim refresh without waiting for a
+/// reconnect, and the first acknowledgement brings the relay back (found by trying it:
+/// an Event answered 202 used to stay out of the stream until the next reconnect).
+#[test]
+fn a_stalled_engine_degrades_and_the_outbox_is_retried_without_a_reconnect() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let c = sim.connect(None);
+    sim.feed(c, &post(&event("e1", 0)), false);
+    let p = publishes(sim.take_bus());
+    sim.bus(FromBus::PublishFailed {
+        ticket: p[0].0,
+        error: "timeout".into(),
+    });
+    let a = text(&mut sim, c);
+    assert!(a.starts_with("HTTP/1.1 202"), "{a}");
+    sim.feed(c, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    let h = text(&mut sim, c);
+    assert!(
+        h.contains(r#""state":"degraded""#) && h.contains(r#""outbox":1"#),
+        "{h}"
+    );
+    // The claim refresh (a third of the 10 s claim TTL) publishes the outbox again.
+    sim.advance(std::time::Duration::from_secs(4));
+    let retry = publishes(sim.take_bus());
+    assert_eq!(
+        retry.len(),
+        1,
+        "the outbox is published again while connected"
+    );
+    assert_eq!(retry[0].2, p[0].2);
+    sim.bus(FromBus::Acked {
+        ticket: retry[0].0,
+        stream_seq: 1,
+        duplicate: false,
+    });
+    sim.feed(c, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    let h = text(&mut sim, c);
+    assert!(
+        h.contains(r#""state":"connected""#) && h.contains(r#""outbox":0"#),
+        "{h}"
+    );
+}
+
+/// While a relay rebuilds its replay buffers from the stream, a new subscription is
+/// refused with 503 `cluster-unavailable` and `Retry-After` (it would get history as
+/// live Events, and a resume could not be exact yet); once caught up it is served.
+#[test]
+fn a_subscription_waits_until_the_relay_has_caught_up() {
+    let mut sim = relay(Degrade::Local);
+    sim.bus(FromBus::Connected {
+        max_payload: 1 << 20,
+        last_seq: 1,
+    });
+    let s = sim.connect(None);
+    sim.feed(s, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    let a = text(&mut sim, s);
+    assert!(a.starts_with("HTTP/1.1 503"), "{a}");
+    assert!(
+        a.contains("Retry-After: 1") && a.contains("cluster-unavailable"),
+        "{a}"
+    );
+    sim.bus(FromBus::Message {
+        stream_seq: 1,
+        pending: 0,
+        payload: Bytes::from(event("e1", 0)),
+    });
+    let s = sim.connect(None);
+    sim.feed(
+        s,
+        b"GET /stream?from=all HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    );
+    let a = text(&mut sim, s);
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    assert!(a.contains(r#""id":"e1""#), "{a}");
+}

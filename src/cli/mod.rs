@@ -114,7 +114,7 @@ pub struct ClusterArgs {
     )]
     cluster: Vec<String>,
     /// This relay's id in the cluster, unique among the relays (default: the host name
-    /// and the listen port).
+    /// and the listen port; with port 0, the host name and the process id).
     #[arg(long, env = "AEP_RELAY_ID", value_name = "ID")]
     relay_id: Option<String>,
     /// The JetStream stream holding every Event (created when missing).
@@ -199,7 +199,11 @@ impl ClusterArgs {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_owned())
                     .unwrap_or_else(|_| "relay".into());
-                format!("{host}-{listen_port}")
+                // Port 0 names no relay: two would share an id.
+                match listen_port {
+                    0 => format!("{host}-pid{}", std::process::id()),
+                    p => format!("{host}-{p}"),
+                }
             }
         };
         let auth = match (&self.cluster_token, &self.cluster_user, &self.cluster_creds) {

@@ -86,8 +86,9 @@ struct Post {
     close: bool,
     accepted: usize,
     remaining: usize,
-    /// Events whose publish failed.
-    failed: Vec<Arc<Event>>,
+    /// Events whose publish failed, with their tickets (in the body's order once sorted:
+    /// acks come in any order).
+    failed: Vec<(u64, Arc<Event>)>,
 }
 
 /// A remote claim record: one relay's claimants of one session.
@@ -134,6 +135,9 @@ pub(super) struct Bus {
     /// Sessions whose local claim record must be put again (or deleted).
     claims_dirty: HashSet<String>,
     refresh_at: Option<Instant>,
+    /// Connected, but the engine stopped acknowledging (a publish timed out): degraded
+    /// until an acknowledgement comes again, with the outbox retried meanwhile.
+    stalled: bool,
     /// Set at the first local admission of an outage: the replay store as the stream
     /// had built it, and every stream message admitted since, in stream order. Once the
     /// outbox is back through the stream, the store is rebuilt from them, so it is again
@@ -171,6 +175,7 @@ impl Bus {
             requests: HashMap::new(),
             claims_dirty: HashSet::new(),
             refresh_at: None,
+            stalled: false,
             provisional: None,
             batch: Vec::new(),
             reconnects: 0,
@@ -205,6 +210,29 @@ impl Bus {
 
     fn connected(&self) -> bool {
         self.state != ClusterState::Degraded
+    }
+
+    /// Publishes every outbox Event not in flight, in order: on each connection, on
+    /// each claim refresh while connected (an ack that timed out while the connection
+    /// stayed up must not leave an Event out of the stream), and when an Event joins it
+    /// while connected.
+    fn flush_outbox(&mut self) {
+        if self.state == ClusterState::Degraded && !self.stalled {
+            return;
+        }
+        let waiting: Vec<u64> = self
+            .outbox
+            .iter()
+            .filter(|(_, (_, in_flight))| !in_flight)
+            .map(|(k, _)| *k)
+            .collect();
+        for serial in waiting {
+            let t = self.ticket(Ticket::Outbox(serial));
+            let (ev, in_flight) = self.outbox.get_mut(&serial).expect("listed");
+            *in_flight = true;
+            let ev = ev.clone();
+            self.publish(&ev, t);
+        }
     }
 
     /// The state, the consumer's lag and the outbox size (`/healthz`).
@@ -344,6 +372,15 @@ impl Core {
             .is_none_or(|b| b.state == ClusterState::Connected)
     }
 
+    /// While a clustered relay rebuilds its replay buffers from the stream, why a new
+    /// subscription must wait (it would get history as live Events, and a resume could
+    /// not be exact yet); `None` otherwise. Subscriptions made before keep their Events.
+    pub(super) fn catching_up(&self) -> Option<&'static str> {
+        (self.cluster_state() == Some(ClusterState::CatchingUp)).then_some(
+            "this relay is catching up with the cluster's stream; subscribe again shortly (GET /readyz says when it is ready)",
+        )
+    }
+
     /// The next value for the bridge thread, or `None`. The reactor drains this after
     /// every call into the core, as it does [`Core::poll_output`].
     pub fn poll_bus(&mut self) -> Option<ToBus> {
@@ -388,20 +425,9 @@ impl Core {
                     bus.applied,
                     bus.outbox.len()
                 );
+                bus.stalled = false;
                 // The outbox, in order, then every local claim again.
-                let waiting: Vec<u64> = bus
-                    .outbox
-                    .iter()
-                    .filter(|(_, (_, in_flight))| !in_flight)
-                    .map(|(k, _)| *k)
-                    .collect();
-                for serial in waiting {
-                    let t = bus.ticket(Ticket::Outbox(serial));
-                    let (ev, in_flight) = bus.outbox.get_mut(&serial).expect("listed");
-                    *in_flight = true;
-                    let ev = ev.clone();
-                    bus.publish(&ev, t);
-                }
+                bus.flush_outbox();
                 let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
                 let bus = self.bus.as_mut().expect("clustered");
                 bus.claims_dirty.extend(sessions);
@@ -415,6 +441,7 @@ impl Core {
                     log::warn!("cluster: engine unreachable ({reason}); degraded");
                 }
                 bus.state = ClusterState::Degraded;
+                bus.stalled = false;
                 // Remote claims cannot be reached meanwhile.
                 bus.remote.clear();
                 bus.relays.clear();
@@ -424,7 +451,15 @@ impl Core {
                 pending,
                 payload,
             } => {
-                bus.lag = pending;
+                // Behind by what the consumer says is pending, or by what the stream held
+                // at the connection, whichever is more; nothing once caught up.
+                bus.target = bus.target.max(stream_seq);
+                let behind = bus.target.saturating_sub(stream_seq);
+                bus.lag = if bus.state == ClusterState::CatchingUp {
+                    behind.max(pending)
+                } else {
+                    behind
+                };
                 if stream_seq <= bus.applied {
                     return; // once per stream sequence
                 }
@@ -538,6 +573,7 @@ impl Core {
         };
         if bus.refresh_at.is_some_and(|t| t <= now) {
             bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
+            bus.flush_outbox();
             if bus.connected() {
                 bus.put_presence();
                 let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
@@ -721,6 +757,10 @@ impl Core {
         bus.outbox.insert(serial, (ev.clone(), false));
         bus.delivered
             .insert(cluster::msg_id(ev.source(), ev.id()), None);
+        if bus.state != ClusterState::Degraded {
+            // A publish that failed while connected: straight back to the engine.
+            bus.flush_outbox();
+        }
     }
 
     /// A publish answered: `error` `None` when stored.
@@ -731,15 +771,33 @@ impl Core {
         let Some(t) = bus.tickets.remove(&ticket) else {
             return;
         };
+        match &error {
+            None if bus.stalled => {
+                bus.stalled = false;
+                bus.state = if bus.applied >= bus.target {
+                    ClusterState::Connected
+                } else {
+                    ClusterState::CatchingUp
+                };
+                log::info!("cluster: the engine acknowledges again");
+                bus.flush_outbox();
+            }
+            Some(e) if bus.state != ClusterState::Degraded && e != cluster::NOT_CONNECTED => {
+                log::warn!(
+                    "cluster: the engine does not acknowledge ({e}); degraded until it does"
+                );
+                bus.state = ClusterState::Degraded;
+                bus.stalled = true;
+            }
+            _ => {}
+        }
         match t {
             Ticket::Outbox(serial) => match error {
                 None => {
                     bus.outbox.remove(&serial);
                 }
                 Some(e) => {
-                    log::debug!(
-                        "cluster: outbox publish failed ({e}); kept for the next connection"
-                    );
+                    log::debug!("cluster: outbox publish failed ({e}); kept, retried");
                     if let Some((_, in_flight)) = bus.outbox.get_mut(&serial) {
                         *in_flight = false;
                     }
@@ -783,7 +841,7 @@ impl Core {
                 };
                 post.remaining -= 1;
                 if error.is_some() {
-                    post.failed.push(ev);
+                    post.failed.push((ticket, ev));
                 }
                 if post.remaining > 0 {
                     return;
@@ -817,7 +875,10 @@ impl Core {
                 "cluster: {} of {accepted} Events not stored by the engine ({e})",
                 failed.len()
             );
-            self.degraded(failed).map(|_| accepted)
+            let mut failed = failed;
+            failed.sort_unstable_by_key(|(t, _)| *t);
+            self.degraded(failed.into_iter().map(|(_, ev)| ev).collect())
+                .map(|_| accepted)
         };
         if let Ok(n) = outcome {
             self.metrics.ingested_http += n as u64;
@@ -849,19 +910,27 @@ impl Core {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
-        if bus.posts.remove(&serial).is_some() {
-            bus.tickets
-                .retain(|_, t| !matches!(t, Ticket::Post(s, _) if *s == serial));
-            if let Some(conn) = self.conns.get_mut(key) {
-                conn.awaiting = None;
+        let Some(post) = bus.posts.remove(&serial) else {
+            return;
+        };
+        // Every Event still unanswered counts as failed: kept locally (and retried from
+        // the outbox: the stream's dedupe drops a copy that did get in) or refused.
+        let mut unanswered = Vec::new();
+        bus.tickets.retain(|n, t| match t {
+            Ticket::Post(s, ev) if *s == serial => {
+                unanswered.push((*n, ev.clone()));
+                false
             }
-            let r = Refusal::ClusterUnavailable {
-                detail: "the engine did not acknowledge the Events in time; they may or may not be in the stream: retry with the same ids".into(),
-            };
-            // Closed after it: the connection's requests stay in order.
-            let resp = self.post_answer(key, Err(r), true);
-            self.reply(key, resp, true);
+            _ => true,
+        });
+        if !bus.stalled && bus.state != ClusterState::Degraded {
+            log::warn!("cluster: the engine does not acknowledge in time; degraded until it does");
+            bus.state = ClusterState::Degraded;
+            bus.stalled = true;
         }
+        let mut post = post;
+        post.failed.extend(unanswered);
+        self.answer_post(serial, post, Some("no acknowledgement in time".into()));
     }
 
     /// One stream message: admitted and fanned out (once per stream sequence; the caller

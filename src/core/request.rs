@@ -673,6 +673,10 @@ impl Core {
     }
 
     pub(super) fn begin_sse(&mut self, key: usize, head: RequestHead) {
+        if let Some(d) = self.catching_up() {
+            let code = Code::ClusterUnavailable;
+            return self.reply_skipping_body(key, &head, code, d, &[], &[("Retry-After", "1")]);
+        }
         let req = match sse::parse_request(&head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {

@@ -490,6 +490,9 @@ impl Core {
             let d = "subscribe needs a non-empty string `id` (AEP-0003 §6.5)";
             return self.ws_refuse(key, Code::InvalidFilter, Ref::None, d);
         };
+        if let Some(d) = self.catching_up() {
+            return self.ws_refuse(key, Code::ClusterUnavailable, Ref::Id(id), d);
+        }
         let req = match self.ws_subscription_request(key, id, obj, raw) {
             Ok(r) => r,
             Err((code, detail)) => return self.ws_refuse(key, code, Ref::Id(id), &detail),
