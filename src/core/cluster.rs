@@ -949,6 +949,13 @@ impl Core {
         let bus = self.bus.as_mut().expect("clustered");
         if let Some((_, log)) = bus.provisional.as_mut() {
             log.push(ev.clone());
+            // Bounded: past what the replay buffers can hold twice over, the rebuild is
+            // given up (the store then keeps its local order until a restart).
+            let cap = self.config.buffer_per_session.saturating_mul(self.config.max_sessions);
+            if log.len() > cap.saturating_mul(2).max(1 << 16) {
+                log::warn!("cluster: the outbox has not drained in {} stream messages; the replay store keeps this relay's order after the outage", log.len());
+                bus.provisional = None;
+            }
         }
         // The msg id (a SHA-256) only when something waits for one.
         let delivered = if bus.delivered.is_empty() {
