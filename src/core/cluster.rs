@@ -951,7 +951,10 @@ impl Core {
             log.push(ev.clone());
             // Bounded: past what the replay buffers can hold twice over, the rebuild is
             // given up (the store then keeps its local order until a restart).
-            let cap = self.config.buffer_per_session.saturating_mul(self.config.max_sessions);
+            let cap = self
+                .config
+                .buffer_per_session
+                .saturating_mul(self.config.max_sessions);
             if log.len() > cap.saturating_mul(2).max(1 << 16) {
                 log::warn!("cluster: the outbox has not drained in {} stream messages; the replay store keeps this relay's order after the outage", log.len());
                 bus.provisional = None;
