@@ -241,31 +241,6 @@ fn stream_messages(nats: &NatsServer) -> u64 {
     })
 }
 
-/// The consumers of relay `id` on the stream `AEP` (found by the description the relay
-/// gives them, `aep-relay {id}`), deleted when `delete`; how many there are.
-fn consumers_of(nats: &NatsServer, id: &str, delete: bool) -> usize {
-    use futures_util::StreamExt;
-    let want = format!("aep-relay {id}");
-    jetstream(&nats.url(), |js| async move {
-        let stream = js.get_stream("AEP").await.expect("the stream AEP");
-        let mut names = Vec::new();
-        let mut list = stream.consumers();
-        while let Some(info) = list.next().await {
-            let info = info.expect("listing the consumers");
-            if info.config.description.as_deref() == Some(want.as_str()) {
-                names.push(info.name);
-            }
-        }
-        for n in names.iter().filter(|_| delete) {
-            stream
-                .delete_consumer(n)
-                .await
-                .expect("deleting the consumer");
-        }
-        names.len()
-    })
-}
-
 // ---------------------------------------------------------------------------------------
 // The tests, one per item of the issue
 // ---------------------------------------------------------------------------------------
@@ -1012,7 +987,7 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
             }
         });
         assert_eq!(take(&mut sub, 10), evs[20..30], "R2's subscriber, flowing");
-        assert_eq!(consumers_of(&nats, "r2", true), 1, "R2 has one consumer");
+        assert_eq!(nats.consumers_of("r2", true), 1, "R2 has one consumer");
         eprintln!(
             "consumer deleted; the poster {} done",
             if poster.is_finished() {
@@ -1049,7 +1024,7 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
         "R1's consumer stayed"
     );
     assert_eq!(
-        consumers_of(&nats, "r2", false),
+        nats.consumers_of("r2", false),
         1,
         "R2 has one consumer again"
     );

@@ -567,39 +567,6 @@ fn bad_settings_are_refused_and_a_bridge_without_engine_stops_promptly() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
-/// The relay's consumers on the stream, found by their description, deleted with the
-/// JetStream API; how many were.
-fn delete_consumers_of(url: &str, relay: &str) -> usize {
-    use futures_util::StreamExt;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let client = async_nats::connect(url)
-            .await
-            .expect("connecting the test client");
-        let js = async_nats::jetstream::new(client);
-        let stream = js.get_stream("AEP").await.expect("the stream");
-        let want = format!("aep-relay {relay}");
-        let mut names = Vec::new();
-        let mut list = stream.consumers();
-        while let Some(info) = list.next().await {
-            let info = info.expect("listing consumers");
-            if info.config.description.as_deref() == Some(want.as_str()) {
-                names.push(info.name);
-            }
-        }
-        for n in &names {
-            stream
-                .delete_consumer(n)
-                .await
-                .expect("deleting the consumer");
-        }
-        names.len()
-    })
-}
-
 #[test]
 fn deleted_consumer_is_recreated_without_loss_or_duplicate() {
     let Some(server) = NatsServer::start() else {
@@ -615,7 +582,7 @@ fn deleted_consumer_is_recreated_without_loss_or_duplicate() {
     b.acks(1..=20);
     a.messages_through(20);
 
-    assert_eq!(delete_consumers_of(&server.url(), "A"), 1);
+    assert_eq!(server.consumers_of("A", true), 1);
     // Published while A has no consumer, then after it has a new one.
     for i in 21..=30 {
         b.send(publish(i, i));

@@ -208,3 +208,40 @@ fn read_ports_file(dir: &Path, pid: u32) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     v["nats"][0].as_str().map(str::to_string)
 }
+
+#[cfg(feature = "cluster")]
+impl NatsServer {
+    /// The consumers relay `relay` holds on the stream `AEP` (found by the description
+    /// the bridge gives them, `aep-relay {relay}`), deleted with the JetStream API when
+    /// `delete`; how many there are.
+    pub fn consumers_of(&self, relay: &str, delete: bool) -> usize {
+        use futures_util::StreamExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the test client");
+        rt.block_on(async {
+            let client = async_nats::connect(self.url())
+                .await
+                .expect("connecting the test client");
+            let js = async_nats::jetstream::new(client);
+            let stream = js.get_stream("AEP").await.expect("the stream AEP");
+            let want = format!("aep-relay {relay}");
+            let mut names = Vec::new();
+            let mut list = stream.consumers();
+            while let Some(info) = list.next().await {
+                let info = info.expect("listing the consumers");
+                if info.config.description.as_deref() == Some(want.as_str()) {
+                    names.push(info.name);
+                }
+            }
+            for n in names.iter().filter(|_| delete) {
+                stream
+                    .delete_consumer(n)
+                    .await
+                    .expect("deleting the consumer");
+            }
+            names.len()
+        })
+    }
+}
