@@ -128,7 +128,8 @@ pub(super) struct Bus {
     delivered: HashMap<String, Option<ConnId>>,
     remote: HashMap<String, RemoteClaim>,
     /// The other relays' presence records (`{relay, state, lag, outbox, applied}`), by
-    /// relay id: put by each relay with its claims' refresh, gone after the claim TTL.
+    /// their KV key (so by relay id): put by each relay with its claims' refresh, gone
+    /// after the claim TTL.
     relays: BTreeMap<String, Value>,
     /// Commands forwarded to another relay: the sender's connection and command id.
     requests: HashMap<u64, (usize, String)>,
@@ -147,6 +148,10 @@ pub(super) struct Bus {
     /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
     /// next asks for output.
     batch: Vec<Arc<Event>>,
+    /// Hashes of `(source, id)` of the Events in `batch`: a duplicate within one wake is
+    /// found in O(1) (confirmed against the batch only on a hash match).
+    batch_keys: HashSet<u64>,
+    hasher: std::collections::hash_map::RandomState,
     /// Counters for `/metrics`.
     pub(super) reconnects: u64,
     pub(super) consumer_resets: u64,
@@ -178,17 +183,34 @@ impl Bus {
             stalled: false,
             provisional: None,
             batch: Vec::new(),
+            batch_keys: HashSet::new(),
+            hasher: Default::default(),
             reconnects: 0,
             consumer_resets: 0,
             publish_errors: 0,
         }
     }
 
-    fn ticket(&mut self, t: Ticket) -> u64 {
+    /// A fresh number for a ticket, a POST or a forwarded command.
+    fn serial(&mut self) -> u64 {
         let n = self.next_ticket;
         self.next_ticket += 1;
+        n
+    }
+
+    fn ticket(&mut self, t: Ticket) -> u64 {
+        let n = self.serial();
         self.tickets.insert(n, t);
         n
+    }
+
+    /// The state of a relay whose engine answers: caught up with the stream or not.
+    fn up_state(&self) -> ClusterState {
+        if self.applied >= self.target {
+            ClusterState::Connected
+        } else {
+            ClusterState::CatchingUp
+        }
     }
 
     /// The publish of `ev` (its subject from the scanned attributes, never the other way
@@ -415,11 +437,7 @@ impl Core {
                 bus.ever_connected = true;
                 bus.max_payload = max_payload;
                 bus.target = last_seq;
-                bus.state = if bus.applied >= last_seq {
-                    ClusterState::Connected
-                } else {
-                    ClusterState::CatchingUp
-                };
+                bus.state = bus.up_state();
                 log::info!(
                     "cluster: connected (stream at {last_seq}, applied {}); {} Events in the outbox",
                     bus.applied,
@@ -489,24 +507,10 @@ impl Core {
                     .and_then(|b| serde_json::from_slice::<Value>(b).ok())
                     .filter(|v| v.get("presence").and_then(Value::as_bool) == Some(true));
                 if let Some(p) = presence {
-                    if let Some(r) = p.get("relay").and_then(Value::as_str) {
-                        if r != own {
-                            bus.relays.insert(r.to_owned(), p.clone());
-                        }
+                    if p.get("relay").and_then(Value::as_str) != Some(own.as_str()) {
+                        bus.relays.insert(key, p);
                     }
                     return;
-                }
-                if value.is_none() {
-                    // A presence record gone: the relay stopped refreshing it.
-                    let gone: Vec<String> = bus
-                        .relays
-                        .keys()
-                        .filter(|r| cluster::kv_key(&["relay", r, "presence"]) == key)
-                        .cloned()
-                        .collect();
-                    for r in gone {
-                        bus.relays.remove(&r);
-                    }
                 }
                 match value.as_deref().and_then(parse_claim) {
                     Some(c) if c.relay != own => {
@@ -515,6 +519,8 @@ impl Core {
                     Some(_) => {}
                     None => {
                         bus.remote.remove(&key);
+                        // A presence record gone: the relay stopped refreshing it.
+                        bus.relays.remove(&key);
                     }
                 }
             }
@@ -683,8 +689,7 @@ impl Core {
         let bus = self.bus.as_mut().expect("clustered");
         match waiter {
             Waiter::Post(key, close) => {
-                let serial = bus.next_ticket;
-                bus.next_ticket += 1;
+                let serial = bus.serial();
                 for ev in &events {
                     let t = bus.ticket(Ticket::Post(serial, ev.clone()));
                     bus.publish(ev, t);
@@ -752,8 +757,7 @@ impl Core {
             // The store from here on holds Events out of stream order (see `provisional`).
             bus.provisional = Some((self.store.clone(), Vec::new()));
         }
-        let serial = bus.next_ticket;
-        bus.next_ticket += 1;
+        let serial = bus.serial();
         bus.outbox.insert(serial, (ev.clone(), false));
         bus.delivered
             .insert(cluster::msg_id(ev.source(), ev.id()), None);
@@ -774,11 +778,7 @@ impl Core {
         match &error {
             None if bus.stalled => {
                 bus.stalled = false;
-                bus.state = if bus.applied >= bus.target {
-                    ClusterState::Connected
-                } else {
-                    ClusterState::CatchingUp
-                };
+                bus.state = bus.up_state();
                 log::info!("cluster: the engine acknowledges again");
                 bus.flush_outbox();
             }
@@ -973,10 +973,17 @@ impl Core {
             Some(Some(c)) => Some(c),
             None => None,
         };
-        let again = |e: &Arc<Event>| e.source() == ev.source() && e.id() == ev.id();
-        if !ev.is_command() && (self.store.holds(&ev) || bus.batch.iter().any(again)) {
+        use std::hash::BuildHasher;
+        let key = bus.hasher.hash_one((ev.source(), ev.id()));
+        let in_batch = bus.batch_keys.contains(&key)
+            && bus
+                .batch
+                .iter()
+                .any(|e| e.source() == ev.source() && e.id() == ev.id());
+        if !ev.is_command() && (in_batch || self.store.holds(&ev)) {
             return; // the same (source, id) again (AEP-0001 §7 #4)
         }
+        bus.batch_keys.insert(key);
         match except {
             None => bus.batch.push(ev),
             Some(c) => {
@@ -1000,6 +1007,7 @@ impl Core {
             return;
         }
         let batch = std::mem::take(&mut bus.batch);
+        bus.batch_keys.clear();
         if let Err(r) = self.persist(&batch) {
             // The stream keeps them; this relay's history misses them.
             log::warn!(
@@ -1091,8 +1099,7 @@ impl Core {
             return None;
         }
         let bus = self.bus.as_mut().expect("clustered");
-        let ticket = bus.next_ticket;
-        bus.next_ticket += 1;
+        let ticket = bus.serial();
         bus.requests.insert(ticket, (key, ev.id().to_owned()));
         bus.to_bus.push_back(ToBus::Request {
             ticket,
