@@ -90,7 +90,7 @@ const ONE_WS: usize = 4 * MAX_WS_MESSAGE + 1024;
 /// aside"): a page of up to 64 Events is queued whole once the queue is below half the
 /// bound, so the queue alone may pass the bound by up to a page. The seeds
 /// `crash-replay-backlog-moved-whole-regression` (82,004 bytes) and
-/// `crash-replay-page-over-the-bound` (114,382) reach it. Queueing a page Event by Event
+/// `crash-replay-page-over-the-bound-regression` (114,382) reach it. Queueing a page Event by Event
 /// up to the bound would retire this slack; open (issue 14 closing note).
 const KNOWN_BACKLOG_MOVE: usize = MAX_OUTPUT;
 

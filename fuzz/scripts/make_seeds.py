@@ -101,21 +101,20 @@ post = lambda body, ct="application/json", extra="": (
     f"Content-Length: {len(body.encode())}\r\n\r\n{body}")
 http_seed("post-one-event", post(ev))
 http_seed("post-one-event-byte-by-byte", post(ev), splits=(1,))
-http_seed("post-batch-to-a-subscriber", post("\n".join(golden[:3]) + "\n", "application/x-ndjson"), flags=0x02, splits=(17, 3, 200))
+http_seed("post-batch", post("\n".join(golden[:3]) + "\n", "application/x-ndjson"), splits=(17, 3, 200))
 chunks = "".join(f"{len(p.encode()):x}\r\n{p}\r\n" for p in [ev[:40], ev[40:]]) + "0\r\n\r\n"
 http_seed("post-chunked", "POST /events HTTP/1.1\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks, splits=(5, 0))
 http_seed("post-expect-continue", post(ev, extra="Expect: 100-continue\r\n"))
 http_seed("post-without-version", "POST /events HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}GET /events HTTP/1.1\r\n\r\n")
-http_seed("pipelined-discovery-unread", "GET /events HTTP/1.1\r\n\r\n" * 4, flags=0xF1, limit=0)
+http_seed("pipelined-discovery-unread", "GET /events HTTP/1.1\r\n\r\n" * 4, flags=0x31, limit=0)
 http_seed("stream-filtered", "GET /stream?filter=%7B%22type%22%3A%5B%22attention.*%22%5D%7D&capture=metadata&from=all&live=0 HTTP/1.1\r\n\r\n")
 http_seed("stream-last-event-id", "GET /stream HTTP/1.1\r\nLast-Event-ID: s_8f2c:0:1\r\n\r\n", flags=0x04, splits=(9, 0, 0))
-http_seed("replay-all-to-a-stalled-reader", "GET /stream?from=all HTTP/1.1\r\n\r\n", flags=0x09, limit=0)
-# Live Events of a new session while the stalled subscriber's replay of the filled store is
-# in progress: they wait in its backlog (the bound invariant counts it).
+http_seed("stream-from-all-to-a-stalled-reader", "GET /stream?from=all HTTP/1.1\r\n\r\n", flags=0x01, limit=0)
+# Live Events of a new session (conn_script below sends them behind a stalled replay).
 live = lambda q: compact({"aep": "0.1", "id": f"l{q}", "type": "tool.completed", "time": "2026-07-03T10:00:00Z",
                           "source": "aep://h/agent/a/session/live", "agent": "a", "session": "live", "seq": q,
                           "severity": "info", "data": {"pad": "z" * 200}})
-http_seed("live-events-behind-a-stalled-replay", "".join(post(live(q)) for q in range(4)), flags=0x0A)
+http_seed("live-events", "".join(post(live(q)) for q in range(4)))
 hidden = "GET /nope HTTP/1.1\r\n\r\n"
 http_seed("get-with-a-body-hiding-a-request", f"GET /events HTTP/1.1\r\nContent-Length: {len(hidden)}\r\n\r\n{hidden}")
 http_seed("not-found-close", "GET /nope HTTP/1.0\r\n\r\n")
@@ -143,10 +142,11 @@ hello = compact({"type": "hello", "versions": ["0.1"], "role": "both", "identity
 consumer = compact({"type": "hello", "versions": ["0.1"], "role": "consumer"})
 sub = lambda i, **kw: compact({"type": "subscribe", "id": i, **kw})
 ws_seed("hello-subscribe-emit", [hello, sub("s1", filter={"type": ["tool.*"]}), golden[3]])
-ws_seed("hello-subscribe-replay-all-stalled", [consumer, sub("s1", **{"from": "all"})], flags=0x0C, limit=64)
-# Emits to its own subscription while that one's replay is stalled: the backlog fills.
-ws_seed("emit-behind-its-own-stalled-replay", [sub("s1", **{"from": "all"})] + [live(q) for q in range(4)], flags=0x0E)
-ws_seed("subscribe-from-positions-capture", [consumer, sub("s1", filter={"session": "s_8f2c"}, capture="none", **{"from": [{"session": "s_8f2c", "epoch": 0, "seq": 1}]})], flags=0x08)
+ws_seed("hello-subscribe-replay-all-stalled", [consumer, sub("s1", **{"from": "all"})], flags=0x04, limit=64)
+# Emits to its own subscription while that one is stalled (conn_script below does it
+# behind a replay of the filled store).
+ws_seed("emit-to-its-own-stalled-subscription", [sub("s1", **{"from": "all"})] + [live(q) for q in range(4)], flags=0x06)
+ws_seed("subscribe-from-positions-capture", [consumer, sub("s1", filter={"session": "s_8f2c"}, capture="none", **{"from": [{"session": "s_8f2c", "epoch": 0, "seq": 1}]})])
 ws_seed("roster-ping-unsubscribe", [hello, compact({"type": "roster", "id": "r1"}), compact({"type": "ping", "t": 1}), sub("s1"), compact({"type": "unsubscribe", "id": "s1"})])
 ws_seed("command-routing", [hello] + [l for l in golden if '"type":"control.' in l][:2])
 ws_seed("first-frame-not-hello", [golden[0]])
@@ -165,6 +165,10 @@ def c_send(slot, data):
     data = data.encode() if isinstance(data, str) else data
     assert len(data) < 256
     return bytes([1, slot, len(data)]) + data
+def c_sends(slot, data):
+    """`data` in as many `send` operations as it takes (each at most 255 bytes)."""
+    data = data.encode() if isinstance(data, str) else data
+    return b"".join(c_send(slot, data[i:i + 255]) for i in range(0, len(data), 255))
 def c_eof(slot): return bytes([2, slot])
 def c_reset(slot): return bytes([3, slot])
 def c_take(slot, n=0): return bytes([4, slot, n])
@@ -188,6 +192,15 @@ conn_seed("shutdown-with-streams-open", c_open(0, SSE), c_open(1, ws_hello), c_o
 conn_seed("shutdown-deadline-with-a-stalled-reader", C_PREFILL, c_open(0, SSE, 0), C_SHUTDOWN, c_advance(35), c_take(0))
 conn_seed("pipelined-post-and-partial-reads", c_open(0, HTTP, 2), c_request(0, 2), c_request(0, 2), c_request(0, 3), c_take(0, 1), c_take(0, 3), c_request(0, 5), c_take(0), c_eof(0), c_take(0))
 conn_seed("reset-while-paused-then-reuse-slot", c_open(0, HTTP, 0), *[c_request(0, 1)] * 6, c_reset(0), c_open(0, SSE | 2 << 2), c_ingest(2, 3), c_take(0), c_eof(0))
+# The scenes `http` and `ws` once set up per input (a full store, a subscriber that never
+# reads), here among the other connections (issue 14: those targets stay cheap).
+small = lambda q: compact({"aep": "0.1", "id": f"m{q}", "type": "tool.completed", "time": "2026-07-03T10:00:00Z",
+                           "source": "aep://h/agent/a/session/live", "agent": "a", "session": "live", "seq": q,
+                           "severity": "info", "data": {"pad": "z" * 40}})
+conn_seed("replay-all-to-a-stalled-reader", C_PREFILL, c_open(0, HTTP, 0), c_request(0, 4), c_advance(10), c_take(0, 4), c_eof(0))
+conn_seed("live-posts-behind-a-stalled-replay", C_PREFILL, c_open(0, SSE, 0), c_open(1, HTTP), *[c_sends(1, post(live(q))) for q in range(4)], c_take(1), c_take(0, 8), c_advance(10), c_take(0))
+conn_seed("ws-emit-behind-its-own-stalled-replay", C_PREFILL, c_open(0, ws_hello, 0), c_send(0, sub("s1", **{"from": "all"})), *[c_send(0, small(q)) for q in range(4)], c_take(0, 4), c_advance(50), c_take(0))
+conn_seed("ws-subscribe-from-positions-over-a-full-store", C_PREFILL, c_open(0, ws_hello), c_send(0, sub("s1", filter={"session": "p1"}, **{"from": [{"session": "p1", "epoch": 0, "seq": 0}]})), c_take(0))
 
 # Dictionaries (libFuzzer format: one quoted token per line).
 def esc(s):
