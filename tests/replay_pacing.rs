@@ -10,9 +10,13 @@ use bytes::Bytes;
 const MAX_OUTPUT: usize = 64 * 1024;
 
 fn ev(session: &str, seq: u64) -> String {
+    ev_padded(session, seq, 900)
+}
+
+fn ev_padded(session: &str, seq: u64, pad: usize) -> String {
     format!(
         r#"{{"aep":"0.1","id":"{session}-{seq}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a","session":"{session}","seq":{seq},"pad":"{}"}}"#,
-        "p".repeat(900)
+        "p".repeat(pad)
     )
 }
 
@@ -66,8 +70,9 @@ fn a_large_replay_is_paced_and_live_events_follow_it_exactly_once() {
     let mut posted_live = false;
     while got.ids.len() < (total + 3) as usize {
         let queued = relay.queued_output(c).unwrap();
+        // AEP-0003 §8.4: the bound plus one frame (about 1.1 KiB), not plus a page.
         assert!(
-            queued <= MAX_OUTPUT + 64 * 1100,
+            queued <= MAX_OUTPUT + 1100,
             "bounded: {queued} bytes queued for a 20 MB replay"
         );
         got.feed(relay.take_output(c).unwrap());
@@ -104,4 +109,50 @@ fn a_large_replay_is_paced_and_live_events_follow_it_exactly_once() {
         "replay order, then the live Event of the new session"
     );
     assert_eq!(got.markers, 0);
+}
+
+/// A page of large Events ends once the queue is full: a stalled consumer of a store of
+/// 60 KiB Events holds the bound plus one Event, never a page of 64 of them (3.8 MiB).
+#[test]
+fn a_replay_page_of_large_events_stops_at_the_bound() {
+    let pad = 60 * 1024;
+    let mut relay = Sim::new(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        buffer_per_session: 200,
+        max_body_bytes: 256 * 1024,
+        max_output_bytes: MAX_OUTPUT,
+        ..Config::default()
+    })
+    .unwrap();
+    for seq in 0..100 {
+        relay
+            .ingest(Bytes::from(ev_padded("big", seq, pad)))
+            .unwrap();
+    }
+    let frame = pad + 512;
+    // A consumer that holds at most 16 KiB unread: the queue fills before it reads.
+    let c = relay.connect(Some(16 * 1024));
+    relay.feed(
+        c,
+        b"GET /stream?from=all&live=0 HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    );
+    let mut got = Reader::default();
+    let mut rounds = 0;
+    while got.ids.len() < 100 {
+        let queued = relay.queued_output(c).unwrap_or(0);
+        assert!(
+            queued <= MAX_OUTPUT + frame,
+            "{queued} bytes queued: over the bound plus one {frame}-byte frame"
+        );
+        got.feed(relay.take_output(c).unwrap_or_default());
+        rounds += 1;
+        assert!(
+            rounds < 10_000,
+            "replay stalled at {} Events",
+            got.ids.len()
+        );
+    }
+    let want: Vec<String> = (0..100).map(|i| format!("big:0:{i}")).collect();
+    assert_eq!(got.ids, want, "every Event once, in order");
 }

@@ -778,8 +778,10 @@ impl Core {
     }
 
     /// Bytes queued for output on `id` (`None`: no such connection). Each connection
-    /// stays within `max_output_bytes` plus one frame, replay pages aside (AEP-0003
-    /// §8.4): an invariant fuzz targets check.
+    /// stays within `max_output_bytes` plus one frame (AEP-0003 §8.4), replay pages
+    /// included; when a stream ends, the live frames held behind its replay
+    /// ([`Core::backlog`]) join the queue before the last frame. An invariant the fuzz
+    /// targets check.
     pub fn queued(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id.0).map(|c| c.out.len())
     }

@@ -1,7 +1,9 @@
 //! Paced replay (AEP-0003 §5, §7): a subscription's replay is read from the store a page
-//! at a time, only while its connection's output queue is below half its bound. Memory
-//! per consumer stays bounded however much the store holds, and a consumer that reads
-//! slowly only slows its own replay.
+//! at a time, only while its connection's output queue is below half its bound, and a
+//! page ends once its frames fill the queue to the bound (AEP-0003 §8.4: the queue
+//! passes `max_output_bytes` by one frame at most). Memory per consumer stays bounded
+//! however much the store holds, and a consumer that reads slowly only slows its own
+//! replay.
 //!
 //! Ordering: while a replay is in progress, live frames for that connection wait in its
 //! backlog and follow the replay. A live Event of a session still to be replayed for the
@@ -18,6 +20,7 @@ use crate::fanout::{Binding, Frames};
 use crate::sse;
 use crate::store::ReplayFrom;
 use crate::ws::aep;
+use bytes::Bytes;
 use std::sync::Arc;
 
 /// Events read from the store per page.
@@ -43,6 +46,7 @@ impl Core {
     pub(super) fn pump_replay(&mut self, key: usize) -> bool {
         let low_water = self.config.max_output_bytes / 2;
         let mut held: Vec<Arc<Event>> = Vec::new();
+        let mut frames: Vec<Bytes> = Vec::new();
         for _ in 0..PAGES_PER_PUMP {
             let Some(conn) = self.conns.get_mut(key) else {
                 return false;
@@ -67,11 +71,24 @@ impl Core {
                 continue;
             };
             let filter = job.filter.clone();
+            let (ws, ceiling) = (job.ws_id.is_some(), job.ceiling);
+            // Room up to the bound; the Event that fills it ends the page (one frame
+            // over at most, as for live frames).
+            let mut room = self.config.max_output_bytes - conn.out.len();
             held.clear();
+            frames.clear();
             let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
                 if filter.matches(&**ev) {
+                    let frame = if ws {
+                        Frames::default().ws(ev, ceiling)
+                    } else {
+                        Frames::default().sse(ev, ceiling)
+                    };
+                    room = room.saturating_sub(frame.len());
+                    frames.push(frame);
                     held.push(ev.clone());
                 }
+                room > 0
             });
             let conn = &mut self.conns[key];
             let Some(job) = conn.replay.front_mut() else {
@@ -91,11 +108,7 @@ impl Core {
                 };
                 conn.out.push(marker);
             }
-            for ev in &held {
-                let frame = match job.ws_id {
-                    Some(_) => Frames::default().ws(ev, job.ceiling),
-                    None => Frames::default().sse(ev, job.ceiling),
-                };
+            for frame in frames.drain(..) {
                 conn.out.push(frame);
             }
             match next {

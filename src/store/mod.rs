@@ -780,8 +780,10 @@ impl<E: Stored> Store<E> {
     }
 
     /// Replays one page of one stream: at most `max` held Events strictly after `from`,
-    /// in stream order. Paging lets a consumer's replay advance only as fast as it reads
-    /// (bounded memory per consumer however large the store is).
+    /// in stream order, each handed to `out`; the page ends early after an Event for
+    /// which `out` returns `false` (the consumer's byte budget is spent). Paging lets a
+    /// consumer's replay advance only as fast as it reads (bounded memory per consumer
+    /// however large the store is).
     ///
     /// - [`ReplayFrom::After`] behaves like [`Store::replay_stream_after`] for its first
     ///   page.
@@ -798,7 +800,7 @@ impl<E: Stored> Store<E> {
         stream: StreamId,
         from: ReplayFrom,
         max: usize,
-        out: &mut impl FnMut(&Arc<E>),
+        out: &mut impl FnMut(&Arc<E>) -> bool,
     ) -> Option<Page> {
         let s = self.get(stream)?;
         let (start, marker) = match from {
@@ -820,11 +822,14 @@ impl<E: Stored> Store<E> {
                 (s.ring.partition_point(|e| e.key <= bound), marker)
             }
         };
-        let end = start.saturating_add(max).min(s.ring.len());
+        let mut end = start.saturating_add(max).min(s.ring.len());
         let mut last = None;
-        for e in s.ring.range(start..end) {
-            out(&e.ev);
+        for (i, e) in s.ring.range(start..end).enumerate() {
             last = Some(e.key);
+            if !out(&e.ev) {
+                end = start + i + 1;
+                break;
+            }
         }
         let next = if end < s.ring.len() {
             last.map(Cursor)

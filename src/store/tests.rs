@@ -644,7 +644,10 @@ fn pages_concatenate_to_the_whole_replay() {
         let mut from = ReplayFrom::After((0, 1));
         loop {
             let page = st
-                .replay_page(sid(&st, "s"), from, max, &mut |e| got.push(e.id.clone()))
+                .replay_page(sid(&st, "s"), from, max, &mut |e| {
+                    got.push(e.id.clone());
+                    true
+                })
                 .unwrap();
             assert_eq!(page.marker, None);
             match page.next {
@@ -656,7 +659,8 @@ fn pages_concatenate_to_the_whole_replay() {
     }
     let mut all = Vec::new();
     st.replay_page(sid(&st, "s"), ReplayFrom::Start, 100, &mut |e| {
-        all.push(e.id.clone())
+        all.push(e.id.clone());
+        true
     });
     assert_eq!(all, from_start(&st, "s"));
     // A stream no longer held answers `None`, even once its slot is reused.
@@ -666,8 +670,36 @@ fn pages_concatenate_to_the_whole_replay() {
     admit_all(&mut one, [sq("next", 0, 0)]);
     assert!(one.stream(gone).is_none());
     assert!(one
-        .replay_page(gone, ReplayFrom::Start, 1, &mut |_| {})
+        .replay_page(gone, ReplayFrom::Start, 1, &mut |_| true)
         .is_none());
+}
+
+/// A page ends after the Event for which the consumer says its budget is spent, and
+/// continues from there: nothing skipped, nothing twice.
+#[test]
+fn a_page_stops_where_the_consumer_says() {
+    let mut st: Store<T> = Store::new(8, 4);
+    admit_all(&mut st, (0..6).map(|i| sq("s", 0, i)));
+    let mut got = Vec::new();
+    let mut from = ReplayFrom::Start;
+    let mut pages = 0;
+    loop {
+        let mut taken = 0;
+        let page = st
+            .replay_page(sid(&st, "s"), from, 64, &mut |e| {
+                got.push(e.id.clone());
+                taken += 1;
+                taken < 2
+            })
+            .unwrap();
+        pages += 1;
+        match page.next {
+            Some(c) => from = ReplayFrom::Cursor(c),
+            None => break,
+        }
+    }
+    assert_eq!(got, from_start(&st, "s"));
+    assert_eq!(pages, 3, "two Events a page");
 }
 
 /// When the ring evicts past a paged replay's cursor, the next page carries a marker
@@ -679,14 +711,16 @@ fn eviction_overtaking_a_cursor_marks_the_next_page() {
     let mut got = Vec::new();
     let page = st
         .replay_page(sid(&st, "s"), ReplayFrom::Start, 1, &mut |e| {
-            got.push(e.id.clone())
+            got.push(e.id.clone());
+            true
         })
         .unwrap();
     let cursor = page.next.unwrap();
     admit_all(&mut st, (4..8).map(|i| sq("s", 0, i)));
     let page = st
         .replay_page(sid(&st, "s"), ReplayFrom::Cursor(cursor), 10, &mut |e| {
-            got.push(e.id.clone())
+            got.push(e.id.clone());
+            true
         })
         .unwrap();
     assert_eq!(
