@@ -8,7 +8,8 @@ use crate::auth::{Grant, Scopes};
 use crate::envelope;
 use crate::metrics::{self, Exposition};
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::json;
 
 impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
@@ -313,12 +314,30 @@ impl Core {
     pub(super) fn discovery(&self) -> Bytes {
         self.discovery
             .get_or_init(|| {
-                let doc = json!({
-                    "aep": envelope::SUPPORTED_VERSIONS,
-                    "role": "relay",
-                    "endpoints": { "events": "/events", "stream": "/stream", "socket": "/socket" },
-                    "capabilities": self.capabilities(None),
-                });
+                /// AEP-0003 §3.4, in this member order.
+                #[derive(Serialize)]
+                struct Discovery {
+                    aep: [&'static str; envelope::SUPPORTED_VERSIONS.len()],
+                    role: &'static str,
+                    endpoints: Endpoints,
+                    capabilities: Capabilities,
+                }
+                #[derive(Serialize)]
+                struct Endpoints {
+                    events: &'static str,
+                    stream: &'static str,
+                    socket: &'static str,
+                }
+                let doc = Discovery {
+                    aep: envelope::SUPPORTED_VERSIONS,
+                    role: "relay",
+                    endpoints: Endpoints {
+                        events: "/events",
+                        stream: "/stream",
+                        socket: "/socket",
+                    },
+                    capabilities: self.capabilities(None),
+                };
                 Bytes::from(serde_json::to_vec(&doc).unwrap_or_default())
             })
             .clone()
@@ -335,7 +354,7 @@ impl Core {
         {
             return f.clone();
         }
-        let f = crate::ws::aep::hello(version, self.capabilities(Some(grant)));
+        let f = crate::ws::aep::hello(version, &self.capabilities(Some(grant)));
         self.hellos.push((version, routes, f.clone()));
         f
     }
@@ -344,32 +363,77 @@ impl Core {
     /// (`grant` `None`, AEP-0003 §3.4) and the WebSocket `hello` (AEP-0003 §4) on a
     /// socket with `grant`: the same facts, except that a socket says whether *its*
     /// credentials may route commands, and declares its per-connection limits.
-    pub(super) fn capabilities(&self, grant: Option<Grant>) -> Value {
+    pub(super) fn capabilities(&self, grant: Option<Grant>) -> Capabilities {
         let c = &self.config;
         let routes = match grant {
             None => c.auth.enabled(),
             Some(g) => g.authenticated && g.scopes.contains(Scopes::CONTROL),
         };
-        let mut caps = json!({
-            "filters": ["attr-match"],
-            "replay": {
-                "buffer": c.buffer_per_session,
-                "per": "session",
-                "sessions": c.max_sessions,
-                "all": true
+        Capabilities {
+            filters: ["attr-match"],
+            replay: ReplayCaps {
+                buffer: c.buffer_per_session,
+                per: "session",
+                sessions: c.max_sessions,
+                all: true,
             },
-            "capture": ["none", "metadata", "redacted", "full"],
-            "roster": {},
-            "control": { "accepts": [], "routes": routes },
-            "experimental": {}
-        });
-        if grant.is_some() {
-            caps["limits"] = json!({
-                "subscriptions": c.max_subscriptions_per_conn,
-                "from": c.max_from_positions,
-                "message_bytes": c.max_ws_message_bytes
-            });
+            capture: ["none", "metadata", "redacted", "full"],
+            roster: Empty {},
+            control: ControlCaps {
+                accepts: [],
+                routes,
+            },
+            experimental: Empty {},
+            limits: grant.map(|_| Limits {
+                subscriptions: c.max_subscriptions_per_conn,
+                from: c.max_from_positions,
+                message_bytes: c.max_ws_message_bytes,
+            }),
         }
-        caps
     }
 }
+
+/// The `capabilities` object (AEP-0003 §3.4, §4), serialized straight from these
+/// fields in this member order: no `Map` is built (a WebSocket's `hello` carries it, and
+/// the fuzz targets draw one per input).
+#[derive(Debug, Serialize)]
+pub(super) struct Capabilities {
+    filters: [&'static str; 1],
+    replay: ReplayCaps,
+    capture: [&'static str; 4],
+    roster: Empty,
+    control: ControlCaps,
+    experimental: Empty,
+    /// Per-connection limits, on a socket's `hello` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
+}
+
+/// `replay`: depth per session, sessions held, `from=all` supported.
+#[derive(Debug, Serialize)]
+struct ReplayCaps {
+    buffer: usize,
+    per: &'static str,
+    sessions: usize,
+    all: bool,
+}
+
+/// `control`: the command types accepted (none: the relay routes them), and whether
+/// these credentials may route commands.
+#[derive(Debug, Serialize)]
+struct ControlCaps {
+    accepts: [&'static str; 0],
+    routes: bool,
+}
+
+/// `limits` on a socket: subscriptions, `from` positions, message bytes.
+#[derive(Debug, Serialize)]
+struct Limits {
+    subscriptions: usize,
+    from: usize,
+    message_bytes: usize,
+}
+
+/// `{}`.
+#[derive(Debug, Serialize)]
+struct Empty {}

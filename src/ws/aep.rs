@@ -174,15 +174,33 @@ pub fn encode(v: &Value) -> Bytes {
     rfc6455::text(&serde_json::to_vec(v).unwrap_or_default())
 }
 
-/// The relay's `hello`: exactly one version, role `both`, and `capabilities` as given.
-pub fn hello(version: &str, capabilities: Value) -> Bytes {
-    encode(&json!({
-        "type": "hello",
-        "versions": [version],
-        "role": "both",
-        "identity": { "agent": "aep-relay", "instance": concat!("aep-relay/", env!("CARGO_PKG_VERSION")) },
-        "capabilities": capabilities,
-    }))
+/// The relay's `hello` (AEP-0003 §4): exactly one version, role `both`, its identity,
+/// and `capabilities` as given, serialized straight from the parts (no `Map`).
+pub fn hello(version: &str, capabilities: &impl serde::Serialize) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Hello<'a, C> {
+        r#type: &'static str,
+        versions: [&'a str; 1],
+        role: &'static str,
+        identity: Identity,
+        capabilities: &'a C,
+    }
+    #[derive(serde::Serialize)]
+    struct Identity {
+        agent: &'static str,
+        instance: &'static str,
+    }
+    let hello = Hello {
+        r#type: "hello",
+        versions: [version],
+        role: "both",
+        identity: Identity {
+            agent: "aep-relay",
+            instance: concat!("aep-relay/", env!("CARGO_PKG_VERSION")),
+        },
+        capabilities,
+    };
+    rfc6455::text(&serde_json::to_vec(&hello).unwrap_or_default())
 }
 
 /// What an `error` frame refers to.
