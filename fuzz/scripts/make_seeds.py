@@ -40,7 +40,7 @@ def write(target, name, data):
 
 
 # Start over, except the minimized inputs of past findings (*-regression).
-for t in ["envelope", "filter", "downlevel", "http", "sse_query", "ws", "conn_script"]:
+for t in ["envelope", "filter", "downlevel", "http", "floor", "sse_query", "ws", "conn_script"]:
     d = os.path.join(FUZZ, "corpus", t)
     for f in os.listdir(d) if os.path.isdir(d) else []:
         if not f.endswith("-regression"):
@@ -94,6 +94,8 @@ for c in down:
 # http: [flags, write limit, n, n chunk lengths..., payload] (see fuzz_targets/http.rs).
 def http_seed(name, payload, flags=0, limit=0, splits=()):
     write("http", name, bytes([flags, limit, len(splits), *splits]) + payload.encode())
+    # floor: the same requests, whole (fuzz_targets/floor.rs).
+    write("floor", name, payload)
 
 ev = golden[3]
 post = lambda body, ct="application/json", extra="": (

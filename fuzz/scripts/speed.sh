@@ -5,7 +5,7 @@
 # stat::average_exec_per_sec. Prints one line per (build, target) with the median and
 # the spread of the rounds.
 #
-#   bash fuzz/scripts/speed.sh                       # http ws, 3 rounds of 30 s
+#   bash fuzz/scripts/speed.sh                       # floor http ws, 3 rounds of 30 s
 #   ROUNDS=5 SECS=60 CORE=1 bash fuzz/scripts/speed.sh http ws conn_script
 #
 # Builds (all `--sanitizer none`, stable Rust):
@@ -21,7 +21,7 @@ rounds=${ROUNDS:-3}
 secs=${SECS:-30}
 core=${CORE:-1}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(http ws)
+[ ${#targets[@]} -eq 0 ] && targets=(floor http ws)
 builds=(default no-cmp release)
 
 flags() {
@@ -42,7 +42,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 echo "build target median min max (execs/s; $rounds rounds of ${secs}s on core $core)"
 for t in "${targets[@]}"; do
-  case $t in http) dict=http ;; sse_query) dict=query ;; ws) dict=ws ;; conn_script) dict= ;; *) dict=json ;; esac
+  case $t in http | floor) dict=http ;; sse_query) dict=query ;; ws) dict=ws ;; conn_script) dict= ;; *) dict=json ;; esac
   for b in "${builds[@]}"; do
     bin=target/speed-$b/x86_64-unknown-linux-gnu/release/$t
     runs=()
