@@ -44,6 +44,15 @@ impl Reader {
     }
 }
 
+/// A consumer of `GET /stream?{query}` that holds at most 16 KiB unread at a time: its
+/// queue fills before it reads.
+fn slow_consumer(relay: &mut Sim, query: &str) -> aep_relay::ConnId {
+    let c = relay.connect(Some(16 * 1024));
+    let req = format!("GET /stream?{query} HTTP/1.1\r\nHost: x\r\n\r\n");
+    relay.feed(c, req.as_bytes(), false);
+    c
+}
+
 #[test]
 fn a_large_replay_is_paced_and_live_events_follow_it_exactly_once() {
     let mut relay = Sim::new(Config {
@@ -58,13 +67,7 @@ fn a_large_replay_is_paced_and_live_events_follow_it_exactly_once() {
         let body: String = chunk.iter().map(|&i| ev("a", i) + "\n").collect();
         relay.ingest(Bytes::from(body)).unwrap();
     }
-    // A consumer that holds at most 16 KiB unread at a time.
-    let c = relay.connect(Some(16 * 1024));
-    relay.feed(
-        c,
-        b"GET /stream?from=all HTTP/1.1\r\nHost: x\r\n\r\n",
-        false,
-    );
+    let c = slow_consumer(&mut relay, "from=all");
     let mut got = Reader::default();
     let mut rounds = 0;
     let mut posted_live = false;
@@ -130,13 +133,7 @@ fn a_replay_page_of_large_events_stops_at_the_bound() {
             .unwrap();
     }
     let frame = pad + 512;
-    // A consumer that holds at most 16 KiB unread: the queue fills before it reads.
-    let c = relay.connect(Some(16 * 1024));
-    relay.feed(
-        c,
-        b"GET /stream?from=all&live=0 HTTP/1.1\r\nHost: x\r\n\r\n",
-        false,
-    );
+    let c = slow_consumer(&mut relay, "from=all&live=0");
     let mut got = Reader::default();
     let mut rounds = 0;
     while got.ids.len() < 100 {
