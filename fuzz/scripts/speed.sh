@@ -48,13 +48,16 @@ for t in "${targets[@]}"; do
     runs=()
     for _ in $(seq "$rounds"); do
       rm -rf "$scratch/c" && mkdir -p "$scratch/c"
+      # A crash stops the run: it is reported (and kept in artifacts/) instead of a number.
+      mkdir -p "artifacts/$t"
       taskset -c "$core" "$bin" "$scratch/c" "corpus/$t" ${dict:+-dict="dict/$dict.dict"} \
-        -max_total_time="$secs" -print_final_stats=1 >"$scratch/log" 2>&1 \
+        -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="artifacts/$t/" \
+        >"$scratch/log" 2>&1 \
         || { echo "speed: $t ($b) failed:" >&2; tail -20 "$scratch/log" >&2; exit 1; }
       runs+=("$(awk '/stat::average_exec_per_sec/ {print $2}' "$scratch/log")")
     done
     sorted=$(printf '%s\n' "${runs[@]}" | sort -n)
-    median=$(echo "$sorted" | awk -v n="$rounds" 'NR == int((n + 1) / 2)')
+    median=$(echo "$sorted" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
     echo "$b $t $median $(echo "$sorted" | head -1) $(echo "$sorted" | tail -1)"
   done
 done

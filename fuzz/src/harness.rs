@@ -9,6 +9,7 @@
 
 use aep_relay::envelope::Event;
 use aep_relay::Config;
+use aep_sim::Sim;
 use bytes::Bytes;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -81,6 +82,22 @@ pub fn prefill() -> &'static [Arc<Event>] {
             }
         }
         out
+    })
+}
+
+/// Bytes of the relay's answer to `GET /` (the status page, about 18 KiB): one answer
+/// larger than any error or SSE message the targets' limits allow, so the output bound's
+/// "plus one answer" must cover it. Measured once per process through a core, so the
+/// bound follows the page as it changes.
+pub fn status_page_answer() -> usize {
+    static LEN: OnceLock<usize> = OnceLock::new();
+    *LEN.get_or_init(|| {
+        let mut sim = Sim::new(Config::default()).expect("default configuration");
+        let c = sim.connect(None);
+        sim.feed(c, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false);
+        let out = sim.take_output(c).expect("open");
+        assert!(out.starts_with(b"HTTP/1.1 200 "), "GET / answers the status page");
+        out.len()
     })
 }
 

@@ -1,7 +1,8 @@
 //! Paced replay (AEP-0003 §5, §7): a subscription's replay is read from the store a page
 //! at a time, only while its connection's output queue is below half its bound, and a
 //! page ends once its frames fill the queue to the bound (AEP-0003 §8.4: the queue
-//! passes `max_output_bytes` by one frame at most). Memory per consumer stays bounded
+//! passes `max_output_bytes` by one frame at most, and a page's `replay-exhausted`
+//! marker). Memory per consumer stays bounded
 //! however much the store holds, and a consumer that reads slowly only slows its own
 //! replay.
 //!
@@ -72,9 +73,10 @@ impl Core {
             };
             let filter = job.filter.clone();
             let (ws, ceiling) = (job.ws_id.is_some(), job.ceiling);
-            // Room up to the bound; the Event that fills it ends the page (one frame
-            // over at most, as for live frames).
-            let mut room = self.config.max_output_bytes - conn.out.len();
+            // Room up to the bound (the queue is below half of it, above); the Event
+            // that fills it ends the page: one frame over at most, as for live frames,
+            // plus a `replay-exhausted` marker when the page carries one.
+            let mut room = self.config.max_output_bytes.saturating_sub(conn.out.len());
             held.clear();
             frames.clear();
             let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
