@@ -30,5 +30,8 @@ fuzz_target!(|data: &[u8]| {
     let key = relay.connect(None);
     relay.feed(key, data, true);
     relay.advance(2 * harness::JUMP);
-    assert!(!relay.is_open(key), "connection open after EOF and every timer");
+    assert!(
+        !relay.is_open(key),
+        "connection open after EOF and every timer"
+    );
 });

@@ -52,7 +52,9 @@ fn reference_last_event_id(v: &str) -> Option<Position> {
     let mut parts = session.split('%');
     bytes.extend_from_slice(parts.next()?.as_bytes());
     for part in parts {
-        let hex = part.get(..2).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))?;
+        let hex = part
+            .get(..2)
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))?;
         bytes.push(u8::from_str_radix(hex, 16).ok()?);
         bytes.extend_from_slice(&part.as_bytes()[2..]);
     }
@@ -158,7 +160,9 @@ fn reference(head: &RequestHead) -> Result<Want, Refused> {
     }
     // An empty (all-whitespace) `Last-Event-ID` names no session: no position (WHATWG
     // SSE; AEP-0003 §3.3 #3), as if the header were absent.
-    let last_event_id = head.header("last-event-id").filter(|v| !v.trim().is_empty());
+    let last_event_id = head
+        .header("last-event-id")
+        .filter(|v| !v.trim().is_empty());
     want.from = match (from, last_event_id) {
         (Some(f), _) => f,
         (None, Some(id)) => From::Positions(vec![
@@ -210,7 +214,12 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(r.live, w.live, "live for {query:?}");
         }
         (Err(e), Err((code, _))) => {
-            assert_eq!(e.code.as_str(), code, "refusal code for {query:?}: {}", e.detail);
+            assert_eq!(
+                e.code.as_str(),
+                code,
+                "refusal code for {query:?}: {}",
+                e.detail
+            );
             assert!(!e.detail.is_empty());
         }
         (Ok(r), Err(why)) => panic!("accepted {query:?} / {lei:?} ({r:?}); reference: {why:?}"),

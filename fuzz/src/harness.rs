@@ -96,7 +96,10 @@ pub fn status_page_answer() -> usize {
         let c = sim.connect(None);
         sim.feed(c, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false);
         let out = sim.take_output(c).expect("open");
-        assert!(out.starts_with(b"HTTP/1.1 200 "), "GET / answers the status page");
+        assert!(
+            out.starts_with(b"HTTP/1.1 200 "),
+            "GET / answers the status page"
+        );
         out.len()
     })
 }
