@@ -87,13 +87,6 @@ const MAX_WS_MESSAGE: usize = 4096;
 /// Seqs per pool session before they start again.
 const POOL_SEQS: usize = 32;
 const POOL_SESSIONS: usize = 4;
-/// The largest single thing queued at once on an HTTP or SSE connection: a response
-/// echoing (part of) the head, one SSE message of one Event (a body, a 3 KiB pool
-/// Event, a 5 KiB prefill Event) with its `event:`/`id:` lines, or the status page (as
-/// in `http`).
-fn one_http() -> usize {
-    (3 * MAX_HEAD + 3 * MAX_BODY + 1024).max(harness::status_page_answer())
-}
 /// One WebSocket reply: an error echoing (part of) a message, or one Event frame.
 const ONE_WS: usize = 4 * MAX_WS_MESSAGE + 1024;
 
@@ -222,7 +215,7 @@ impl Run {
             let (one, extra) = if slot.ws_bound {
                 (ONE_WS, MAX_OUTPUT)
             } else {
-                (one_http(), 0)
+                (harness::one_http_answer(MAX_HEAD, MAX_BODY), 0)
             };
             // A backlog (itself within `max_output_bytes`) may have joined the queue at
             // a stream's end; the allowance lasts until the queue is back within its

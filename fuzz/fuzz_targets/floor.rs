@@ -10,23 +10,12 @@
 //! closed (as `http` 1 and 3).
 #![no_main]
 
-use aep_relay::Config;
 use aep_relay_fuzz::harness;
 use aep_sim::Sim;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let mut c = harness::timeouts(Config::default());
-    c.listen = "127.0.0.1:0".parse().unwrap();
-    // As `http`'s configuration.
-    c.buffer_per_session = harness::BUFFER;
-    c.max_sessions = harness::SESSIONS;
-    c.max_body_bytes = 2048;
-    c.max_batch_events = 4;
-    c.max_from_positions = 4;
-    c.max_head_bytes = 1024;
-    c.max_output_bytes = 64 * 1024;
-    let mut relay = Sim::new(c).expect("config");
+    let mut relay = Sim::new(harness::http_config(1024, 2048, 64 * 1024)).expect("config");
     let key = relay.connect(None);
     relay.feed(key, data, true);
     relay.advance(2 * harness::JUMP);

@@ -45,7 +45,7 @@
 //!    input in 8 runs twice, `harness::deterministic`).
 #![no_main]
 
-use aep_relay::{Config, ConnId};
+use aep_relay::ConnId;
 use aep_relay_fuzz::harness;
 use aep_sim::Sim;
 use libfuzzer_sys::fuzz_target;
@@ -59,29 +59,6 @@ const MAX_DELIVERED: usize = 4 * 1024;
 /// costs a core call per byte; 64 of them split a request head anywhere in its first
 /// line and headers, and lengths up to 255 reach past any head (`MAX_HEAD`) and body.
 const MAX_CHUNKS: usize = 64;
-
-fn config() -> Config {
-    let mut c = harness::timeouts(Config::default());
-    c.listen = "127.0.0.1:0".parse().unwrap();
-    // Small limits, so the fuzzer reaches them.
-    c.buffer_per_session = harness::BUFFER;
-    c.max_sessions = harness::SESSIONS;
-    c.max_body_bytes = MAX_BODY;
-    c.max_batch_events = 4;
-    c.max_from_positions = 4;
-    c.max_head_bytes = MAX_HEAD;
-    c.max_output_bytes = MAX_OUTPUT; // the least `Config::validate` allows
-    c
-}
-
-/// The largest single thing the relay queues at once: a response echoing (part of) the
-/// request head, one SSE message carrying one Event (at most one body) plus its
-/// `event:` / `id:` lines, which repeat the Event's type and session, or the status page
-/// (`GET /`, `harness::status_page_answer`; the seeds
-/// `crash-status-page-over-one-answer-*-regression` found a bound that left it out).
-fn one_answer() -> usize {
-    (3 * MAX_HEAD + 3 * MAX_BODY + 1024).max(harness::status_page_answer())
-}
 
 /// RFC 9112 §7.1 chunked body at the start of `b`: bytes used, or `None` when it is
 /// incomplete, malformed or refused by the size limits the relay applies (at least as
@@ -206,7 +183,7 @@ fn final_responses(mut out: &[u8]) -> usize {
 }
 
 fn bounded(relay: &Sim, key: ConnId, what: &str) {
-    let one = one_answer();
+    let one = harness::one_http_answer(MAX_HEAD, MAX_BODY);
     if let Some(q) = relay.queued_output(key) {
         assert!(
             q <= MAX_OUTPUT + one,
@@ -237,7 +214,7 @@ fn play(data: &[u8]) -> Vec<u8> {
     let repeat =
         (1 + usize::from(flags >> 4 & 3)).min((MAX_DELIVERED / payload.len().max(1)).max(1));
 
-    let mut relay = Sim::new(config()).expect("config");
+    let mut relay = Sim::new(harness::http_config(MAX_HEAD, MAX_BODY, MAX_OUTPUT)).expect("config");
     let key = relay.connect(stalled.then_some(usize::from(*limit)));
 
     let mut out = Vec::new();

@@ -85,6 +85,31 @@ pub fn prefill() -> &'static [Arc<Event>] {
     })
 }
 
+/// The configuration of the targets that fuzz HTTP (`http`, `floor`): the short
+/// timeouts, and small limits so the fuzzer reaches them (`max_output_bytes` is given,
+/// at least the 64 KiB `Config::validate` allows).
+pub fn http_config(max_head: usize, max_body: usize, max_output: usize) -> Config {
+    let mut c = timeouts(Config::default());
+    c.listen = "127.0.0.1:0".parse().expect("address");
+    c.buffer_per_session = BUFFER;
+    c.max_sessions = SESSIONS;
+    c.max_body_bytes = max_body;
+    c.max_batch_events = 4;
+    c.max_from_positions = 4;
+    c.max_head_bytes = max_head;
+    c.max_output_bytes = max_output;
+    c
+}
+
+/// The largest single thing the relay queues at once on an HTTP or SSE connection with
+/// these limits: a response echoing (part of) the head, one SSE message of one Event
+/// (at most one body, or a prefill Event) with its `event:`/`id:` lines, or the status
+/// page ([`status_page_answer`]; the seeds `crash-status-page-over-one-answer-*` found a
+/// bound that left it out).
+pub fn one_http_answer(max_head: usize, max_body: usize) -> usize {
+    (3 * max_head + 3 * max_body + 1024).max(status_page_answer())
+}
+
 /// Bytes of the relay's answer to `GET /` (the status page, about 18 KiB): one answer
 /// larger than any error or SSE message the targets' limits allow, so the output bound's
 /// "plus one answer" must cover it. Measured once per process through a core, so the

@@ -2,9 +2,8 @@
 //! at a time, only while its connection's output queue is below half its bound, and a
 //! page ends once its frames fill the queue to the bound (AEP-0003 §8.4: the queue
 //! passes `max_output_bytes` by one frame at most, and a page's `replay-exhausted`
-//! marker). Memory per consumer stays bounded
-//! however much the store holds, and a consumer that reads slowly only slows its own
-//! replay.
+//! marker). Memory per consumer stays bounded however much the store holds, and a
+//! consumer that reads slowly only slows its own replay.
 //!
 //! Ordering: while a replay is in progress, live frames for that connection wait in its
 //! backlog and follow the replay. A live Event of a session still to be replayed for the

@@ -169,8 +169,8 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
     })
 }
 
-/// Wraps a JSON frame as a WebSocket text frame.
-pub fn encode(v: &Value) -> Bytes {
+/// Wraps a JSON frame (a `Value` or any `Serialize` type) as a WebSocket text frame.
+pub fn encode(v: &impl serde::Serialize) -> Bytes {
     rfc6455::text(&serde_json::to_vec(v).unwrap_or_default())
 }
 
@@ -200,7 +200,7 @@ pub fn hello(version: &str, capabilities: &impl serde::Serialize) -> Bytes {
         },
         capabilities,
     };
-    rfc6455::text(&serde_json::to_vec(&hello).unwrap_or_default())
+    encode(&hello)
 }
 
 /// What an `error` frame refers to.
