@@ -189,6 +189,9 @@ for a in "${assignments[@]}"; do
   environment+=("${a%%=*}=$value")
 done
 environment+=(AEP_LISTEN=127.0.0.1:0)
+# The log exists before the relay starts: the background job opens its redirection only
+# after the fork, and the poll below must not read a file that is not there yet.
+: >"$log"
 env -i "${environment[@]}" "${command[@]}" </dev/null >"$scratch/relay.stdout" 2>"$log" &
 pid=$!
 
@@ -210,6 +213,8 @@ body="${health%$'\n'*}"
 echo "deb: GET /healthz 200 $body"
 
 # A stream open across the stop: the drain must end it with `: shutting-down`.
+: >"$scratch/stream.out"
+: >"$scratch/stream.err"
 curl -sS -N --max-time $((stop_timeout + 30)) "http://$addr/stream" >"$scratch/stream.out" 2>"$scratch/stream.err" &
 stream_pid=$!
 deadline=$((SECONDS + 15))

@@ -31,6 +31,9 @@ fail() {
 
 # As the README writes it (no --locked: `cargo test --locked` has checked Cargo.lock).
 # On Unix `cargo run` execs the binary, so $pid is the relay itself once it has started.
+# The log exists first: the background job opens its redirection after the fork, and the
+# poll below must not read a file that is not there yet (set -e would end the script).
+: >"$log"
 cargo run --release -- --listen 127.0.0.1:0 </dev/null >"$scratch/relay.stdout" 2>"$log" &
 pid=$!
 
