@@ -33,6 +33,7 @@ trap stop_relay EXIT
 start_relay() {
   local log="$1"
   shift
+  : >"$log" # exists before the poll reads it (the job opens it only after the fork)
   "$bin" --listen 127.0.0.1:0 --buffer "$buffer" "$@" 2>"$log" &
   relay_pid=$!
   addr=""
