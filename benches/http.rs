@@ -10,6 +10,14 @@
 //!   body, line split, envelope parse of every line, store admission, fan-out and the
 //!   flush into the subscribers' in-memory pipes (a memcpy each), and the 202 answer.
 //!   Bodies are generated and outputs drained outside the timed region.
+//! - `http/replay/*`: `GET /stream?from=all&live=0` over a store of 16 sessions of 1 000
+//!   ~600-byte Events, in **Events/s** (Throughput: Events): store pages, the SSE frame
+//!   of every Event and the paced refill of the output queue (AEP-0003 §8.4, issue 14's
+//!   pages that end at the bound). `read_all`: the consumer's socket takes everything
+//!   (the whole replay runs inside one request); `window_64k`: it holds at most 64 KiB
+//!   unread, as a socket buffer does, and the consumer reads it out each time, so the
+//!   queue refills page by page from where the last page stopped. The request and the
+//!   peer's reads are timed; the store is filled outside.
 
 use aep_relay::ConnId;
 use aep_sim::Sim;
@@ -85,9 +93,81 @@ fn ingest(c: &mut Criterion<support::CpuTime>) {
     g.finish();
 }
 
+const REPLAY_SESSIONS: usize = 16;
+const REPLAY_PER_SESSION: usize = 1_000;
+
+fn replay(c: &mut Criterion<support::CpuTime>) {
+    let mut g = c.benchmark_group("http/replay");
+    let events = REPLAY_SESSIONS * REPLAY_PER_SESSION;
+    g.throughput(Throughput::Elements(events as u64));
+    let config = Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        ..Config::default()
+    };
+    let mut relay = Sim::new(config).expect("relay");
+    for s in 0..REPLAY_SESSIONS {
+        let body = support::ndjson(0, REPLAY_PER_SESSION, &format!("s_replay{s}"), 600);
+        let n = relay.ingest(body.into()).expect("ingest");
+        assert_eq!(n, REPLAY_PER_SESSION);
+    }
+    const REQUEST: &[u8] = b"GET /stream?from=all&live=0 HTTP/1.1\r\nHost: x\r\n\r\n";
+    // One replay taken whole, untimed: every Event once, and the bytes a replay is.
+    let mut whole = Vec::new();
+    replay_into(&mut relay, REQUEST, None, |b| whole.extend_from_slice(b));
+    let frames = whole.windows(5).filter(|w| w == b"\nid: ").count();
+    assert_eq!(
+        frames, events,
+        "the replay delivered {frames} of {events} Events"
+    );
+    for (name, window) in [("read_all", None), ("window_64k", Some(64 * 1024))] {
+        g.bench_function(format!("{events}x600B_{name}"), |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = support::thread_cpu();
+                    let n = replay_into(&mut relay, REQUEST, window, |_| {});
+                    spent += support::thread_cpu() - t;
+                    assert_eq!(n, whole.len(), "a replay of another length");
+                }
+                spent
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Opens a consumer whose socket takes at most `window` bytes unread (`None`: no limit),
+/// sends `request` (a stream that ends after its replay) and reads everything written
+/// until the relay has shut its side; the peer then closes too. `keep` gets every byte
+/// read; returns how many there were.
+fn replay_into(
+    relay: &mut Sim,
+    request: &[u8],
+    window: Option<usize>,
+    mut keep: impl FnMut(&[u8]),
+) -> usize {
+    let k = relay.connect(window);
+    relay.feed(k, request, false);
+    let mut n = 0;
+    for _ in 0..10_000_000 {
+        let out = relay.take_output(k).expect("open until the peer closes");
+        n += out.len();
+        keep(black_box(&out));
+        if out.is_empty() && relay.is_shut(k) {
+            relay.feed(k, b"", true);
+            assert!(
+                !relay.is_open(k),
+                "the relay kept the connection after both sides shut"
+            );
+            return n;
+        }
+    }
+    panic!("the replay did not end after {n} bytes");
+}
+
 criterion_group! {
     name = http_benches;
     config = support::config();
-    targets = head, ingest
+    targets = head, ingest, replay
 }
 criterion_main!(http_benches);
