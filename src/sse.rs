@@ -232,6 +232,19 @@ pub fn parse_request(
         Some(f) => f,
         None => Filter::parse(b"{}").map_err(|e| invalid(e.to_string()))?,
     };
+    // A replay-only stream replays the sessions its filter names exactly, as if `from`
+    // named them: the same bound applies (AEP-0003 §6.5 `limit-exceeded`).
+    if let (false, Some(names)) = (live, filter.pins().session) {
+        if names.len() > max_from {
+            return Err(RequestError {
+                code: crate::refusal::Code::LimitExceeded,
+                detail: format!(
+                    "with live=0 the filter's `session` names {} sessions to replay; this relay replays at most {max_from} (AEP_MAX_FROM)",
+                    names.len()
+                ),
+            });
+        }
+    }
     Ok(SubscriptionRequest {
         filter: Arc::new(filter),
         ceiling,
@@ -245,6 +258,11 @@ pub const STREAM_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-str
 
 /// The heartbeat comment (AEP-0003 §3.3.4).
 pub const PING: &[u8] = b": ping\n\n";
+
+/// The comment that ends every replay-only stream (`live=0`) once its replay is done,
+/// before the close: what `from` and the filter's exact session name were replayed,
+/// or nothing was held (AEP-0003 §3.3, §5).
+pub const REPLAY_COMPLETE: &[u8] = b": replay-complete\n\n";
 
 /// The comment that ends every SSE stream at a graceful shutdown.
 pub const SHUTTING_DOWN: &[u8] = b": shutting-down\n\n";

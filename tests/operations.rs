@@ -226,6 +226,68 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
     assert_eq!(rest.len() as u64 + 1, batches * per - last_seq);
 }
 
+/// `aep_backpressure_disconnects_total` counts consumers, once each (README metrics
+/// table): a consumer that stops reading is disconnected once, however many Events of
+/// the same batch meet it after it was doomed (AEP-0003 §8.4).
+#[test]
+fn a_slow_consumer_is_counted_once_however_many_events_meet_it() {
+    let relay = TestRelay::with(|c| c.max_output_bytes = 64 * 1024);
+    let mut stalled = relay.tcp();
+    stalled
+        .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 15];
+    stalled.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200 OK");
+
+    // `notice` Events cannot be dropped, so the consumer that cannot take one is
+    // disconnected. Each batch is 1,000 of them (about 1 MB): once the kernel's socket
+    // buffers and the 64 KiB queue are full, hundreds of Events of one batch meet the
+    // doomed connection before the core closes it.
+    let pad = "n".repeat(900);
+    let mut seq = 0u64;
+    let mut batches = 0;
+    let disconnects = loop {
+        let lines: Vec<String> = (0..1000)
+            .map(|_| {
+                seq += 1;
+                event(
+                    "slow",
+                    0,
+                    seq,
+                    "error.raised",
+                    &format!(r#","severity":"notice","pad":"{pad}""#),
+                )
+            })
+            .collect();
+        relay.post_ok(&lines);
+        batches += 1;
+        let (_, text) = metrics(&relay, None);
+        let n = metric(&text, "aep_backpressure_disconnects_total");
+        if n > 0.0 || batches == 100 {
+            break n;
+        }
+    };
+    assert_eq!(
+        disconnects, 1.0,
+        "one consumer, one disconnect ({batches} batches)"
+    );
+    // It stays one: later Events find no such consumer.
+    relay.post_ok(&[event(
+        "slow",
+        0,
+        seq + 1,
+        "error.raised",
+        r#","severity":"notice""#,
+    )]);
+    let (_, text) = metrics(&relay, None);
+    assert_eq!(metric(&text, "aep_backpressure_disconnects_total"), 1.0);
+    // And it was really cut: its stream ends after what it had.
+    stalled.set_read_timeout(Some(WAIT)).unwrap();
+    let mut rest = Vec::new();
+    BufReader::new(stalled).read_to_end(&mut rest).unwrap();
+}
+
 #[test]
 fn sigterm_drains_sse_consumers_and_exits_0() {
     let relay = RelayProcess::spawn(&[]);

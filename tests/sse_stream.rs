@@ -327,3 +327,140 @@ fn golden_events_stream_back_byte_identical() {
     relay.post_ok(&[&last]);
     assert_eq!(stream.expect().data, last);
 }
+
+/// The `data:` lines of a whole SSE body, in order.
+fn data_lines(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect()
+}
+
+/// A sequenced Event of session `session` from emitter `source` at (0, `seq`).
+fn from_source(source: &str, session: &str, seq: u64, extra: &str) -> String {
+    format!(
+        r#"{{"aep":"0.1","id":"{source}-{seq}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://{source}/agent/a","agent":"a","session":"{session}","seq":{seq}{extra}}}"#
+    )
+}
+
+/// `live=0` without `from`: the held history of the session the filter names exactly,
+/// every owning stream of that name (AEP-0001 §5.2) from its earliest Event, then
+/// `: replay-complete` and the end. What the official SDK's
+/// `subscribe(filter={"session": …}, live=False)` and `aep timeline` read (AEP-0003 §5
+/// leaves `live=0` open).
+#[test]
+fn replay_only_reads_the_history_of_the_filters_session() {
+    let relay = TestRelay::start();
+    let a: Vec<String> = (0..3).map(|q| from_source("h1", "s", q, "")).collect();
+    let b: Vec<String> = (0..2).map(|q| from_source("h2", "s", q, "")).collect();
+    let other = from_source("h1", "t", 0, "");
+    relay.post_ok(&[&a[0], &b[0], &other, &a[1], &b[1], &a[2]]);
+
+    let filter = |f: &str| format!("filter={}&live=0", enc(f));
+    let body = relay.get_text(&format!("/stream?{}", filter(r#"{"session":"s"}"#)));
+    // Streams in creation order, each in stream order.
+    let want: Vec<&str> = a.iter().chain(&b).map(String::as_str).collect();
+    assert_eq!(data_lines(&body), want);
+    assert!(body.ends_with("\n\n: replay-complete\n\n"), "{body:?}");
+
+    // An array of names replays each; a name given to `from` is replayed from its
+    // position only, never a second time from the start.
+    let body = relay.get_text(&format!("/stream?{}", filter(r#"{"session":["t","s"]}"#)));
+    assert_eq!(data_lines(&body).len(), 6);
+    let from = enc(r#"[{"session":"s","seq":1}]"#);
+    let body = relay.get_text(&format!(
+        "/stream?{}&from={from}",
+        filter(r#"{"session":["s","t"]}"#)
+    ));
+    assert_eq!(data_lines(&body), [&a[2], &other]);
+
+    // The filter still applies, and a capture ceiling down-levels.
+    let full = from_source(
+        "h3",
+        "c",
+        0,
+        r#","capture":"full","data":{"tool":{"name":"Bash"},"status":"success","result":"secret"}"#,
+    );
+    relay.post_ok(&[&full]);
+    let body = relay.get_text(&format!(
+        "/stream?{}&capture=metadata",
+        filter(r#"{"session":"c"}"#)
+    ));
+    let got = data_lines(&body);
+    assert_eq!(got.len(), 1);
+    let v: serde_json::Value = serde_json::from_str(got[0]).unwrap();
+    assert_eq!(v["capture"], "metadata");
+    assert!(v["data"].get("result").is_none());
+    let body = relay.get_text(&format!(
+        "/stream?{}",
+        filter(r#"{"session":"s","agent":"nobody"}"#)
+    ));
+    assert!(data_lines(&body).is_empty());
+
+    // A name the relay does not hold: no Events, no error, the same ending.
+    let body = relay.get_text(&format!("/stream?{}", filter(r#"{"session":"gone"}"#)));
+    assert_eq!(body, ": aep-relay stream open\n\n: replay-complete\n\n");
+    // Live streams are unchanged: the filter's session is no replay request there.
+    let mut live = relay.sse(&format!("filter={}", enc(r#"{"session":"s"}"#)), &[]);
+    let next = from_source("h1", "s", 3, "");
+    relay.post_ok(&[&next]);
+    assert_eq!(live.expect().data, next);
+}
+
+/// Every replay-only stream ends with `: replay-complete`: after `from`, after
+/// `from=all`, after `Last-Event-ID`, and with nothing to replay.
+#[test]
+fn every_replay_only_stream_ends_with_replay_complete() {
+    let relay = TestRelay::start();
+    relay.post_ok(&[ev("s", 0), ev("s", 1)]);
+    let from = enc(r#"[{"session":"s","seq":0}]"#);
+    for q in [
+        "live=0".to_string(),
+        "from=all&live=0".to_string(),
+        format!("from={from}&live=0"),
+    ] {
+        let body = relay.get_text(&format!("/stream?{q}"));
+        assert!(body.ends_with(": replay-complete\n\n"), "{q}: {body:?}");
+        assert_eq!(body.matches("replay-complete").count(), 1, "{q}");
+    }
+    let resp = agent()
+        .get(&relay.url("/stream?live=0"))
+        .set("Last-Event-ID", "s:0:0")
+        .call()
+        .unwrap();
+    let body = resp.into_string().unwrap();
+    assert_eq!(data_lines(&body), [ev("s", 1)]);
+    assert!(body.ends_with("\n\n: replay-complete\n\n"), "{body:?}");
+}
+
+/// Bad input keeps its answers with `live=0`: `live` other than 0 or 1, a filter that is
+/// not an object, and a `session` array longer than the `from` limit (AEP-0003 §6.5).
+#[test]
+fn replay_only_refusals_name_what_is_wrong() {
+    let relay = TestRelay::with(|c| c.max_from_positions = 2);
+    let get = |q: &str| status_json(agent().get(&format!("{}?{q}", relay.url("/stream"))).call());
+    let (status, json) = get("live=2");
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (400, Some("invalid-filter"))
+    );
+    let (status, json) = get(&format!("filter={}&live=0", enc(r#"["s"]"#)));
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (400, Some("invalid-filter"))
+    );
+    let (status, json) = get(&format!(
+        "filter={}&live=0",
+        enc(r#"{"session":["a","b","c"]}"#)
+    ));
+    assert_eq!(status, 400);
+    assert_eq!(json["error"], "limit-exceeded", "{json}");
+    let detail = json["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("at most 2") && detail.contains("AEP_MAX_FROM"),
+        "{detail}"
+    );
+    // Within the limit it is a replay; live, the same filter is only a filter.
+    let within = format!("filter={}&live=0", enc(r#"{"session":["a","b"]}"#));
+    let body = relay.get_text(&format!("/stream?{within}"));
+    assert!(body.ends_with(": replay-complete\n\n"), "{body:?}");
+}

@@ -287,6 +287,9 @@ pub(crate) struct Conn {
     pub(crate) unit_pending: usize,
     /// Events not delivered because of backpressure (AEP-0003 §8.4).
     pub(crate) dropped: u64,
+    /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
+    /// it: fan-out skips it, so it is counted once, however many Events meet it.
+    pub(crate) doomed: bool,
     /// Whether the write side has been shut down.
     pub(crate) write_shut: bool,
     /// Whether the peer closed its writing side.
@@ -340,6 +343,7 @@ impl Conn {
             unit_run: 0,
             unit_pending: 0,
             dropped: 0,
+            doomed: false,
             write_shut: false,
             peer_eof: false,
             read_paused: false,

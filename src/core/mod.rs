@@ -179,6 +179,37 @@ fn replay_sessions(
     }
 }
 
+/// The streams a replay-only SSE stream (`live=0`) adds after what its `from` names: every
+/// stream of each bare session name that `filter` requires exactly (`{"session": "s"}` or
+/// `{"session": ["a", "b"]}`, [`crate::filter::Pins::session`]) and that no `from` entry
+/// names, each from its earliest held Event, names in sorted order and, within a name,
+/// streams in creation order. Nothing when `from` is `all` (every stream is already
+/// replayed), when the filter pins no session, or for a name the store does not hold.
+///
+/// AEP-0003 §5 leaves `live=0` without `from` open ("composes unchanged"); this is what
+/// the reference relay, the official SDK's `subscribe(..., live=False)` and `aep timeline`
+/// expect: "iterate buffered history only" of the filtered session.
+fn filter_sessions(
+    store: &Store<Event>,
+    from: &subscription::From,
+    filter: &crate::filter::Filter,
+) -> Vec<(StreamId, ReplayFrom)> {
+    let names = match (from, filter.pins().session) {
+        (subscription::From::All, _) | (_, None) => return Vec::new(),
+        (_, Some(names)) => names,
+    };
+    let named = |n: &str| match from {
+        subscription::From::Positions(ps) => ps.iter().any(|p| p.session == n),
+        _ => false,
+    };
+    names
+        .iter()
+        .filter(|n| !named(n))
+        .flat_map(|n| store.streams(n))
+        .map(|s| (s.id, ReplayFrom::Start))
+        .collect()
+}
+
 /// An Event about to be published, made fit to be held in a replay buffer (AEP-0003 §5):
 /// when it may be held (it is session-scoped) and its bytes are only part of the
 /// `backing`-byte buffer it was read into (a batch body, a message with whitespace

@@ -65,6 +65,9 @@ impl Core {
             let Some((stream, from)) = job.sessions.front().cloned() else {
                 let done = conn.replay.pop_front();
                 if done.is_some_and(|j| j.end_after) && conn.replay.is_empty() {
+                    // A replay-only SSE stream says it ended by design, not by a cut
+                    // connection (what the reference relay and the AEP SDK wait for).
+                    conn.out.push(Bytes::from_static(sse::REPLAY_COMPLETE));
                     conn.close_after_flush = true;
                     conn.phase = Phase::Closing;
                 }

@@ -5,7 +5,7 @@
 
 use super::conn::{BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
-use super::{keepable, loggable, replay_sessions, ConnId, Core, Origin};
+use super::{filter_sessions, keepable, loggable, replay_sessions, ConnId, Core, Origin};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -706,7 +706,10 @@ impl Core {
             Some(sub) => Phase::Sse { sub },
             None => Phase::Closing,
         };
-        let sessions = replay_sessions(&self.store, &req.from);
+        let mut sessions = replay_sessions(&self.store, &req.from);
+        if !req.live {
+            sessions.extend(filter_sessions(&self.store, &req.from, &req.filter));
+        }
         self.start_replay(
             key,
             ReplayJob {

@@ -435,9 +435,11 @@ impl Hub {
             let Some(conn) = conns.get_mut(sub.conn.0) else {
                 continue;
             };
-            if conn.replay_covers(SubId(key), placed) || conn.decided == publication {
-                // Its replay delivers it; or a paused attempt at this same Event
-                // already decided for this connection.
+            if conn.doomed || conn.replay_covers(SubId(key), placed) || conn.decided == publication
+            {
+                // Disconnected for backpressure already; or its replay delivers it; or
+                // a paused attempt at this same Event already decided for this
+                // connection.
                 continue;
             }
             if conn.mark == serial {
@@ -533,6 +535,9 @@ impl Hub {
                 }
                 Queued::Dropped => self.stats.dropped += 1,
                 Queued::Disconnect => {
+                    // Once per consumer (`aep_backpressure_disconnects_total`): the
+                    // connection is skipped by every later fan-out until it is closed.
+                    conn.doomed = true;
                     self.stats.backpressure_disconnects += 1;
                     doomed.push(t.conn.0);
                 }
