@@ -51,6 +51,17 @@ use std::collections::HashSet;
 /// 1: its recursion budget of 128 is exhausted by the 128th nested container.
 pub(crate) const MAX_DEPTH: u32 = 127;
 
+/// A refusal inside the scanner: boxed, so that every `Result` the scanner's functions
+/// return fits in registers (an unboxed [`InvalidEvent`] made each `?` a copy through
+/// the stack, and the hot path paid for the error path).
+type Fault = Box<InvalidEvent>;
+
+/// A value-rule refusal (no byte offset).
+#[cold]
+fn fault(detail: impl Into<String>) -> Fault {
+    Box::new(InvalidEvent::new(detail))
+}
+
 /// JSON whitespace (RFC 8259 §2). Deliberately not `u8::is_ascii_whitespace`, which also
 /// admits form feed; `serde_json` does not.
 #[inline]
@@ -83,35 +94,52 @@ pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent>
         .iter()
         .rposition(|&b| !is_ws(b))
         .map_or(start, |e| e + 1);
-    if let Err(e) = std::str::from_utf8(input) {
-        let at = e.valid_up_to();
-        let detail =
-            format!("invalid JSON at byte {at}: invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)");
-        // Name the member whose value holds the fault: scan the valid prefix, which ends
-        // inside that value.
-        let detail = match at
-            .checked_sub(start)
-            .and_then(|n| input.get(start..start + n))
-        {
-            Some(prefix) => match Scanner::new(prefix, start).member_at_end() {
-                Some(name) => format!("`{name}`: {detail}"),
-                None => detail,
-            },
-            None => detail,
-        };
-        return Err(InvalidEvent::at(detail, at));
-    }
     let object = bytes.slice(start..end);
-    let (attrs, unescaped) = {
+    let scanned = {
         let mut s = Scanner::new(&object[..], start);
-        s.top_object()?;
-        s.skip_ws();
-        if s.pos != s.b.len() {
-            return Err(s.syntax("trailing characters after the Event object"));
+        match s.top_object() {
+            Ok(()) => {
+                s.skip_ws();
+                if s.pos == s.b.len() {
+                    Ok((s.attrs, s.unescaped))
+                } else {
+                    Err(*s.syntax("trailing characters after the Event object"))
+                }
+            }
+            Err(e) => Err(*e),
         }
-        (s.attrs, s.unescaped)
+    };
+    // UTF-8 is checked in the same pass: bytes >= 0x80 can only stand inside strings,
+    // and the scanner validates each string's non-ASCII runs where it meets them. So an
+    // Event the scanner accepts is valid UTF-8 throughout. A refused one is checked
+    // whole here, on the error path only, because invalid UTF-8 anywhere is reported
+    // before any other fault, as `serde_json` does.
+    let (attrs, unescaped) = match scanned {
+        Ok(v) => v,
+        Err(e) => return Err(utf8_fault(input, start).unwrap_or(e)),
     };
     Ok((object, attrs, unescaped))
+}
+
+/// The refusal of an input that is not UTF-8, naming the member whose value holds the
+/// first invalid byte (`start`: where the object begins); `None` when `input` is UTF-8.
+#[cold]
+fn utf8_fault(input: &[u8], start: usize) -> Option<InvalidEvent> {
+    let at = std::str::from_utf8(input).err()?.valid_up_to();
+    let detail = format!("invalid JSON at byte {at}: invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)");
+    // Name the member whose value holds the fault: scan the valid prefix, which ends
+    // inside that value.
+    let detail = match at
+        .checked_sub(start)
+        .and_then(|n| input.get(start..start + n))
+    {
+        Some(prefix) => match Scanner::new(prefix, start).member_at_end() {
+            Some(name) => format!("`{name}`: {detail}"),
+            None => detail,
+        },
+        None => detail,
+    };
+    Some(InvalidEvent::at(detail, at))
 }
 
 /// What a top-level member name denotes. Core names map to a bit of `Scanner::seen`
@@ -206,10 +234,15 @@ struct Scanner<'a> {
     /// attributes costs O(n), not O(n²).
     ext_keys: SmallVec<[u128; 8]>,
     ext_set: Option<HashSet<u128>>,
-    /// The top-level member whose value is being scanned (what it is, and its name's
-    /// span, kept for extensions), so a syntax fault inside a value names the attribute.
-    member: Option<(Member, Text)>,
+    /// Where the name of the top-level member whose value is being scanned starts (its
+    /// opening quote), so a syntax fault inside a value names the attribute; `NO_MEMBER`
+    /// outside any value. An offset, not the decoded name: this is written once per
+    /// member on the hot path and read only on the error path.
+    member_at: u32,
 }
+
+/// `Scanner::member_at` outside a member's value.
+const NO_MEMBER: u32 = u32::MAX;
 
 /// How many extension names are checked for duplicates by linear scan.
 const EXT_LINEAR_MAX: usize = 32;
@@ -243,12 +276,26 @@ const HI: u64 = 0x8080_8080_8080_8080;
 /// Words of 8 bytes a string is scanned with SWAR before the vectorized long-string path.
 const SWAR_WORDS: u32 = 4;
 
-/// Whether any byte of the little-endian word `w` is `"`, `\` or below 0x20 (SWAR; the
-/// three tests are exact as booleans).
+/// Whether byte `c` ends a run of plain string bytes: `"`, `\`, a control character
+/// (below 0x20), or a non-ASCII byte (0x80 and up, whose UTF-8 is then validated).
+#[inline]
+fn is_special(c: u8) -> bool {
+    c == b'"' || c == b'\\' || not_plain(c)
+}
+
+/// A control character (below 0x20) or a non-ASCII byte (0x80 and up), in one compare.
+#[inline]
+fn not_plain(c: u8) -> bool {
+    c.wrapping_sub(0x20) >= 0x60
+}
+
+/// Whether any byte of the little-endian word `w` is special ([`is_special`]; SWAR, the
+/// four tests are exact as booleans).
 #[inline]
 fn has_special(w: u64) -> bool {
     let zero = |v: u64| v.wrapping_sub(LO) & !v & HI != 0;
-    zero(w ^ (LO * u64::from(b'"')))
+    w & HI != 0
+        || zero(w ^ (LO * u64::from(b'"')))
         || zero(w ^ (LO * u64::from(b'\\')))
         || w.wrapping_sub(LO * 0x20) & !w & HI != 0
 }
@@ -277,23 +324,23 @@ impl<'a> Scanner<'a> {
             seen: 0,
             ext_keys: SmallVec::new(),
             ext_set: None,
-            member: None,
+            member_at: NO_MEMBER,
         }
     }
 
     // ---- errors -------------------------------------------------------------------
 
     #[cold]
-    fn syntax(&self, what: &str) -> InvalidEvent {
+    fn syntax(&self, what: &str) -> Fault {
         let at = self.off.saturating_add(self.pos);
-        InvalidEvent::at(
+        Box::new(InvalidEvent::at(
             format!("invalid JSON at byte {at}: {what} (RFC 8259; AEP-0001 §5)"),
             at,
-        )
+        ))
     }
 
     #[cold]
-    fn syntax_at(&mut self, pos: usize, what: &str) -> InvalidEvent {
+    fn syntax_at(&mut self, pos: usize, what: &str) -> Fault {
         self.pos = pos;
         self.syntax(what)
     }
@@ -315,7 +362,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    fn expect(&mut self, c: u8, what: &str) -> Result<(), InvalidEvent> {
+    fn expect(&mut self, c: u8, what: &str) -> Result<(), Fault> {
         if self.peek() == Some(c) {
             self.pos += 1;
             Ok(())
@@ -346,7 +393,7 @@ impl<'a> Scanner<'a> {
             }
         }
         while let Some(&c) = b.get(i) {
-            if c == b'"' || c == b'\\' || c < 0x20 {
+            if is_special(c) {
                 return i;
             }
             i += 1;
@@ -363,8 +410,8 @@ impl<'a> Scanner<'a> {
         let stop = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
         let mut at = i;
         for chunk in rest.get(..stop).unwrap_or_default().chunks(32) {
-            if chunk.iter().fold(false, |any, &c| any | (c < 0x20)) {
-                return at + chunk.iter().position(|&c| c < 0x20).unwrap_or(0);
+            if chunk.iter().fold(false, |any, &c| any | not_plain(c)) {
+                return at + chunk.iter().position(|&c| not_plain(c)).unwrap_or(0);
             }
             at += chunk.len();
         }
@@ -390,7 +437,7 @@ impl<'a> Scanner<'a> {
     /// With `decode`, a string carrying escapes is decoded into `self.unescaped` and
     /// returned as `Text::Unescaped`; otherwise (or without escapes) the result is the
     /// raw span between the quotes.
-    fn string(&mut self, decode: bool) -> Result<Text, InvalidEvent> {
+    fn string(&mut self, decode: bool) -> Result<Text, Fault> {
         self.pos += 1;
         let start = self.pos;
         let stop = self.find_special(start);
@@ -402,7 +449,7 @@ impl<'a> Scanner<'a> {
                     end: stop as u32,
                 })
             }
-            Some(b'\\') => self.string_escaped(start, stop, decode),
+            Some(b'\\' | 0x80..=0xff) => self.string_slow(start, stop, decode),
             Some(_) => Err(self.syntax_at(
                 stop,
                 "control character (U+0000 to U+001F) in a string must be escaped",
@@ -411,46 +458,43 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The escape path of [`Self::string`]: `stop` holds the first `\`. Rare for routing
-    /// attributes, common in `data` free text.
-    fn string_escaped(
-        &mut self,
-        start: usize,
-        stop: usize,
-        decode: bool,
-    ) -> Result<Text, InvalidEvent> {
+    /// The slow path of [`Self::string`], from `stop`, the first `\` or non-ASCII byte:
+    /// escapes (rare for routing attributes, common in `data` free text) and UTF-8
+    /// validation of non-ASCII runs. With `decode`, a string that carried an escape is
+    /// decoded into the side buffer; otherwise the result is the raw span.
+    fn string_slow(&mut self, start: usize, stop: usize, decode: bool) -> Result<Text, Fault> {
         let b = self.b;
         let mark = self.unescaped.len();
+        let mut escaped = false;
         let mut run = start;
         let mut i = stop;
         loop {
             match b.get(i) {
                 Some(b'"') => {
-                    if decode {
-                        self.push_raw(run, i)?;
-                    }
                     self.pos = i + 1;
-                    return Ok(if decode {
-                        Text::Unescaped {
+                    if decode && escaped {
+                        self.push_raw(run, i)?;
+                        return Ok(Text::Unescaped {
                             start: mark as u32,
                             end: self.unescaped.len() as u32,
-                        }
-                    } else {
-                        Text::Raw {
-                            start: start as u32,
-                            end: i as u32,
-                        }
+                        });
+                    }
+                    return Ok(Text::Raw {
+                        start: start as u32,
+                        end: i as u32,
                     });
                 }
                 Some(b'\\') => {
                     if decode {
                         self.push_raw(run, i)?;
                     }
+                    escaped = true;
                     self.pos = i;
                     self.escape(decode)?;
                     i = self.pos;
                     run = i;
                 }
+                Some(0x80..=0xff) => i = self.non_ascii(i)?,
                 Some(_) => {
                     let next = self.find_special(i);
                     if next == i {
@@ -466,22 +510,38 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// Validates the non-ASCII run of a string that starts at `i` (a byte >= 0x80) as
+    /// UTF-8, up to the next `"` or `\` (neither can be part of a multi-byte character,
+    /// so the cut never splits one). Returns where scanning goes on: that quote or
+    /// backslash, or a control character inside the run, which the caller refuses.
+    #[inline(never)]
+    fn non_ascii(&mut self, i: usize) -> Result<usize, Fault> {
+        let rest = self.b.get(i..).unwrap_or_default();
+        let end = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
+        let run = rest.get(..end).unwrap_or_default();
+        if std::str::from_utf8(run).is_err() {
+            // The message and offset come from `utf8_fault` over the whole input.
+            return Err(self.syntax_at(i, "invalid UTF-8"));
+        }
+        Ok(i + run.iter().position(|&c| c < 0x20).unwrap_or(end))
+    }
+
     /// Appends `b[from..to]` (unescaped text between escapes) to the side buffer.
-    fn push_raw(&mut self, from: usize, to: usize) -> Result<(), InvalidEvent> {
+    fn push_raw(&mut self, from: usize, to: usize) -> Result<(), Fault> {
         let run = self.b.get(from..to).unwrap_or_default();
         match std::str::from_utf8(run) {
             Ok(s) => {
                 self.unescaped.push_str(s);
                 Ok(())
             }
-            // Unreachable: the whole input was validated as UTF-8 and runs are cut at
-            // ASCII bytes. Refuse rather than panic.
+            // Unreachable: non-ASCII runs were validated as UTF-8 before any escape
+            // after them, and runs are cut at ASCII bytes. Refuse rather than panic.
             Err(_) => Err(self.syntax_at(from, "invalid UTF-8 in a string")),
         }
     }
 
     /// Scans one escape at `pos` (which holds `\`), appending its character when `decode`.
-    fn escape(&mut self, decode: bool) -> Result<(), InvalidEvent> {
+    fn escape(&mut self, decode: bool) -> Result<(), Fault> {
         let at = self.pos;
         let Some(c) = self.b.get(at + 1).copied() else {
             return Err(self.syntax_at(at + 1, "end of input inside an escape"));
@@ -546,7 +606,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Four hex digits at `pos`.
-    fn hex4(&mut self) -> Result<u32, InvalidEvent> {
+    fn hex4(&mut self) -> Result<u32, Fault> {
         let mut n = 0u32;
         for k in 0..4 {
             let d = match self.b.get(self.pos + k) {
@@ -567,7 +627,7 @@ impl<'a> Scanner<'a> {
     // ---- numbers (a port of serde_json 1.x's default, non-`float_roundtrip` parser) ---
 
     /// Scans the number at `pos`, leaving `pos` after it.
-    fn number(&mut self) -> Result<Num, InvalidEvent> {
+    fn number(&mut self) -> Result<Num, Fault> {
         let negative = self.peek() == Some(b'-');
         if negative {
             self.pos += 1;
@@ -617,7 +677,7 @@ impl<'a> Scanner<'a> {
 
     /// An integer part too long for `u64`: further digits only scale the exponent.
     #[cold]
-    fn long_integer(&mut self, sig: u64) -> Result<(), InvalidEvent> {
+    fn long_integer(&mut self, sig: u64) -> Result<(), Fault> {
         let mut exp: i32 = 0;
         while let Some(b'0'..=b'9') = self.peek() {
             self.pos += 1;
@@ -631,7 +691,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The fraction at `pos` (which holds `.`).
-    fn decimal(&mut self, mut sig: u64, exp_before: i32) -> Result<(), InvalidEvent> {
+    fn decimal(&mut self, mut sig: u64, exp_before: i32) -> Result<(), Fault> {
         self.pos += 1;
         let mut exp_after: i32 = 0;
         while let Some(c @ b'0'..=b'9') = self.peek() {
@@ -665,7 +725,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The exponent at `pos` (which holds `e` or `E`).
-    fn exponent(&mut self, sig: u64, starting: i32) -> Result<(), InvalidEvent> {
+    fn exponent(&mut self, sig: u64, starting: i32) -> Result<(), Fault> {
         self.pos += 1;
         let positive = match self.peek() {
             Some(b'+') => {
@@ -709,7 +769,7 @@ impl<'a> Scanner<'a> {
 
     /// `serde_json`'s `f64_from_parts` range check: `sig * 10^exp` must stay finite when
     /// computed as `sig as f64 * POW10[exp]`. Negative exponents only divide (never fail).
-    fn float_in_range(&self, sig: u64, exp: i32) -> Result<(), InvalidEvent> {
+    fn float_in_range(&self, sig: u64, exp: i32) -> Result<(), Fault> {
         if sig == 0 || exp < 0 {
             return Ok(());
         }
@@ -728,7 +788,7 @@ impl<'a> Scanner<'a> {
     // ---- literals and whole values --------------------------------------------------
 
     /// The literal `word` at `pos`.
-    fn literal(&mut self, word: &'static [u8]) -> Result<(), InvalidEvent> {
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), Fault> {
         for (k, &c) in word.iter().enumerate() {
             match self.b.get(self.pos + k) {
                 Some(&x) if x == c => {}
@@ -741,7 +801,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// `"name"` `:` inside a nested object, leaving `pos` at the value.
-    fn member_name(&mut self) -> Result<(), InvalidEvent> {
+    fn member_name(&mut self) -> Result<(), Fault> {
         if self.peek() != Some(b'"') {
             return Err(self.syntax("expected a member name string"));
         }
@@ -755,7 +815,7 @@ impl<'a> Scanner<'a> {
     /// Validates one JSON value at `pos` (no leading whitespace), enclosed in `depth`
     /// containers, without building it. Iterative: a `u128` bit stack records for each
     /// open container whether it is an object, so depth costs no native stack.
-    fn skip_value(&mut self, depth: u32) -> Result<(), InvalidEvent> {
+    fn skip_value(&mut self, depth: u32) -> Result<(), Fault> {
         let mut stack: u128 = 0;
         let mut open: u32 = 0;
         'value: loop {
@@ -823,7 +883,7 @@ impl<'a> Scanner<'a> {
 
     // ---- the Event object ---------------------------------------------------------------
 
-    fn top_object(&mut self) -> Result<(), InvalidEvent> {
+    fn top_object(&mut self) -> Result<(), Fault> {
         if self.peek() != Some(b'{') {
             return Err(self.syntax("an Event is one JSON object, expected `{`"));
         }
@@ -838,6 +898,7 @@ impl<'a> Scanner<'a> {
                 return Err(self.syntax("expected a member name string"));
             }
             let mark = self.unescaped.len();
+            let name_at = self.pos as u32;
             let key = self.string(true)?;
             self.skip_ws();
             self.expect(b':', "expected `:` after a member name")?;
@@ -847,21 +908,21 @@ impl<'a> Scanner<'a> {
                 // A core name's decoded spelling is not kept.
                 self.unescaped.truncate(mark);
                 if self.seen & 1 << bit != 0 {
-                    return Err(InvalidEvent::new(format!(
+                    return Err(fault(format!(
                         "duplicate top-level member `{}` (AEP-0001 §5; RFC 8259 §4: readers could disagree on which one counts)",
                         member.describe().0
                     )));
                 }
                 self.seen |= 1 << bit;
-                self.member = Some((member, key));
+                self.member_at = name_at;
                 let r = self.core_value(member);
                 self.in_member(r)?;
             } else {
-                self.member = Some((member, key));
+                self.member_at = name_at;
                 let r = self.extension(key);
                 self.in_member(r)?;
             }
-            self.member = None;
+            self.member_at = NO_MEMBER;
             self.skip_ws();
             match self.peek() {
                 Some(b',') => {
@@ -881,7 +942,7 @@ impl<'a> Scanner<'a> {
     /// reported with the member's name in front: "`agent`: invalid JSON at byte 154: …".
     /// Value-rule faults already name their attribute.
     #[inline]
-    fn in_member(&self, r: Result<(), InvalidEvent>) -> Result<(), InvalidEvent> {
+    fn in_member(&self, r: Result<(), Fault>) -> Result<(), Fault> {
         match r {
             Err(mut e) if e.at.is_some() => {
                 if let Some(name) = self.member_name_text() {
@@ -897,10 +958,17 @@ impl<'a> Scanner<'a> {
     /// control characters escaped).
     #[cold]
     fn member_name_text(&self) -> Option<String> {
-        let name = match self.member? {
-            // A core name's decoded spelling is not kept: use the canonical one.
-            (Member::Extension, key) => self.text_str(key),
-            (m, _) => m.describe().0,
+        if self.member_at == NO_MEMBER {
+            return None;
+        }
+        // The name is scanned again (it was valid the first time), decoded.
+        let mut again = Scanner::new(self.b, self.off);
+        again.pos = self.member_at as usize;
+        let key = again.string(true).ok()?;
+        let name = match Member::classify(again.text_bytes(key)) {
+            Member::Extension => again.text_str(key),
+            // A core name as the spec spells it.
+            m => m.describe().0,
         };
         let mut shown: String = name.chars().take(40).flat_map(char::escape_debug).collect();
         if name.chars().count() > 40 {
@@ -923,7 +991,7 @@ impl<'a> Scanner<'a> {
     /// has one, then `null` (AEP-0001 §5.1: absent attributes are omitted, never `null`),
     /// then the type rule.
     #[cold]
-    fn wrong_type(&mut self, name: &str, rule: String) -> InvalidEvent {
+    fn wrong_type(&mut self, name: &str, rule: String) -> Fault {
         let is_null = self
             .b
             .get(self.pos..)
@@ -932,15 +1000,15 @@ impl<'a> Scanner<'a> {
             return e;
         }
         if is_null {
-            InvalidEvent::new(format!(
+            fault(format!(
                 "`{name}` is null: absent attributes MUST be omitted, not set to null (AEP-0001 §5.1)"
             ))
         } else {
-            InvalidEvent::new(rule)
+            fault(rule)
         }
     }
 
-    fn core_value(&mut self, member: Member) -> Result<(), InvalidEvent> {
+    fn core_value(&mut self, member: Member) -> Result<(), Fault> {
         let (name, row) = member.describe();
         match member {
             Member::Text(attr) => {
@@ -950,7 +1018,7 @@ impl<'a> Scanner<'a> {
                 }
                 let text = self.string(true)?;
                 if self.text_bytes(text).is_empty() {
-                    return Err(InvalidEvent::new(format!(
+                    return Err(fault(format!(
                         "`{name}` must be a non-empty string (AEP-0001 §5.1 {row})"
                     )));
                 }
@@ -964,11 +1032,7 @@ impl<'a> Scanner<'a> {
                 }
                 let start = self.pos;
                 let Num::U64(v) = self.number()? else {
-                    return Err(InvalidEvent::new(format!(
-                        "{}, got {}",
-                        rule(),
-                        self.shown(start)
-                    )));
+                    return Err(fault(format!("{}, got {}", rule(), self.shown(start))));
                 };
                 if member == Member::Seq {
                     self.attrs.seq = Some(v);
@@ -998,7 +1062,7 @@ impl<'a> Scanner<'a> {
                 };
                 self.unescaped.truncate(mark);
                 if !ok {
-                    return Err(InvalidEvent::new(rule));
+                    return Err(fault(rule));
                 }
             }
             Member::Data => {
@@ -1026,12 +1090,12 @@ impl<'a> Scanner<'a> {
     }
 
     /// An extension attribute member (AEP-0001 §5.4): `key` was just scanned.
-    fn extension(&mut self, key: Text) -> Result<(), InvalidEvent> {
+    fn extension(&mut self, key: Text) -> Result<(), Fault> {
         let name = self.text_str(key);
         if !is_valid_extension_name(name) {
             let shown: String = name.chars().take(40).collect();
             let more = if name.chars().count() > 40 { "…" } else { "" };
-            return Err(InvalidEvent::new(format!(
+            return Err(fault(format!(
                 "extension attribute name {shown:?}{more} must match [a-z0-9]{{1,20}} and not be a core attribute name (AEP-0001 §5.4)"
             )));
         }
@@ -1048,7 +1112,7 @@ impl<'a> Scanner<'a> {
             }
         };
         if !fresh {
-            return Err(InvalidEvent::new(format!(
+            return Err(fault(format!(
                 "duplicate top-level member `{}` (AEP-0001 §5; RFC 8259 §4: readers could disagree on which one counts)",
                 self.text_str(key)
             )));
@@ -1069,7 +1133,7 @@ impl<'a> Scanner<'a> {
                 Num::I64(v) => StoredScalar::Int(i128::from(v)),
                 Num::Float => {
                     let name = self.text_str(key).to_owned();
-                    return Err(InvalidEvent::new(format!(
+                    return Err(fault(format!(
                         "extension attribute `{name}` must be a string, an integer within i64/u64 or a boolean, got {} (AEP-0001 §5.4)",
                         self.shown(start)
                     )));
@@ -1545,9 +1609,77 @@ mod tests {
         assert_eq!(accepted("{\"id\":\"a\u{7f}b\"}").id(), "a\u{7f}b");
     }
 
+    /// UTF-8 is validated in the scanning pass (non-ASCII runs of strings): every
+    /// invalid sequence, wherever it stands in a string (before or after an escape, in
+    /// a member name, deep in `data`, cut by the closing quote), is refused with the
+    /// offset `std::str::from_utf8` gives and the member named; valid text around
+    /// escapes is accepted and kept raw unless an escape needs decoding.
+    #[test]
+    fn utf8_is_validated_in_the_same_pass() {
+        let bad: [&[u8]; 7] = [
+            b"\xff",
+            b"\xc3",             // truncated before the closing quote
+            b"\xc0\xaf",         // overlong
+            b"\xed\xa0\x80",     // a UTF-16 surrogate encoded in UTF-8
+            b"\xf4\x90\x80\x80", // beyond U+10FFFF
+            b"\xe4\xb8",         // truncated three-byte character
+            b"\x80",             // a lone continuation byte
+        ];
+        for seq in bad {
+            for (pre, post) in [
+                ("", ""),
+                ("\\n", ""),
+                ("", "\\t"),
+                ("é", "中"),
+                ("\\u00e9é", "x"),
+            ] {
+                let mut s = Vec::new();
+                s.extend_from_slice(pre.as_bytes());
+                s.extend_from_slice(seq);
+                s.extend_from_slice(post.as_bytes());
+                for (tpl, member) in [
+                    (&br#"{"id":"@"}"#[..], "id"),
+                    (&br#"{"acme":"@"}"#[..], "acme"),
+                    (&br#"{"data":{"k":["x","@"]}}"#[..], "data"),
+                    (&br#"{"data":{"@":1}}"#[..], "data"),
+                ] {
+                    let at = tpl.iter().position(|&c| c == b'@').unwrap();
+                    let mut input = tpl[..at].to_vec();
+                    input.extend_from_slice(&s);
+                    input.extend_from_slice(&tpl[at + 1..]);
+                    let want = std::str::from_utf8(&input).unwrap_err().valid_up_to();
+                    let e = Event::scan(Bytes::from(input.clone())).unwrap_err();
+                    assert_eq!(
+                        e.at,
+                        Some(want),
+                        "{:?}: {e}",
+                        String::from_utf8_lossy(&input)
+                    );
+                    assert!(
+                        e.detail.starts_with(&format!(
+                            "`{member}`: invalid JSON at byte {want}: invalid UTF-8"
+                        )),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        // Valid non-ASCII around escapes: decoded only where an escape needs it.
+        let ev = accepted("{\"id\":\"é中\u{1F600}\",\"session\":\"a\\né\",\"acme\":\"ü\"}");
+        assert_eq!(ev.id(), "é中\u{1F600}");
+        assert_eq!(ev.session(), Some("a\né"));
+        assert!(matches!(
+            ev.attrs.text[Attr::Id as usize],
+            Some(Text::Raw { .. })
+        ));
+        // A raw control character after a non-ASCII run is still refused.
+        refused("{\"id\":\"é\u{1}\"}");
+        refused("{\"id\":\"中a\u{1f}b\"}");
+    }
+
     #[test]
     fn swar_special_byte_detection_is_exact() {
-        for special in (0u8..0x20).chain([b'"', b'\\']) {
+        for special in (0u8..0x20).chain([b'"', b'\\']).chain(0x80..=0xff) {
             for lane in 0..8 {
                 let mut w = [b'a'; 8];
                 w[lane] = special;
@@ -1557,7 +1689,7 @@ mod tests {
                 );
             }
         }
-        for plain in (0x20u8..=0xff).filter(|&b| b != b'"' && b != b'\\') {
+        for plain in (0x20u8..0x80).filter(|&b| b != b'"' && b != b'\\') {
             assert!(!has_special(u64::from_le_bytes([plain; 8])), "{plain:#x}");
             let mut w = [b' '; 8];
             w[3] = plain;
@@ -1584,7 +1716,7 @@ mod tests {
         let naive = |b: &[u8], i: usize| {
             b[i..]
                 .iter()
-                .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+                .position(|&c| is_special(c))
                 .map_or(b.len(), |k| i + k)
         };
         let find = |b: &[u8], i: usize| {
@@ -1598,7 +1730,7 @@ mod tests {
                 assert_eq!(find(&plain, start), naive(&plain, start), "plain {len}");
             }
             for at in 0..len {
-                for special in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                for special in [b'"', b'\\', 0x00, 0x1f, b'\n', 0x80, 0xc3, 0xff] {
                     let mut b = plain.clone();
                     b[at] = special;
                     if at + 5 < len {
