@@ -31,7 +31,12 @@
 #   DELIVERIES 12000000 per fan-out run: Events = DELIVERIES / subscribers
 #   SIZE 580 (bytes per Event), BATCH 64 (Events per publisher write), WINDOW 256
 #   LAT_SUBS 100, LAT_RATES "1000 10000" Events/s, LAT_SECONDS 3
-#   REPEAT 3, CEILING 1, SYSCALLS 1, SCENARIOS "fanout latency" (also: ingest, idle)
+#   REPEAT 3, CEILING 1, SYSCALLS 1, SCENARIOS "fanout latency" (also: ingest, pipe, idle)
+#   pipe: admission and forwarding with one subscriber receiving everything, the
+#   publisher pipelining (the relay's NDJSON POSTs several in flight or its WebSocket
+#   emitter; Redis PUBLISH and NATS PUB written back to back), at PIPE_BATCHES "64 1"
+#   Events per publisher write and PIPE_SIZES "580 4096" bytes, PIPE_WINDOW 1024
+#   Events in flight, PIPE_EVENTS 500000 per run (a fifth of that at batch 1)
 #   SERVER_CPU 1, LOAD_CPU 0, RESULTS (a directory; default target/compare/DATE)
 #   `quick`: SIZES=$QUICK_SIZES (100), DELIVERIES/20, LAT_SECONDS=1, REPEAT=1: a smoke
 #   run of every target end to end, ~15 s (not a measurement).
@@ -54,6 +59,10 @@ LAT_SUBS=${LAT_SUBS:-100}
 LAT_RATES=${LAT_RATES:-"1000 10000"}
 LAT_SECONDS=${LAT_SECONDS:-3}
 INGEST_EVENTS=${INGEST_EVENTS:-300000}
+PIPE_BATCHES=${PIPE_BATCHES:-"64 1"}
+PIPE_SIZES=${PIPE_SIZES:-"580 4096"}
+PIPE_WINDOW=${PIPE_WINDOW:-1024}
+PIPE_EVENTS=${PIPE_EVENTS:-500000}
 IDLE_SUBS=${IDLE_SUBS:-10000}
 REPEAT=${REPEAT:-3}
 CEILING=${CEILING:-1}
@@ -268,6 +277,10 @@ LAT_SUBS=$LAT_SUBS
 LAT_RATES="$LAT_RATES"
 LAT_SECONDS=$LAT_SECONDS
 INGEST_EVENTS=$INGEST_EVENTS
+PIPE_BATCHES="$PIPE_BATCHES"
+PIPE_SIZES="$PIPE_SIZES"
+PIPE_WINDOW=$PIPE_WINDOW
+PIPE_EVENTS=$PIPE_EVENTS
 IDLE_SUBS=$IDLE_SUBS
 REPEAT=$REPEAT
 CEILING=$CEILING
@@ -308,6 +321,17 @@ for s in $SCENARIOS; do
             echo "== ingest: $INGEST_EVENTS Events, batch 1000, no subscriber" >&2
             scenario ingest.0 --subscribers 0 --events "$INGEST_EVENTS" --size "$SIZE" \
                 --batch 1000 --window 0 --timeout 600
+            ;;
+        pipe)
+            for size in $PIPE_SIZES; do
+                for batch in $PIPE_BATCHES; do
+                    events=$PIPE_EVENTS
+                    if ((batch == 1)); then events=$((PIPE_EVENTS / 5)); fi
+                    echo "== pipe: $events Events of $size B, batch $batch, window $PIPE_WINDOW, one subscriber" >&2
+                    scenario "pipe.$batch-$size" --subscribers 1 --events "$events" --size "$size" \
+                        --batch "$batch" --window "$PIPE_WINDOW" --timeout 600
+                done
+            done
             ;;
         idle)
             echo "== idle: $IDLE_SUBS subscribers" >&2

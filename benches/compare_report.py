@@ -286,6 +286,33 @@ def ingest_table(sc, st):
         )
 
 
+def pipe_table(sc, arg, st):
+    """Admission and forwarding to one subscriber with a pipelining publisher: per server
+    CPU-second against Redis and against NATS, ratios per round."""
+    batch, _, size = arg.partition("-")
+    print()
+    print(
+        f"### Ingest with one subscriber, pipelined: {first(sc, 'events')} Events × {size} B, "
+        f"batch {batch}, window {st.get('PIPE_WINDOW')}"
+    )
+    print()
+    print(
+        "| server | Events/s | Events per server CPU-s | per CPU-s vs Redis | per CPU-s vs NATS "
+        "| load core busy | invalid runs |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    key = "events_per_server_cpu_s"
+    for t in sc.targets:
+        vs = []
+        for peer in ("redis", "nats"):
+            vs.append(spread(sc.of(t, peer, key), ratio_fmt) if peer in sc.targets and t != peer else "-")
+        print(
+            f"| {NAMES.get(t, t)} | {spread(sc.values(t, 'events_per_s'))} "
+            f"| {spread(sc.values(t, key))} | {vs[0]} | {vs[1]} "
+            f"| {spread(sc.values(t, 'client_busy'), fixed('.2f'))} | {sc.invalid(t)} |"
+        )
+
+
 def idle_table(sc, n):
     print()
     print(f"### Idle: {n} subscribers connected and subscribed, nothing published")
@@ -418,6 +445,10 @@ def main():
             ingest_table(Scenario(runs[name], targets), st)
         elif kind == "idle":
             idle_table(Scenario(runs[name], targets), arg)
+    pipes = [name for name in runs if name.startswith("pipe.")]
+    pipes.sort(key=lambda k: (int(k.split(".")[1].split("-")[1]), -int(k.split(".")[1].split("-")[0])))
+    for name in pipes:
+        pipe_table(Scenario(runs[name], targets), name.split(".", 1)[1], st)
     summary(fan, lat, st)
 
 

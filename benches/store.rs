@@ -5,6 +5,11 @@
 //!   `seq` into one session whose 10 000-Event ring is full (every admission evicts:
 //!   the steady state). `store/admit/100_sessions`: the same, round-robin over 100
 //!   sessions of 1 000. Events are parsed outside the timed region, 4 096 at a time.
+//! - `store/hostile_ids/{plain,colliding}`: 10 000 Events admitted into an empty store
+//!   of one 10 000-Event session, ids `01JX…{n}` against ids that all collide under a
+//!   weak unkeyed string hash (`h = 31h + c`, the classic hash-flooding set: each id is
+//!   14 blocks of `Aa` or `BB`). The store's keyed hash must make both cost the same
+//!   (issue: "a hostile id set does not slow admission by more than 2x").
 //! - `store/replay/after_5000`: `Store::replay_after` from the middle of a full
 //!   10 000-Event session (5 000 Events delivered to a callback that counts them).
 //! - `store/replay/all_100x1000`: `Store::replay_all` over 100 sessions of 1 000.
@@ -117,6 +122,60 @@ fn admit(c: &mut Criterion<support::CpuTime>) {
     g.finish();
 }
 
+/// Id `n` of the hash-flooding set: 14 blocks, `Aa` or `BB` by the bits of `n`. Every
+/// such id has the same `h = 31h + c` hash ("Aa" and "BB" do, and the hash composes).
+fn colliding_id(n: u64) -> String {
+    (0..14)
+        .map(|bit| if n >> bit & 1 == 1 { "BB" } else { "Aa" })
+        .collect()
+}
+
+/// A ~600-byte Event of session `s_h` at `seq` `n` with id `id`.
+fn with_id(n: u64, id: &str) -> Arc<Event> {
+    let text = support::event(n, "s_h", SIZE).replacen(&format!("01JXBENCH{n:016}"), id, 1);
+    Arc::new(Event::parse(Bytes::from(text)).expect("valid"))
+}
+
+fn hostile_ids(c: &mut Criterion<support::CpuTime>) {
+    const N: u64 = 10_000;
+    let java = |s: &str| {
+        s.bytes()
+            .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(u32::from(c)))
+    };
+    assert_eq!(
+        java(&colliding_id(0)),
+        java(&colliding_id(N - 1)),
+        "the set collides"
+    );
+    let mut g = c.benchmark_group("store/hostile_ids");
+    g.throughput(Throughput::Elements(N));
+    for (name, id) in [
+        (
+            "plain",
+            (|n: u64| format!("01JXBENCH{n:014}")) as fn(u64) -> String,
+        ),
+        ("colliding", colliding_id),
+    ] {
+        let events: Vec<Arc<Event>> = (0..N).map(|n| with_id(n, &id(n))).collect();
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut store = Store::new(N as usize, 1);
+                    let t = support::thread_cpu();
+                    for ev in &events {
+                        assert_eq!(store.admit(ev), Admission::Admitted);
+                    }
+                    spent += support::thread_cpu() - t;
+                    black_box(store);
+                }
+                spent
+            })
+        });
+    }
+    g.finish();
+}
+
 fn replay(c: &mut Criterion<support::CpuTime>) {
     let mut g = c.benchmark_group("store/replay");
     let (store, _) = filled(10_000, 1);
@@ -144,6 +203,6 @@ fn replay(c: &mut Criterion<support::CpuTime>) {
 criterion_group! {
     name = store;
     config = support::config();
-    targets = admit, replay
+    targets = admit, hostile_ids, replay
 }
 criterion_main!(store);

@@ -439,6 +439,11 @@ impl Event {
         std::str::from_utf8(&buf[s as usize..e as usize]).unwrap_or_default()
     }
 
+    /// Whether the string-valued core attribute `a` is present (no text is read).
+    pub fn has(&self, a: Attr) -> bool {
+        self.attrs.text[a as usize].is_some()
+    }
+
     /// A string-valued core attribute, decoded; `None` when absent.
     pub fn attr(&self, a: Attr) -> Option<&str> {
         self.attrs.text[a as usize].map(|t| self.text(t))

@@ -259,7 +259,7 @@ pub(crate) fn validate(ev: &Event) -> Result<(), InvalidEvent> {
         Attr::Agent,
     ];
     for a in REQUIRED {
-        if ev.attr(a).is_none() {
+        if !ev.has(a) {
             return Err(InvalidEvent::new(format!(
                 "missing REQUIRED attribute `{}` (AEP-0001 §5.1 {})",
                 a.name(),
@@ -317,7 +317,7 @@ pub(crate) fn validate(ev: &Event) -> Result<(), InvalidEvent> {
 fn session_scope(ev: &Event, t: &str) -> Result<(), InvalidEvent> {
     if t.starts_with("agent.") {
         for a in [Attr::Session, Attr::Run, Attr::Step] {
-            if ev.attr(a).is_some() {
+            if ev.has(a) {
                 return Err(InvalidEvent::new(format!(
                     "`{}` must be omitted on agent-scoped Events ({t}) (AEP-0001 §5.2)",
                     a.name()
@@ -338,7 +338,7 @@ fn session_scope(ev: &Event, t: &str) -> Result<(), InvalidEvent> {
         } else {
             ("attention.routed", "AEP-0001 §5.2, AEP-0002 §7.3")
         };
-        if ev.session().is_none() {
+        if !ev.has(Attr::Session) {
             return Err(InvalidEvent::new(format!(
                 "`session` is REQUIRED on {what} ({t}): it names the target session ({section})"
             )));
@@ -350,7 +350,7 @@ fn session_scope(ev: &Event, t: &str) -> Result<(), InvalidEvent> {
         }
         return Ok(());
     }
-    if ev.session().is_none() {
+    if !ev.has(Attr::Session) {
         return Err(InvalidEvent::new(format!(
             "`session` is REQUIRED on session-scoped Events ({t}) (AEP-0001 §5.2)"
         )));

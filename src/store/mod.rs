@@ -98,10 +98,9 @@
 //!   [`Admission::Conflict`] for the second, which is not held (and so not in the dedupe
 //!   set: resending it reports `Conflict` again).
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use slab::Slab;
@@ -300,7 +299,7 @@ struct Entry<E> {
 
 /// A held Event viewed through its dedupe key `(source, id)`: the dedupe set stores the
 /// Events themselves (one pointer each) rather than copies of their keys, with the key's
-/// hash computed once at admission by the store's keyed SipHash ([`Store::hasher`]).
+/// hash computed once at admission by the store's keyed aHash (random keys per store) ([`Store::hasher`]).
 ///
 /// Equal keys have equal hashes (one hasher per store), so comparing `hash` first is
 /// exact; the same `Arc` is equal without reading its key, which is how eviction removes
@@ -326,7 +325,7 @@ impl<E: Stored> PartialEq for ByKey<E> {
 
 impl<E: Stored> Eq for ByKey<E> {}
 
-/// The dedupe set's hasher: the element already is a keyed SipHash, so it is used as is.
+/// The dedupe set's hasher: the element already is a keyed hash, so it is used as is.
 #[derive(Default)]
 struct PreHashed(u64);
 
@@ -513,7 +512,7 @@ pub struct Store<E> {
     placed: SmallVec<[StreamId; 2]>,
     /// Keys the dedupe hashes (randomly per store, so `(source, id)` values chosen by a
     /// client cannot collide on purpose).
-    hasher: RandomState,
+    hasher: ahash::RandomState,
 }
 
 impl<E> fmt::Debug for Store<E> {
@@ -544,7 +543,7 @@ impl<E: Stored> Store<E> {
             bytes: 0,
             serial: 0,
             placed: SmallVec::new(),
-            hasher: RandomState::new(),
+            hasher: ahash::RandomState::new(),
         }
     }
 
