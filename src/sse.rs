@@ -232,9 +232,10 @@ pub fn parse_request(
         Some(f) => f,
         None => Filter::parse(b"{}").map_err(|e| invalid(e.to_string()))?,
     };
-    // A replay-only stream replays the sessions its filter names exactly, as if `from`
-    // named them: the same bound applies (AEP-0003 §6.5 `limit-exceeded`).
-    if let (false, Some(names)) = (live, filter.pins().session) {
+    // A replay-only stream that names no position replays the sessions its filter names
+    // exactly, as if `from` named them: the same bound applies (AEP-0003 §6.5
+    // `limit-exceeded`). With positions or `all` the names only filter.
+    if let (false, From::Live, Some(names)) = (live, &from, filter.pins().session) {
         if names.len() > max_from {
             return Err(RequestError {
                 code: crate::refusal::Code::LimitExceeded,
@@ -255,6 +256,11 @@ pub fn parse_request(
 
 /// The response head that opens an SSE stream.
 pub const STREAM_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: keep-alive\r\n\r\n: aep-relay stream open\n\n";
+
+/// The response head of a replay-only stream (`live=0`): as [`STREAM_HEAD`], but the
+/// relay closes the connection once the replay ends, and says so, so that a client
+/// pipelining a request behind it knows it will not be answered there.
+pub const REPLAY_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n: aep-relay stream open\n\n";
 
 /// The heartbeat comment (AEP-0003 §3.3.4).
 pub const PING: &[u8] = b": ping\n\n";

@@ -155,3 +155,84 @@ fn a_replay_page_of_large_events_stops_at_the_bound() {
     let want: Vec<String> = (0..100).map(|i| format!("big:0:{i}")).collect();
     assert_eq!(got.ids, want, "every Event once, in order");
 }
+
+/// Reads `c` to its end (the relay shut its side), the whole text.
+fn read_to_end(relay: &mut Sim, c: aep_relay::ConnId) -> String {
+    let mut all = Vec::new();
+    for _ in 0..100_000 {
+        all.extend(relay.take_output(c).unwrap_or_default());
+        if relay.is_shut(c) {
+            all.extend(relay.take_output(c).unwrap_or_default());
+            return String::from_utf8(all).unwrap();
+        }
+    }
+    panic!("the stream never ended");
+}
+
+/// A replay-only stream whose session leaves the store mid-replay (`--max-sessions`)
+/// did not deliver everything it was asked for: it ends without `: replay-complete`,
+/// so a client resumes instead of taking a partial history for the whole of it.
+#[test]
+fn a_replay_only_stream_whose_session_is_evicted_does_not_say_complete() {
+    let mut relay = Sim::new(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        buffer_per_session: 200,
+        max_sessions: 2,
+        max_output_bytes: MAX_OUTPUT,
+        ..Config::default()
+    })
+    .unwrap();
+    for seq in 0..100 {
+        relay
+            .ingest(Bytes::from(ev_padded("ev1", seq, 4096)))
+            .unwrap();
+    }
+    let filter = "filter=%7B%22session%22%3A%22ev1%22%7D&live=0";
+    let c = slow_consumer(&mut relay, filter);
+    let first = relay.take_output(c).unwrap();
+    assert!(!first.is_empty(), "the replay began");
+    // Two other sessions: the least recently written (ev1) leaves the store.
+    relay.ingest(Bytes::from(ev("o1", 0))).unwrap();
+    relay.ingest(Bytes::from(ev("o2", 0))).unwrap();
+    let rest = read_to_end(&mut relay, c);
+    assert!(
+        !rest.contains("replay-complete"),
+        "{}",
+        &rest[rest.len().saturating_sub(200)..]
+    );
+
+    // Undisturbed, the same request ends with it.
+    let c = slow_consumer(&mut relay, "filter=%7B%22session%22%3A%22o1%22%7D&live=0");
+    let all = read_to_end(&mut relay, c);
+    assert!(all.ends_with(": replay-complete\n\n"), "{all}");
+}
+
+/// A graceful shutdown ends a replay-only stream that is still replaying the way it
+/// ends a live one: what was queued, then `: shutting-down`, never `: replay-complete`.
+#[test]
+fn shutdown_ends_a_replay_only_stream_mid_replay_with_shutting_down() {
+    let mut relay = Sim::new(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        buffer_per_session: 2_000,
+        max_output_bytes: MAX_OUTPUT,
+        ..Config::default()
+    })
+    .unwrap();
+    let body: String = (0..1_000).map(|i| ev("a", i) + "\n").collect();
+    relay.ingest(Bytes::from(body)).unwrap();
+    let c = slow_consumer(&mut relay, "from=all&live=0");
+    let first = String::from_utf8(relay.take_output(c).unwrap()).unwrap();
+    relay.shutdown();
+    let all = first + &read_to_end(&mut relay, c);
+    assert!(
+        all.ends_with(": shutting-down\n\n"),
+        "{}",
+        &all[all.len() - 100..]
+    );
+    assert!(!all.contains("replay-complete"));
+    let ids = all.lines().filter(|l| l.starts_with("id: ")).count();
+    assert!(
+        ids < 1_000,
+        "the replay stopped at the shutdown ({ids} Events)"
+    );
+}

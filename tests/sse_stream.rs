@@ -342,9 +342,9 @@ fn from_source(source: &str, session: &str, seq: u64, extra: &str) -> String {
     )
 }
 
-/// `live=0` without `from`: the held history of the session the filter names exactly,
-/// every owning stream of that name (AEP-0001 §5.2) from its earliest Event, then
-/// `: replay-complete` and the end. What the official SDK's
+/// `live=0` naming no position: the held history of the session the filter names
+/// exactly, every owning stream of that name (AEP-0001 §5.2) from its earliest Event,
+/// then `: replay-complete` and the end. What the official SDK's
 /// `subscribe(filter={"session": …}, live=False)` and `aep timeline` read (AEP-0003 §5
 /// leaves `live=0` open).
 #[test]
@@ -362,16 +362,36 @@ fn replay_only_reads_the_history_of_the_filters_session() {
     assert_eq!(data_lines(&body), want);
     assert!(body.ends_with("\n\n: replay-complete\n\n"), "{body:?}");
 
-    // An array of names replays each; a name given to `from` is replayed from its
-    // position only, never a second time from the start.
+    // An array of names replays each.
     let body = relay.get_text(&format!("/stream?{}", filter(r#"{"session":["t","s"]}"#)));
     assert_eq!(data_lines(&body).len(), 6);
+    // A request that names positions is a resume: it gets exactly what they name, so a
+    // name given to `from` is replayed from its position only, and the filter's other
+    // names are not added from their start (the SDK splits many positions over several
+    // `live=0` requests; each would otherwise bring Events from before the others').
     let from = enc(r#"[{"session":"s","seq":1}]"#);
     let body = relay.get_text(&format!(
         "/stream?{}&from={from}",
         filter(r#"{"session":["s","t"]}"#)
     ));
-    assert_eq!(data_lines(&body), [&a[2], &other]);
+    assert_eq!(data_lines(&body), [&a[2]]);
+    assert!(body.ends_with("\n\n: replay-complete\n\n"), "{body:?}");
+    let resp = agent()
+        .get(&relay.url(&format!("/stream?{}", filter(r#"{"session":["s","t"]}"#))))
+        .set("Last-Event-ID", "t:0:0")
+        .call()
+        .unwrap();
+    assert!(data_lines(&resp.into_string().unwrap()).is_empty());
+    // `from=all` with a session filter: each held Event once (streams in `from=all`'s
+    // least-recently-written order).
+    let body = relay.get_text(&format!(
+        "/stream?{}&from=all",
+        filter(r#"{"session":"s"}"#)
+    ));
+    let (mut got, mut sorted) = (data_lines(&body), want.clone());
+    got.sort();
+    sorted.sort();
+    assert_eq!(got, sorted);
 
     // The filter still applies, and a capture ceiling down-levels.
     let full = from_source(
@@ -459,6 +479,18 @@ fn replay_only_refusals_name_what_is_wrong() {
         detail.contains("at most 2") && detail.contains("AEP_MAX_FROM"),
         "{detail}"
     );
+    // With positions or `all` the names only filter: no limit of their own.
+    for from in [
+        "from=all",
+        "from=%5B%7B%22session%22%3A%22a%22%2C%22seq%22%3A0%7D%5D",
+    ] {
+        let q = format!(
+            "filter={}&live=0&{from}",
+            enc(r#"{"session":["a","b","c","d"]}"#)
+        );
+        let body = relay.get_text(&format!("/stream?{q}"));
+        assert!(body.ends_with(": replay-complete\n\n"), "{q}: {body:?}");
+    }
     // Within the limit it is a replay; live, the same filter is only a filter.
     let within = format!("filter={}&live=0", enc(r#"{"session":["a","b"]}"#));
     let body = relay.get_text(&format!("/stream?{within}"));

@@ -37,7 +37,9 @@
 //! twice and none is missed while the relay still holds it; when it no longer does, the
 //! relay says `replay-exhausted` and `tail` reports it on standard error.
 //!
-//! Exit status: 0 at the end of a `--live=0` replay (or when standard output is closed);
+//! Exit status: 0 at the end of a `--live=0` replay, which the relay marks with
+//! `: replay-complete` (a replay closed without it was cut, and is resumed; one that
+//! brings nothing new and still ends without it exits 2), or when standard output is closed;
 //! 1 when `--live=0` cannot reach the relay at all (a live `tail` keeps trying, like
 //! `tail -F`); 2 for a refused request (400 `invalid-filter`, 401, 403, 404, …: retrying
 //! would not help) or bad arguments. Everything else is retried.
@@ -208,6 +210,8 @@ impl Progress {
 enum End {
     /// The relay closed the stream.
     Eof,
+    /// The relay said `: replay-complete`, then closed the stream (`--live=0`).
+    Complete,
     /// Standard output is gone.
     OutputClosed,
     /// A read failed (timeout, reset).
@@ -223,6 +227,8 @@ struct Tail {
     live: bool,
     agent: ureq::Agent,
     progress: Progress,
+    /// Events printed on the current connection.
+    printed: usize,
 }
 
 impl Tail {
@@ -307,6 +313,8 @@ impl Tail {
         let mut id: Option<String> = None;
         let mut data: Vec<u8> = Vec::new();
         let mut has_data = false;
+        let mut complete = false;
+        self.printed = 0;
         loop {
             if r.buffer().is_empty() {
                 // About to wait for the network: let what was printed out.
@@ -316,6 +324,7 @@ impl Tail {
             }
             line.clear();
             match r.read_until(b'\n', &mut line) {
+                Ok(0) if complete => return End::Complete,
                 Ok(0) => return End::Eof,
                 Ok(_) => {}
                 Err(e) => return End::Failed(e.to_string()),
@@ -333,6 +342,7 @@ impl Tail {
                     if out.write_all(&data).is_err() {
                         return End::OutputClosed;
                     }
+                    self.printed += 1;
                 }
                 id = None;
                 data.clear();
@@ -341,7 +351,9 @@ impl Tail {
             }
             if let Some(comment) = line.strip_prefix(b":") {
                 let c = String::from_utf8_lossy(comment);
-                if let Some(rest) = c.trim_start().strip_prefix("replay-exhausted ") {
+                if c.trim() == "replay-complete" {
+                    complete = true;
+                } else if let Some(rest) = c.trim_start().strip_prefix("replay-exhausted ") {
                     let (session, earliest) = rest.rsplit_once(' ').unwrap_or((rest, "?"));
                     eprintln!(
                         "aep-relay tail: replay-exhausted: session {session}: the relay no longer holds the Events before {earliest}; some were missed"
@@ -431,6 +443,7 @@ pub fn run(args: TailArgs) -> ExitCode {
         live: args.live,
         agent,
         progress: Progress::default(),
+        printed: 0,
     };
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
@@ -460,11 +473,23 @@ pub fn run(args: TailArgs) -> ExitCode {
                 backoff = BACKOFF_MIN;
                 match tail.pump(resp.into_reader(), &mut out) {
                     End::OutputClosed => return ExitCode::SUCCESS,
-                    End::Eof if !tail.live => {
+                    End::Complete if !tail.live => {
                         let _ = out.flush();
                         return ExitCode::SUCCESS;
                     }
-                    End::Eof => "the relay closed the stream".to_string(),
+                    // A replay that ends without `: replay-complete` was cut: resume it
+                    // from the last positions printed, unless the last attempt already
+                    // brought nothing new (a relay that never says it).
+                    End::Eof if !tail.live && tail.printed == 0 && resumed => {
+                        let _ = out.flush();
+                        return fail(format!(
+                            "{url}: the replay ended without `: replay-complete`; Events may be missing"
+                        ));
+                    }
+                    End::Eof if !tail.live => {
+                        "the replay ended without `: replay-complete`".to_string()
+                    }
+                    End::Complete | End::Eof => "the relay closed the stream".to_string(),
                     End::Failed(e) => e,
                 }
             }
@@ -510,6 +535,7 @@ mod tests {
             live: true,
             agent: ureq::agent(),
             progress: Progress::default(),
+            printed: 0,
         }
     }
 
@@ -528,6 +554,21 @@ mod tests {
             .find(|s| s.source == src)
             .unwrap()
             .last
+    }
+
+    /// `--live=0` ends well only at `: replay-complete`: a stream closed without it was
+    /// cut (the relay evicted a session mid-replay, or the connection broke).
+    #[test]
+    fn pump_tells_a_complete_replay_from_a_cut_one() {
+        let ev = "event: tool.completed\nid: s:0:3\ndata: {\"a\":1}\n\n";
+        let mut t = tail(From::Live);
+        let mut out = Vec::new();
+        let wire = format!(": aep-relay stream open\n\n{ev}: replay-complete\n\n");
+        assert!(matches!(t.pump(wire.as_bytes(), &mut out), End::Complete));
+        assert_eq!((t.printed, out), (1, b"{\"a\":1}\n".to_vec()));
+        let mut t = tail(From::Live);
+        let wire = format!(": aep-relay stream open\n\n{ev}");
+        assert!(matches!(t.pump(wire.as_bytes(), &mut Vec::new()), End::Eof));
     }
 
     #[test]

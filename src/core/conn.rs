@@ -178,6 +178,10 @@ pub(crate) struct ReplayJob {
     pub(crate) pending: HashSet<StreamId>,
     /// End the stream when this replay is done (SSE `live=0`).
     pub(crate) end_after: bool,
+    /// A stream this replay still had to read left the store (`--max-sessions` evicted
+    /// it): its Events were not all delivered, so the stream must not say
+    /// `: replay-complete`.
+    pub(crate) lost: bool,
 }
 
 /// How a request body is being read.

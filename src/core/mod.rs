@@ -179,32 +179,30 @@ fn replay_sessions(
     }
 }
 
-/// The streams a replay-only SSE stream (`live=0`) adds after what its `from` names: every
-/// stream of each bare session name that `filter` requires exactly (`{"session": "s"}` or
-/// `{"session": ["a", "b"]}`, [`crate::filter::Pins::session`]) and that no `from` entry
-/// names, each from its earliest held Event, names in sorted order and, within a name,
-/// streams in creation order. Nothing when `from` is `all` (every stream is already
-/// replayed), when the filter pins no session, or for a name the store does not hold.
+/// What a replay-only SSE stream (`live=0`) that names no position (no `from`, no
+/// `Last-Event-ID`) replays: every stream of each bare session name that `filter`
+/// requires exactly (`{"session": "s"}` or `{"session": ["a", "b"]}`,
+/// [`crate::filter::Pins::session`]), each from its earliest held Event, names in sorted
+/// order and, within a name, streams in creation order. Nothing when the request names
+/// positions or `all`, when the filter pins no session, or for a name the store does not
+/// hold.
 ///
 /// AEP-0003 §5 leaves `live=0` without `from` open ("composes unchanged"); this is what
-/// the reference relay, the official SDK's `subscribe(..., live=False)` and `aep timeline`
-/// expect: "iterate buffered history only" of the filtered session.
+/// the official SDK's `subscribe(..., live=False)` and `aep timeline` expect: "iterate
+/// buffered history only" of the filtered session. A request that names positions is a
+/// resume, and gets exactly what they name: the SDK splits many positions over several
+/// `live=0` requests, and adding the other filtered sessions from their start to each
+/// would hand it Events from before its own positions.
 fn filter_sessions(
     store: &Store<Event>,
     from: &subscription::From,
     filter: &crate::filter::Filter,
 ) -> Vec<(StreamId, ReplayFrom)> {
-    let names = match (from, filter.pins().session) {
-        (subscription::From::All, _) | (_, None) => return Vec::new(),
-        (_, Some(names)) => names,
-    };
-    let named = |n: &str| match from {
-        subscription::From::Positions(ps) => ps.iter().any(|p| p.session == n),
-        _ => false,
+    let (subscription::From::Live, Some(names)) = (from, filter.pins().session) else {
+        return Vec::new();
     };
     names
         .iter()
-        .filter(|n| !named(n))
         .flat_map(|n| store.streams(n))
         .map(|s| (s.id, ReplayFrom::Start))
         .collect()
@@ -798,6 +796,16 @@ impl Core {
                     self.ws_close(key, "shutting down", going_away);
                 }
                 Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+                // A replay-only stream (`live=0`) still replaying: it ends now, like a
+                // live one, with what it has queued and `: shutting-down` (never
+                // `: replay-complete`: the replay did not complete).
+                Phase::Closing if conn.replay.front().is_some_and(|j| j.end_after) => {
+                    conn.end_streaming();
+                    conn.send(sse::SHUTTING_DOWN);
+                    conn.close_after_flush = true;
+                    conn.since = now;
+                    self.mark_dirty(key);
+                }
                 Phase::Closing => {}
                 _ => {
                     // Answered with Connection: close when it completes (see `reply`).

@@ -64,10 +64,19 @@ impl Core {
             };
             let Some((stream, from)) = job.sessions.front().cloned() else {
                 let done = conn.replay.pop_front();
-                if done.is_some_and(|j| j.end_after) && conn.replay.is_empty() {
+                if let Some(job) = done.filter(|j| j.end_after && conn.replay.is_empty()) {
                     // A replay-only SSE stream says it ended by design, not by a cut
-                    // connection (what the reference relay and the AEP SDK wait for).
-                    conn.out.push(Bytes::from_static(sse::REPLAY_COMPLETE));
+                    // connection (what the AEP SDK and `aep timeline` wait for), unless a
+                    // stream it was replaying was evicted meanwhile: then it ends as a
+                    // cut stream does, and the consumer resumes.
+                    if job.lost {
+                        log::info!(
+                            "replay-only stream {} ends without replay-complete: a session it was replaying was evicted (--max-sessions)",
+                            conn.peer
+                        );
+                    } else {
+                        conn.out.push(Bytes::from_static(sse::REPLAY_COMPLETE));
+                    }
                     conn.close_after_flush = true;
                     conn.phase = Phase::Closing;
                 }
@@ -98,6 +107,10 @@ impl Core {
             let Some(job) = conn.replay.front_mut() else {
                 return false;
             };
+            if page.is_none() {
+                // The stream left the store since the replay began.
+                job.lost = true;
+            }
             let next = page.and_then(|p| p.next);
             // One marker per owning stream that no longer reaches back (AEP-0003 §5),
             // naming the bare session the position named and that stream's earliest; the

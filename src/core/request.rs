@@ -686,9 +686,14 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        let head = if req.live {
+            sse::STREAM_HEAD
+        } else {
+            sse::REPLAY_HEAD
+        };
         match &conn.cors {
-            Some(origin) => conn.send(http::insert_headers(sse::STREAM_HEAD, &cors_lines(origin))),
-            None => conn.send(sse::STREAM_HEAD),
+            Some(origin) => conn.send(http::insert_headers(head, &cors_lines(origin))),
+            None => conn.send(head),
         }
         conn.last_write = self.now;
         // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading
@@ -720,6 +725,7 @@ impl Core {
                 filter: req.filter,
                 ceiling: req.ceiling,
                 end_after: !req.live,
+                lost: false,
             },
         );
     }

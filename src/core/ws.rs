@@ -532,6 +532,7 @@ impl Core {
                     filter,
                     ceiling,
                     end_after: false,
+                    lost: false,
                 },
             );
         }

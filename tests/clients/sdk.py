@@ -910,6 +910,19 @@ def test_position_budget():
         check(requests >= 3, f"aio drained through live=0 chunks: {comments}")
         equal(comments, [OPEN, COMPLETE] * requests,
               "each aio live=0 request ended with replay-complete (issue 22)")
+        # The same with a filter naming every session: each drain request names
+        # positions, so the relay replays what they name and never adds the filter's
+        # other sessions from their start (which would bring Events from before the
+        # positions carried by the other requests).
+        async def aio_filtered():
+            asub = await bounded(aio.subscribe(d.b.base, filter={"session": names},
+                                               from_=start, live=False),
+                                 "aio.subscribe with a session filter")
+            return await aio_collect(asub, "aio live=False, filter and 300 positions")
+        got = asyncio.run(aio_filtered())
+        equal(sorted(got, key=lambda x: (x["session"], x["seq"])),
+              sorted(want + [last], key=lambda x: (x["session"], x["seq"])),
+              "aio live=False with a session filter: only what follows each position")
         log(f"sync: {drains} live=0 drain chunks then live; aio: {requests} live=0 requests")
     finally:
         d.close()
