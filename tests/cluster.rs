@@ -513,11 +513,14 @@ fn item3_resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
     );
 }
 
-/// Issue 15 item 4: the same Event POSTed at R1 and at R2 (one after the other, and at
-/// once) is one stream message (`Nats-Msg-Id` from `(source, id)`, AEP-0001 §7 #4) and
-/// one delivery per subscriber, and both POSTs are answered 202.
+/// Issue 15 item 4, as issue 23 corrected it: the same Event POSTed at R1 and at R2 (one
+/// after the other, and at once) is two publishes, so two stream messages. Every live
+/// subscriber gets it as often as it was sent (AEP-0003 §5: live fan-out forwards Events
+/// as received; redelivery MUST traverse the hop; issue 15 recommended one message and
+/// one delivery, the spec outranks it), each replay buffer holds it once (admission
+/// dedupes on `(source, id)`, AEP-0001 §7.4), and both POSTs are answered 202.
 #[test]
-fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery() {
+fn item4_one_event_posted_at_two_relays_is_held_once_and_delivered_live_as_sent() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -533,15 +536,20 @@ fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery()
     post_ok(&r2, &[&line]);
     post_ok(&r3, &[sentinel(0)]);
     for (i, s) in subs.iter_mut().enumerate() {
-        assert_eq!(s.expect().data, line, "R{}", i + 1);
+        assert_eq!(
+            take(s, 2),
+            [line.as_str(), line.as_str()],
+            "R{}: both deliveries",
+            i + 1
+        );
         assert_eq!(
             s.expect().data,
             sentinel(0),
-            "R{}: one delivery, then the sentinel",
+            "R{}: two deliveries, then the sentinel",
             i + 1
         );
     }
-    assert_eq!(stream_messages(&nats), 2, "the Event and the sentinel");
+    assert_eq!(stream_messages(&nats), 3, "two publishes and the sentinel");
 
     // At once, from two threads.
     let line2 = ev("a", "dup", 1);
@@ -553,18 +561,18 @@ fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery()
     });
     post_ok(&r3, &[sentinel(1)]);
     for (i, s) in subs.iter_mut().enumerate() {
-        assert_eq!(s.expect().data, line2, "R{}", i + 1);
+        assert_eq!(take(s, 2), [line2.as_str(), line2.as_str()], "R{}", i + 1);
         assert_eq!(
             s.expect().data,
             sentinel(1),
-            "R{}: one delivery, then the sentinel",
+            "R{}: two deliveries, then the sentinel",
             i + 1
         );
     }
-    assert_eq!(stream_messages(&nats), 4);
-    for (i, r) in relays.iter().enumerate() {
-        let body = replay_body(r);
-        let d = data_lines(&body);
+    assert_eq!(stream_messages(&nats), 6);
+    let bodies: Vec<String> = relays.iter().map(|r| replay_body(r)).collect();
+    for (i, body) in bodies.iter().enumerate() {
+        let d = data_lines(body);
         assert_eq!(
             (
                 d.iter().filter(|l| **l == line).count(),
@@ -574,6 +582,7 @@ fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery()
             "R{}'s buffer holds each once:\n{body}",
             i + 1
         );
+        assert_eq!(*body, bodies[0], "R{}'s replay differs from R1's", i + 1);
     }
 }
 
@@ -1045,4 +1054,130 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
     let (b1, b2) = (replay_body(&r1), replay_body(&r2));
     assert_eq!(data_lines(&b2).len(), 91, "{b2}");
     assert_eq!(b2, b1, "R2's from=all differs from R1's");
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 23: redelivery traverses the cluster (AEP-0003 §5)
+// ---------------------------------------------------------------------------------------
+
+/// Issue 23 "Redelivery traverses": the same Event POSTed twice at R1 reaches a live SSE
+/// subscriber at R2 twice and a WS subscriber at R1 twice, byte-identical (AEP-0003 §5:
+/// "live fan-out forwards Events as received: at-least-once redelivery MUST be able to
+/// traverse the hop"), and `from=all&live=0` at every relay replays it once, the bodies
+/// byte-identical (admission dedupes on `(source, id)`, AEP-0001 §7.4).
+#[test]
+fn issue23_the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_held_once() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let r3 = start_relay(&nats, "r3", &[]);
+    let mut remote_sse = sse(&r2, "", &[]);
+    let mut local_ws = watcher(&r1);
+    // Odd spacing and escapes: only the original bytes compare equal.
+    let line = event(
+        "redo",
+        0,
+        1,
+        "tool.completed",
+        r#", "subject" : "x\u00e9", "data":{"n":[1, 2.50]}"#,
+    );
+    post_ok(&r1, &[&line]);
+    post_ok(&r1, &[&line]);
+    post_ok(&r1, &[sentinel(0)]);
+    for n in 1..=2 {
+        let m = remote_sse.expect();
+        assert_eq!(m.data, line, "R2's SSE, delivery {n}: byte-identical");
+        assert_eq!(m.id.as_deref(), Some("redo:0:1"), "R2's SSE, delivery {n}");
+        assert_eq!(
+            local_ws.recv_text(),
+            line,
+            "R1's WS, delivery {n}: byte-identical"
+        );
+    }
+    assert_eq!(
+        remote_sse.expect().data,
+        sentinel(0),
+        "R2's SSE: twice, then the sentinel"
+    );
+    assert_eq!(
+        local_ws.recv_text(),
+        sentinel(0),
+        "R1's WS: twice, then the sentinel"
+    );
+    expect_quiet(&mut local_ws, "R1's WS");
+    wait_health(&r3, "R3", "applied through 3", Instant::now() + WAIT, |c| {
+        c["applied"] == 3
+    });
+    wait_health(&r2, "R2", "applied through 3", Instant::now() + WAIT, |c| {
+        c["applied"] == 3
+    });
+    let bodies = [replay_body(&r1), replay_body(&r2), replay_body(&r3)];
+    assert_eq!(
+        data_lines(&bodies[0]),
+        [line.as_str(), sentinel(0).as_str()],
+        "R1's from=all holds the Event once"
+    );
+    assert_eq!(bodies[1], bodies[0], "R2's replay differs from R1's");
+    assert_eq!(bodies[2], bodies[0], "R3's replay differs from R1's");
+}
+
+/// Issue 23 "Redelivery traverses", commands: a sender at R1 retransmits a command to a
+/// claimant at R2 (AEP-0004 §2.3); the claimant gets each delivery and re-emits its
+/// recorded acknowledgement byte-identically (AEP-0004 §3); the sender, subscribed at
+/// R1, gets the acknowledgement once per delivery, and nothing more; every relay's
+/// replay holds it once.
+#[test]
+fn issue23_a_retransmitted_commands_reacknowledgement_reaches_the_sender_once_per_delivery() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let (mut sender, _) = Ws::hello(&r1, WS_AUTH, "consumer", json!({}));
+    sender.subscribe("acks", json!({"filter": {"type": ["control.accepted"]}}));
+    let mut target = claimant(&r2, "a", "S", &["control.cancel"], &mut []);
+    let entry = json!({"session": "S", "agent": "a", "control": {"accepts": ["control.cancel"]}});
+    wait_roster(&mut sender, "R1", &[entry]);
+
+    let cmd = command("cmd-9", "control.cancel", "S");
+    let ack = r#"{"aep":"0.1","id":"ack-9","type":"control.accepted","time":"2026-07-03T10:00:01Z","source":"aep://test/agent/a/session/S","agent":"a","session":"S","seq":1,"epoch":0,"cause":"cmd-9","data":{}}"#;
+    for delivery in 1..=2 {
+        sender.send(&cmd);
+        assert_eq!(
+            target.recv_text(),
+            cmd,
+            "the claimant at R2, delivery {delivery}"
+        );
+        // The recorded acknowledgement, byte-identical every time (AEP-0004 §3).
+        target.send(ack);
+        assert_eq!(
+            sender.recv_text(),
+            ack,
+            "the sender at R1, acknowledgement of delivery {delivery}"
+        );
+    }
+    // Once per delivery, and nothing more: the next acknowledgement is a sentinel.
+    let end = ack
+        .replace("ack-9", "ack-end")
+        .replace("cmd-9", "cmd-end")
+        .replace(r#""seq":1"#, r#""seq":2"#);
+    post_ok(&r2, &[&end]);
+    assert_eq!(
+        sender.recv_text(),
+        end,
+        "the sender: two acknowledgements, then the sentinel"
+    );
+    expect_quiet(&mut target, "the claimant (two deliveries)");
+    for (i, r) in [&r1, &r2].into_iter().enumerate() {
+        let body = replay_body(r);
+        let d = data_lines(&body);
+        assert_eq!(
+            d.iter().filter(|l| **l == ack).count(),
+            1,
+            "R{}'s buffer holds the acknowledgement once:\n{body}",
+            i + 1
+        );
+    }
 }

@@ -61,14 +61,22 @@ fn text(sim: &mut Sim, c: ConnId) -> String {
 
 /// The publishes among `out`: (ticket, subject, payload).
 fn publishes(out: Vec<ToBus>) -> Vec<(u64, String, Bytes)> {
+    publishes_with_ids(out)
+        .into_iter()
+        .map(|(t, s, p, _)| (t, s, p))
+        .collect()
+}
+
+/// The publishes among `out`: (ticket, subject, payload, msg id).
+fn publishes_with_ids(out: Vec<ToBus>) -> Vec<(u64, String, Bytes, String)> {
     out.into_iter()
         .filter_map(|m| match m {
             ToBus::Publish {
                 ticket,
                 subject,
                 payload,
-                ..
-            } => Some((ticket, subject, payload)),
+                msg_id,
+            } => Some((ticket, subject, payload, msg_id)),
             _ => None,
         })
         .collect()
@@ -104,19 +112,34 @@ fn a_post_waits_for_the_ack_and_admission_comes_from_the_stream_once() {
             stream_seq: 1,
             pending: 0,
             payload: p[0].2.clone(),
+            own_id: None,
         });
     }
     let got = text(&mut sim, sub);
     assert_eq!(got.matches("data: ").count(), 1, "{got}");
     assert!(got.contains(&format!("data: {ev}\n")), "{got}");
-    // The same Event at another stream sequence (a retry outside the duplicate
-    // window) is held once, delivered once (AEP-0001 §7 #4).
+    // The same Event at another stream sequence (a re-send, another publish) is
+    // forwarded live as received, as a single relay forwards it (AEP-0003 §5: redelivery
+    // MUST traverse the hop; this replaces issue 15's "delivered once"), and held once
+    // (buffer admission dedupes on (source, id), AEP-0001 §7.4).
     sim.bus(FromBus::Message {
         stream_seq: 2,
         pending: 0,
         payload: p[0].2.clone(),
+        own_id: None,
     });
-    assert_eq!(text(&mut sim, sub), "");
+    assert_eq!(
+        text(&mut sim, sub),
+        format!("event: tool.completed\nid: s:0:0\ndata: {ev}\n\n")
+    );
+    let r = sim.connect(None);
+    sim.feed(
+        r,
+        b"GET /stream?from=all&live=0 HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    );
+    let replay = text(&mut sim, r);
+    assert_eq!(replay.matches("data: ").count(), 1, "held once: {replay}");
 }
 
 /// A request pipelined behind a waiting POST is read only once that POST is answered:
@@ -161,18 +184,21 @@ fn degraded_ingest_is_local_then_the_outbox_goes_out_without_a_second_delivery()
         "nothing published while degraded"
     );
     connected(&mut sim);
-    let p = publishes(sim.take_bus());
+    let p = publishes_with_ids(sim.take_bus());
     assert_eq!(p.len(), 1, "the outbox is published on connect");
     assert_eq!(&p[0].2[..], ev.as_bytes());
+    assert!(p[0].3.starts_with("r1."), "a publish id of r1: {}", p[0].3);
     sim.bus(FromBus::Acked {
         ticket: p[0].0,
         stream_seq: 1,
         duplicate: false,
     });
+    // The bridge names this relay's own publish when the stream delivers it.
     sim.bus(FromBus::Message {
         stream_seq: 1,
         pending: 0,
         payload: p[0].2.clone(),
+        own_id: Some(p[0].3.clone()),
     });
     assert_eq!(
         text(&mut sim, sub),
@@ -245,6 +271,7 @@ fn readyz_waits_for_catching_up() {
             stream_seq: seq,
             pending: 2 - seq,
             payload: Bytes::from(event(&format!("e{seq}"), seq)),
+            own_id: None,
         });
     }
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 200"));
@@ -364,6 +391,7 @@ fn a_subscription_waits_until_the_relay_has_caught_up() {
         stream_seq: 1,
         pending: 0,
         payload: Bytes::from(event("e1", 0)),
+        own_id: None,
     });
     let s = sim.connect(None);
     sim.feed(

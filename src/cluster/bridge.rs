@@ -346,6 +346,7 @@ async fn run(
         .timeout(config.ack_timeout)
         .build(client.clone());
     let claims = Claims::start(js.clone(), config.clone());
+    let own_prefix = super::publish_id_prefix(&config.relay_id);
     let mut bus = Bus {
         config,
         client,
@@ -361,6 +362,7 @@ async fn run(
         consumer_seq: 0,
         consumer_made: false,
         last_seq: 0,
+        own_prefix,
         watch: None,
         seen_claims: HashMap::new(),
         requests: None,
@@ -425,6 +427,8 @@ struct Bus {
     consumer_made: bool,
     /// The last stream sequence delivered to the reactor.
     last_seq: u64,
+    /// This relay's [`super::publish_id_prefix`].
+    own_prefix: String,
     watch: Option<kv::Watch>,
     /// Claims reported present, and when each expires unless put again.
     seen_claims: HashMap<String, Instant>,
@@ -666,11 +670,20 @@ impl Bus {
             return Ok(());
         }
         self.last_seq = sseq;
+        let own_id = m
+            .message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str())
+            .filter(|v| v.starts_with(&self.own_prefix))
+            .map(str::to_owned);
         self.out
             .send(FromBus::Message {
                 stream_seq: sseq,
                 pending,
                 payload: m.message.payload,
+                own_id,
             })
             .await
     }

@@ -6,10 +6,14 @@
 //! # One stream, one order
 //!
 //! Every Event a relay ingests (HTTP POST, WebSocket, JSONL, [`Core::ingest`]) is
-//! published to the one JetStream stream, with `Nats-Msg-Id` from its `(source, id)`
-//! (AEP-0001 §7 #4: a retry sent to two relays is one message). Nothing is admitted at
-//! ingest: each relay admits and fans out only what its ordered consumer delivers, once
-//! per stream sequence. So every relay builds the same replay buffers in the same order,
+//! published to the one JetStream stream, with a `Nats-Msg-Id` that names the publish
+//! ([`cluster::publish_id`]: relay, start, serial), so the engine collapses only this
+//! relay's own retries of one publish. Nothing is admitted at ingest: each relay admits
+//! and fans out only what its ordered consumer delivers, once per stream sequence, and
+//! exactly as a single relay admits what it ingests: buffer admission dedupes on
+//! `(source, id)` (AEP-0001 §7.4), live fan-out forwards every Event as received,
+//! redeliveries included (AEP-0003 §5: "at-least-once redelivery MUST be able to
+//! traverse the hop"). So every relay builds the same replay buffers in the same order,
 //! and a resume `(session, epoch, seq)` is exact at any of them (AEP-0003 §5, §7). A
 //! `POST /events` is answered 202 once the stream acknowledged all its Events; the
 //! publishes are pipelined.
@@ -17,8 +21,9 @@
 //! # When the engine is down
 //!
 //! With [`Degrade::Local`] the relay serves locally: an Event is admitted and fanned out
-//! at once, and kept in a bounded outbox that is published on reconnect. When it comes
-//! back through the stream it is not fanned out again (its msg id is remembered). With
+//! at once, and kept in a bounded outbox that is published on reconnect. When that
+//! publish comes back through the stream it is not fanned out here again (its publish id
+//! is remembered): a relay's own outbox flush is not a redelivery. With
 //! [`Degrade::Refuse`] ingest answers 503 `cluster-unavailable`.
 //!
 //! # Commands across relays (AEP-0004 §4)
@@ -67,16 +72,32 @@ impl ClusterState {
     }
 }
 
+/// One stream message this relay publishes: its msg id ([`cluster::publish_id`], kept
+/// through every retry of it, the outbox's included), its subject and its Events.
+#[derive(Debug, Clone)]
+struct Outgoing {
+    id: String,
+    subject: String,
+    events: Vec<Arc<Event>>,
+}
+
+impl Outgoing {
+    /// The message's payload: the one Event's bytes, unchanged.
+    fn payload(&self) -> Bytes {
+        self.events[0].bytes().clone()
+    }
+}
+
 /// What a publish's ticket is for.
 #[derive(Debug)]
 enum Ticket {
-    /// An Event of the `POST` with this serial.
-    Post(u64, Arc<Event>),
+    /// A message of the `POST` with this serial.
+    Post(u64, Outgoing),
     /// An outbox entry, by its serial.
     Outbox(u64),
     /// Published with no one waiting (WebSocket, JSONL, host ingest, a routed command),
     /// with the WebSocket emitter to tell when it fails for good (its key and peer).
-    Loose(Arc<Event>, Option<(usize, std::net::SocketAddr)>),
+    Loose(Outgoing, Option<(usize, std::net::SocketAddr)>),
 }
 
 /// A `POST /events` waiting for the stream's acknowledgements.
@@ -86,9 +107,9 @@ struct Post {
     close: bool,
     accepted: usize,
     remaining: usize,
-    /// Events whose publish failed, with their tickets (in the body's order once sorted:
-    /// acks come in any order).
-    failed: Vec<(u64, Arc<Event>)>,
+    /// Messages whose publish failed, with their tickets (in the body's order once
+    /// sorted: acks come in any order).
+    failed: Vec<(u64, Outgoing)>,
 }
 
 /// A remote claim record: one relay's claimants of one session.
@@ -106,6 +127,8 @@ struct RemoteClaim {
 #[derive(Debug)]
 pub(super) struct Bus {
     config: ClusterConfig,
+    /// When this relay started (ms since the Unix epoch): the middle of its publish ids.
+    boot: u64,
     state: ClusterState,
     /// Whether the relay was ever connected (a later `Connected` is a reconnect).
     ever_connected: bool,
@@ -120,11 +143,16 @@ pub(super) struct Bus {
     next_ticket: u64,
     tickets: HashMap<u64, Ticket>,
     posts: HashMap<u64, Post>,
-    /// Events admitted locally while degraded, not yet acknowledged by the stream.
-    outbox: BTreeMap<u64, (Arc<Event>, bool)>,
-    /// Msg ids of Events already delivered here (outbox Events, commands given to their
-    /// claimant directly): not fanned out again when the stream delivers them, except to
-    /// the connection named, which is skipped.
+    /// Messages of Events admitted locally while degraded, not yet acknowledged by the
+    /// stream, with whether a publish of each is in flight.
+    outbox: BTreeMap<u64, (Outgoing, bool)>,
+    /// Events in `outbox`.
+    outbox_events: usize,
+    /// Publish ids of this relay's messages whose Events were delivered here already
+    /// (the outbox, commands given to their claimant directly): when the stream delivers
+    /// that very message, it is not fanned out again, except to everyone but the
+    /// connection named. Keyed by the publish, never by the Event: a relay's own outbox
+    /// flush is not a redelivery, an emitter's re-send is (AEP-0003 §5).
     delivered: HashMap<String, Option<ConnId>>,
     remote: HashMap<String, RemoteClaim>,
     /// The other relays' presence records (`{relay, state, lag, outbox, applied}`), by
@@ -148,10 +176,6 @@ pub(super) struct Bus {
     /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
     /// next asks for output.
     batch: Vec<Arc<Event>>,
-    /// Hashes of `(source, id)` of the Events in `batch`: a duplicate within one wake is
-    /// found in O(1) (confirmed against the batch only on a hash match).
-    batch_keys: HashSet<u64>,
-    hasher: std::collections::hash_map::RandomState,
     /// Counters for `/metrics`.
     pub(super) reconnects: u64,
     pub(super) consumer_resets: u64,
@@ -160,9 +184,10 @@ pub(super) struct Bus {
 
 impl Bus {
     /// The cluster state for a relay configured with `config`, not connected yet.
-    pub(super) fn new(config: ClusterConfig) -> Bus {
+    pub(super) fn new(config: ClusterConfig, boot: u64) -> Bus {
         Bus {
             config,
+            boot,
             state: ClusterState::Degraded,
             ever_connected: false,
             max_payload: usize::MAX,
@@ -174,6 +199,7 @@ impl Bus {
             tickets: HashMap::new(),
             posts: HashMap::new(),
             outbox: BTreeMap::new(),
+            outbox_events: 0,
             delivered: HashMap::new(),
             remote: HashMap::new(),
             relays: BTreeMap::new(),
@@ -183,8 +209,6 @@ impl Bus {
             stalled: false,
             provisional: None,
             batch: Vec::new(),
-            batch_keys: HashSet::new(),
-            hasher: Default::default(),
             reconnects: 0,
             consumer_resets: 0,
             publish_errors: 0,
@@ -213,20 +237,46 @@ impl Bus {
         }
     }
 
-    /// The publish of `ev` (its subject from the scanned attributes, never the other way
-    /// round: relays route on the Event, not on the subject).
-    fn publish(&mut self, ev: &Event, ticket: u64) {
+    /// The subject of `ev`, from its scanned attributes (never the other way round:
+    /// relays route on the Event, not on the subject).
+    fn subject_of(&self, ev: &Event) -> String {
         let agent = ev.attr(Attr::Agent).unwrap_or_default();
         let prefix = &self.config.prefix;
-        let subject = match (ev.scope(), ev.session()) {
+        match (ev.scope(), ev.session()) {
             (Scope::Agent, _) | (_, None) => cluster::agent_subject(prefix, agent),
             (_, Some(s)) => cluster::event_subject(prefix, agent, s),
-        };
+        }
+    }
+
+    /// The stream messages of one ingest unit, each with a publish id of its own.
+    fn outgoing(&mut self, events: Vec<Arc<Event>>) -> Vec<Outgoing> {
+        events
+            .into_iter()
+            .map(|ev| {
+                let serial = self.serial();
+                Outgoing {
+                    id: cluster::publish_id(&self.config.relay_id, self.boot, serial),
+                    subject: self.subject_of(&ev),
+                    events: vec![ev],
+                }
+            })
+            .collect()
+    }
+
+    /// Publishes `o` under a fresh ticket made of it by `ticket`.
+    fn publish_with(&mut self, o: Outgoing, ticket: impl FnOnce(Outgoing) -> Ticket) {
+        let n = self.serial();
+        self.publish(&o, n);
+        self.tickets.insert(n, ticket(o));
+    }
+
+    /// The publish of `o` (again, on a retry: the same msg id).
+    fn publish(&mut self, o: &Outgoing, ticket: u64) {
         self.to_bus.push_back(ToBus::Publish {
             ticket,
-            subject,
-            msg_id: cluster::msg_id(ev.source(), ev.id()),
-            payload: ev.bytes().clone(),
+            subject: o.subject.clone(),
+            msg_id: o.id.clone(),
+            payload: o.payload(),
         });
     }
 
@@ -250,10 +300,10 @@ impl Bus {
             .collect();
         for serial in waiting {
             let t = self.ticket(Ticket::Outbox(serial));
-            let (ev, in_flight) = self.outbox.get_mut(&serial).expect("listed");
+            let (o, in_flight) = self.outbox.get_mut(&serial).expect("listed");
             *in_flight = true;
-            let ev = ev.clone();
-            self.publish(&ev, t);
+            let o = o.clone();
+            self.publish(&o, t);
         }
     }
 
@@ -263,7 +313,7 @@ impl Bus {
             "state": self.state.as_str(),
             "relay": self.config.relay_id,
             "lag": self.lag,
-            "outbox": self.outbox.len(),
+            "outbox": self.outbox_events,
             "applied": self.applied,
             "remote_claims": self.remote.len(),
         })
@@ -300,7 +350,7 @@ impl Bus {
 
     /// Events in the outbox.
     pub(super) fn outbox_len(&self) -> usize {
-        self.outbox.len()
+        self.outbox_events
     }
 
     /// Remote claimants of `session` (relay, accepts of each).
@@ -441,7 +491,7 @@ impl Core {
                 log::info!(
                     "cluster: connected (stream at {last_seq}, applied {}); {} Events in the outbox",
                     bus.applied,
-                    bus.outbox.len()
+                    bus.outbox_events
                 );
                 bus.stalled = false;
                 // The outbox, in order, then every local claim again.
@@ -468,6 +518,7 @@ impl Core {
                 stream_seq,
                 pending,
                 payload,
+                own_id,
             } => {
                 // Behind by what the consumer says is pending, or by what the stream held
                 // at the connection, whichever is more; nothing once caught up.
@@ -488,7 +539,7 @@ impl Core {
                     bus.state = ClusterState::Connected;
                     log::info!("cluster: caught up at stream sequence {stream_seq}");
                 }
-                self.admit_from_stream(stream_seq, payload);
+                self.admit_from_stream(stream_seq, payload, own_id);
                 self.settle_provisional();
             }
             FromBus::ConsumerReset => bus.consumer_resets += 1,
@@ -687,12 +738,13 @@ impl Core {
             _ => None,
         };
         let bus = self.bus.as_mut().expect("clustered");
+        let msgs = bus.outgoing(events);
         match waiter {
             Waiter::Post(key, close) => {
                 let serial = bus.serial();
-                for ev in &events {
-                    let t = bus.ticket(Ticket::Post(serial, ev.clone()));
-                    bus.publish(ev, t);
+                let remaining = msgs.len();
+                for o in msgs {
+                    bus.publish_with(o, |o| Ticket::Post(serial, o));
                 }
                 bus.posts.insert(
                     serial,
@@ -700,7 +752,7 @@ impl Core {
                         key,
                         close,
                         accepted: n,
-                        remaining: n,
+                        remaining,
                         failed: Vec::new(),
                     },
                 );
@@ -712,9 +764,8 @@ impl Core {
                 Ok(Submitted::Waiting)
             }
             Waiter::Ws(_) | Waiter::None => {
-                for ev in events {
-                    let t = bus.ticket(Ticket::Loose(ev.clone(), emitter));
-                    bus.publish(&ev, t);
+                for o in msgs {
+                    bus.publish_with(o, |o| Ticket::Loose(o, emitter));
                 }
                 Ok(Submitted::Now(n))
             }
@@ -724,32 +775,51 @@ impl Core {
     /// Ingest while the engine is unreachable (see the module docs).
     fn degraded(&mut self, events: Vec<Arc<Event>>) -> Result<usize, Refusal> {
         let bus = self.bus.as_mut().expect("clustered");
+        let msgs = bus.outgoing(events);
+        self.degraded_msgs(msgs)
+    }
+
+    /// Messages that did not reach the stream, served locally and kept in the outbox
+    /// with their msg ids (a retry of a publish that did get in is then collapsed by the
+    /// stream, and not fanned out here again when it comes back).
+    fn degraded_msgs(&mut self, msgs: Vec<Outgoing>) -> Result<usize, Refusal> {
+        let bus = self.bus.as_mut().expect("clustered");
+        let n: usize = msgs.iter().map(|o| o.events.len()).sum();
         if bus.config.degrade == Degrade::Refuse {
             return Err(Refusal::ClusterUnavailable {
                 detail: "the engine is unreachable and this relay refuses local ingest (--cluster-degrade refuse)".into(),
             });
         }
-        if bus.outbox.len() + events.len() > bus.config.outbox {
+        if bus.outbox_events + n > bus.config.outbox {
             return Err(Refusal::ClusterUnavailable {
                 detail: format!(
                     "the engine is unreachable and the outbox holds {} Events already (its bound)",
-                    bus.outbox.len()
+                    bus.outbox_events
                 ),
             });
         }
+        let events: Vec<Arc<Event>> = msgs.iter().flat_map(|o| o.events.iter().cloned()).collect();
         self.persist(&events)?;
-        for ev in &events {
-            self.keep_in_outbox(ev);
+        for o in msgs {
+            self.keep_msg_in_outbox(o);
         }
-        let n = events.len();
         self.publish_unit(events);
         Ok(n)
     }
 
     /// Keeps `ev`, delivered here already, for the stream: published on (re)connect, and
-    /// not delivered here again when the stream brings it back. A no-op for a single
-    /// relay.
+    /// not delivered here again when the stream brings that publish back. A no-op for a
+    /// single relay.
     pub(super) fn keep_in_outbox(&mut self, ev: &Arc<Event>) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let o = bus.outgoing(vec![ev.clone()]).pop().expect("one");
+        self.keep_msg_in_outbox(o);
+    }
+
+    /// [`Core::keep_in_outbox`] for a message with its msg id.
+    fn keep_msg_in_outbox(&mut self, o: Outgoing) {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -758,9 +828,9 @@ impl Core {
             bus.provisional = Some((self.store.clone(), Vec::new()));
         }
         let serial = bus.serial();
-        bus.outbox.insert(serial, (ev.clone(), false));
-        bus.delivered
-            .insert(cluster::msg_id(ev.source(), ev.id()), None);
+        bus.delivered.insert(o.id.clone(), None);
+        bus.outbox_events += o.events.len();
+        bus.outbox.insert(serial, (o, false));
         if bus.state != ClusterState::Degraded {
             // A publish that failed while connected: straight back to the engine.
             bus.flush_outbox();
@@ -794,7 +864,9 @@ impl Core {
         match t {
             Ticket::Outbox(serial) => match error {
                 None => {
-                    bus.outbox.remove(&serial);
+                    if let Some((o, _)) = bus.outbox.remove(&serial) {
+                        bus.outbox_events -= o.events.len();
+                    }
                 }
                 Some(e) => {
                     log::debug!("cluster: outbox publish failed ({e}); kept, retried");
@@ -803,31 +875,35 @@ impl Core {
                     }
                 }
             },
-            Ticket::Loose(ev, emitter) => {
+            Ticket::Loose(o, emitter) => {
                 if let Some(e) = error {
                     log::warn!(
-                        "cluster: publish of {:?} failed ({e}); kept locally",
-                        ev.id()
+                        "cluster: publish {} ({} Events) failed ({e}); kept locally",
+                        o.id,
+                        o.events.len()
                     );
-                    let id = cluster::msg_id(ev.source(), ev.id());
-                    match bus.delivered.remove(&id) {
+                    match bus.delivered.remove(&o.id) {
                         // A command its claimant already has: the observers here get
                         // it now, the stream on reconnect.
                         Some(Some(claimant)) => {
-                            if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+                            if let Err(r) = self.persist(&o.events) {
                                 log::warn!("cluster: command not kept in the history: {r}");
                             }
-                            self.keep_in_outbox(&ev);
+                            let ev = o.events[0].clone();
+                            self.keep_msg_in_outbox(o);
                             self.publish_except(ev, claimant);
                         }
                         _ => {
-                            if let Err(r) = self.degraded(vec![ev.clone()]) {
-                                log::warn!("cluster: Event {:?} not accepted: {r}", ev.id());
+                            let events = o.events.clone();
+                            if let Err(r) = self.degraded_msgs(vec![o]) {
                                 // The emitter, if still the same connection, hears it.
-                                if let Some((key, peer)) = emitter {
-                                    if self.conns.get(key).is_some_and(|c| c.peer == peer) {
-                                        let d = r.to_string();
-                                        self.ws_refuse(key, r.code(), Ref::Id(ev.id()), &d);
+                                for ev in events {
+                                    log::warn!("cluster: Event {:?} not accepted: {r}", ev.id());
+                                    if let Some((key, peer)) = emitter {
+                                        if self.conns.get(key).is_some_and(|c| c.peer == peer) {
+                                            let d = r.to_string();
+                                            self.ws_refuse(key, r.code(), Ref::Id(ev.id()), &d);
+                                        }
                                     }
                                 }
                             }
@@ -835,13 +911,13 @@ impl Core {
                     }
                 }
             }
-            Ticket::Post(serial, ev) => {
+            Ticket::Post(serial, o) => {
                 let Some(post) = bus.posts.get_mut(&serial) else {
                     return;
                 };
                 post.remaining -= 1;
                 if error.is_some() {
-                    post.failed.push((ticket, ev));
+                    post.failed.push((ticket, o));
                 }
                 if post.remaining > 0 {
                     return;
@@ -877,7 +953,7 @@ impl Core {
             );
             let mut failed = failed;
             failed.sort_unstable_by_key(|(t, _)| *t);
-            self.degraded(failed.into_iter().map(|(_, ev)| ev).collect())
+            self.degraded_msgs(failed.into_iter().map(|(_, o)| o).collect())
                 .map(|_| accepted)
         };
         if let Ok(n) = outcome {
@@ -917,8 +993,8 @@ impl Core {
         // the outbox: the stream's dedupe drops a copy that did get in) or refused.
         let mut unanswered = Vec::new();
         bus.tickets.retain(|n, t| match t {
-            Ticket::Post(s, ev) if *s == serial => {
-                unanswered.push((*n, ev.clone()));
+            Ticket::Post(s, o) if *s == serial => {
+                unanswered.push((*n, o.clone()));
                 false
             }
             _ => true,
@@ -934,8 +1010,12 @@ impl Core {
     }
 
     /// One stream message: admitted and fanned out (once per stream sequence; the caller
-    /// checked the sequence).
-    fn admit_from_stream(&mut self, seq: u64, payload: Bytes) {
+    /// checked the sequence), exactly as a single relay admits an ingested Event: buffer
+    /// admission dedupes on `(source, id)`, live fan-out forwards every Event as received,
+    /// redeliveries included (AEP-0003 §5). Only this relay's own message whose Events
+    /// were delivered here already (`own_id` in `Bus::delivered`: the outbox, a command
+    /// given to its claimant) is not fanned out again to them.
+    fn admit_from_stream(&mut self, seq: u64, payload: Bytes, own_id: Option<String>) {
         let ev = match Event::parse(payload) {
             Ok(ev) => Arc::new(ev),
             Err(e) => {
@@ -960,33 +1040,16 @@ impl Core {
                 bus.provisional = None;
             }
         }
-        // The msg id (a SHA-256) only when something waits for one.
-        let delivered = if bus.delivered.is_empty() {
-            None
-        } else {
-            bus.delivered.remove(&cluster::msg_id(ev.source(), ev.id()))
+        let delivered = match own_id {
+            Some(id) if !bus.delivered.is_empty() => bus.delivered.remove(&id),
+            _ => None,
         };
-        let except = match delivered {
-            // Delivered here already (an outbox Event): nothing more to do.
-            Some(None) => return,
-            // A command given to its claimant directly: everyone else gets it now.
-            Some(Some(c)) => Some(c),
-            None => None,
-        };
-        use std::hash::BuildHasher;
-        let key = bus.hasher.hash_one((ev.source(), ev.id()));
-        let in_batch = bus.batch_keys.contains(&key)
-            && bus
-                .batch
-                .iter()
-                .any(|e| e.source() == ev.source() && e.id() == ev.id());
-        if !ev.is_command() && (in_batch || self.store.holds(&ev)) {
-            return; // the same (source, id) again (AEP-0001 §7 #4)
-        }
-        bus.batch_keys.insert(key);
-        match except {
+        match delivered {
+            // Delivered here already (an outbox message): nothing more to do.
+            Some(None) => {}
             None => bus.batch.push(ev),
-            Some(c) => {
+            // A command given to its claimant directly: everyone else gets it now.
+            Some(Some(c)) => {
                 self.flush_stream_batch();
                 if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
                     log::warn!("cluster: stream message {seq} not kept in the history: {r}");
@@ -1007,7 +1070,6 @@ impl Core {
             return;
         }
         let batch = std::mem::take(&mut bus.batch);
-        bus.batch_keys.clear();
         if let Err(r) = self.persist(&batch) {
             // The stream keeps them; this relay's history misses them.
             log::warn!(
@@ -1129,10 +1191,9 @@ impl Core {
         self.metrics.ingested_ws += 1;
         let ev = Arc::new(ev);
         let bus = self.bus.as_mut().expect("clustered");
-        bus.delivered
-            .insert(cluster::msg_id(ev.source(), ev.id()), Some(target));
-        let t = bus.ticket(Ticket::Loose(ev.clone(), None));
-        bus.publish(&ev, t);
+        let o = bus.outgoing(vec![ev]).pop().expect("one");
+        bus.delivered.insert(o.id.clone(), Some(target));
+        bus.publish_with(o, |o| Ticket::Loose(o, None));
         Ok(())
     }
 }

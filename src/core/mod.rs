@@ -388,7 +388,7 @@ impl Core {
             bus: config
                 .cluster
                 .clone()
-                .map(|c| Box::new(cluster::Bus::new(c))),
+                .map(|c| Box::new(cluster::Bus::new(c, unix_ms))),
             config,
         }
     }
