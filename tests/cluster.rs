@@ -1181,3 +1181,89 @@ fn issue23_a_retransmitted_commands_reacknowledgement_reaches_the_sender_once_pe
         );
     }
 }
+
+/// Polls `/readyz` (a bounded loop over an awaited condition) until it answers `status`,
+/// at most until `deadline`; returns its body.
+fn wait_readyz(r: &RelayProcess, id: &str, status: u16, deadline: Instant) -> Value {
+    loop {
+        let (got, body) = get_json(r, "/readyz");
+        if got == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}: /readyz still {got} {body}, not {status}, in time; /healthz cluster {}",
+            cluster_health(r)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 23 "Stall on an idle relay": with no ingest at R2, an engine frozen with
+/// SIGSTOP (its connections stay open, it answers nothing) makes R2's `/readyz` answer
+/// 503 `degraded` within 15 s, from the bridge's own probes; SIGCONT makes it 200 again
+/// within 15 s. Nothing is posted meanwhile at either relay.
+#[test]
+fn issue23_an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    post_ok(&r1, &[ev("i", "idle", 0)]);
+    wait_health(&r2, "R2", "applied through 1", Instant::now() + WAIT, |c| {
+        c["applied"] == 1
+    });
+
+    nats.pause();
+    let paused = Instant::now();
+    let body = wait_readyz(&r2, "R2", 503, paused + Duration::from_secs(15));
+    eprintln!("R2 degraded {:?} after SIGSTOP", paused.elapsed());
+    assert_eq!(body, json!({"ready": false, "cluster": "degraded"}));
+    assert_eq!(metric(&r2, r#"aep_cluster_state{state="degraded"}"#), 1.0);
+    assert_eq!(metric(&r2, r#"aep_cluster_state{state="connected"}"#), 0.0);
+
+    nats.resume();
+    let resumed = Instant::now();
+    let body = wait_readyz(&r2, "R2", 200, resumed + Duration::from_secs(15));
+    eprintln!("R2 ready {:?} after SIGCONT", resumed.elapsed());
+    assert_eq!(body, json!({"ready": true, "cluster": "connected"}));
+    assert_eq!(metric(&r2, r#"aep_cluster_state{state="connected"}"#), 1.0);
+    // And it still takes part: an Event posted at R1 now reaches R2's subscriber.
+    let mut sub = sse(&r2, "", &[]);
+    let after = ev("i", "idle", 1);
+    post_ok(&r1, &[&after]);
+    assert_eq!(sub.expect().data, after, "R2's subscriber after the stall");
+}
+
+/// Issue 23: a relay whose engine is not there yet at start reports `catching-up`,
+/// not `degraded`, until it is connected and caught up (and `/readyz` 503 meanwhile);
+/// then `connected`.
+#[test]
+fn issue23_a_starting_relay_reports_catching_up_until_connected() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let url = nats.url();
+    nats.kill();
+    let r = RelayProcess::spawn(&["--cluster", &url, "--relay-id", "late", "--token", TOKEN]);
+    let deadline = Instant::now() + WAIT;
+    let (status, body) = loop {
+        match agent().get(&r.url("/readyz")).set(AUTH.0, AUTH.1).call() {
+            Err(ureq::Error::Transport(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break status_json(other),
+        }
+    };
+    assert_eq!(
+        (status, body),
+        (503, json!({"ready": false, "cluster": "catching-up"})),
+        "before the engine is there"
+    );
+    assert_eq!(cluster_health(&r)["state"], "catching-up");
+    assert_eq!(metric(&r, r#"aep_cluster_state{state="catching-up"}"#), 1.0);
+    assert_eq!(metric(&r, r#"aep_cluster_state{state="degraded"}"#), 0.0);
+    nats.restart();
+    wait_ready(&r, "late");
+}

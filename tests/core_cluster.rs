@@ -259,6 +259,9 @@ fn readyz_waits_for_catching_up() {
         text(sim, c)
     };
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
+    // Never connected yet: catching-up, not degraded (issue 23).
+    let h = ask(&mut sim, "/healthz");
+    assert!(h.contains(r#""state":"catching-up""#), "{h}");
     sim.bus(FromBus::Connected {
         max_payload: 1 << 20,
         last_seq: 2,
@@ -402,4 +405,46 @@ fn a_subscription_waits_until_the_relay_has_caught_up() {
     let a = text(&mut sim, s);
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");
     assert!(a.contains(r#""id":"e1""#), "{a}");
+}
+
+/// Issue 23: the bridge's probes say the engine stalled (no ingest involved): degraded,
+/// `/readyz` 503, ingest served locally into the outbox; when they say it answers again:
+/// connected, and the outbox goes out at once.
+#[test]
+fn a_stall_reported_by_the_probes_degrades_and_answering_again_reconnects() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let c = sim.connect(None);
+    let ask = |sim: &mut Sim, path: &str| {
+        sim.feed(
+            c,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+            false,
+        );
+        text(sim, c)
+    };
+    assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 200"));
+    sim.bus(FromBus::Stalled {
+        reason: "3 probes in a row unanswered".into(),
+    });
+    let r = ask(&mut sim, "/readyz");
+    assert!(
+        r.starts_with("HTTP/1.1 503") && r.contains(r#""cluster":"degraded""#),
+        "{r}"
+    );
+    sim.feed(c, &post(&event("e1", 0)), false);
+    assert!(text(&mut sim, c).starts_with("HTTP/1.1 202"));
+    assert!(publishes(sim.take_bus()).is_empty(), "kept in the outbox");
+    sim.bus(FromBus::Answering);
+    let r = ask(&mut sim, "/readyz");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains(r#""cluster":"connected""#),
+        "{r}"
+    );
+    let p = publishes(sim.take_bus());
+    assert_eq!(
+        p.len(),
+        1,
+        "the outbox goes out when the engine answers again"
+    );
 }

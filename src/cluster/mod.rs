@@ -124,6 +124,16 @@ pub enum FromBus {
         /// What was last reported about the connection (an error text, or "disconnected").
         reason: String,
     },
+    /// The engine stopped answering on a connection that stays up: the bridge's probe
+    /// (a JetStream API round trip every [`PROBE_EVERY`]) went unanswered
+    /// [`PROBE_MISSES`] times in a row. Reported whether or not this relay ingests
+    /// anything. [`FromBus::Answering`] follows when a probe is answered again.
+    Stalled {
+        /// What the probes saw.
+        reason: String,
+    },
+    /// A probe is answered again after [`FromBus::Stalled`].
+    Answering,
     /// One stream message from this relay's ordered consumer over the whole stream, in
     /// stream order, each `stream_seq` once: strictly increasing across resets and
     /// reconnects.
@@ -213,6 +223,14 @@ pub const NOT_CONNECTED: &str = "not-connected";
 pub const NO_RESPONDERS: &str = "no-responders";
 /// The error of a [`ToBus::Request`] not answered within [`ClusterConfig::request_timeout`].
 pub const TIMEOUT: &str = "timeout";
+
+/// How often the bridge probes the engine with a round trip (a JetStream API request)
+/// while connected, so that a stalled engine is noticed without any ingest.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long one probe waits for its answer before it counts as missed.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Missed probes in a row that make [`FromBus::Stalled`].
+pub const PROBE_MISSES: u32 = 3;
 
 /// The default stream name ([`ClusterConfig::stream`]).
 pub const DEFAULT_STREAM: &str = "AEP";

@@ -56,8 +56,10 @@ pub enum ClusterState {
     Connected,
     /// Connected, rebuilding from the stream (`/readyz` answers 503).
     CatchingUp,
-    /// Not connected (at start, or the engine is unreachable): serving locally or
-    /// refusing ingest, per `--cluster-degrade` (`/readyz` answers 503).
+    /// The engine is unreachable or stalled after the relay was connected: serving
+    /// locally or refusing ingest, per `--cluster-degrade` (`/readyz` answers 503). A
+    /// relay never connected yet reports [`ClusterState::CatchingUp`] instead, though
+    /// it serves the same way meanwhile.
     Degraded,
 }
 
@@ -310,7 +312,7 @@ impl Bus {
     /// The state, the consumer's lag and the outbox size (`/healthz`).
     pub(super) fn health(&self) -> Value {
         json!({
-            "state": self.state.as_str(),
+            "state": self.state().as_str(),
             "relay": self.config.relay_id,
             "lag": self.lag,
             "outbox": self.outbox_events,
@@ -338,9 +340,15 @@ impl Bus {
             .collect()
     }
 
-    /// The state.
+    /// The state as reported (`/healthz`, `/readyz`, the state metric): a relay that
+    /// was never connected is `catching-up` until it is connected and caught up, not
+    /// `degraded` (issue 23); it serves as a degraded one meanwhile.
     pub(super) fn state(&self) -> ClusterState {
-        self.state
+        if self.state == ClusterState::Degraded && !self.ever_connected {
+            ClusterState::CatchingUp
+        } else {
+            self.state
+        }
     }
 
     /// Messages the consumer still has to deliver.
@@ -448,7 +456,11 @@ impl Core {
     /// subscription must wait (it would get history as live Events, and a resume could
     /// not be exact yet); `None` otherwise. Subscriptions made before keep their Events.
     pub(super) fn catching_up(&self) -> Option<&'static str> {
-        (self.cluster_state() == Some(ClusterState::CatchingUp)).then_some(
+        let up_and_behind = self
+            .bus
+            .as_ref()
+            .is_some_and(|b| b.state == ClusterState::CatchingUp);
+        up_and_behind.then_some(
             "this relay is catching up with the cluster's stream; subscribe again shortly (GET /readyz says when it is ready)",
         )
     }
@@ -543,6 +555,21 @@ impl Core {
                 self.settle_provisional();
             }
             FromBus::ConsumerReset => bus.consumer_resets += 1,
+            FromBus::Stalled { reason } => {
+                if bus.state != ClusterState::Degraded {
+                    log::warn!("cluster: the engine stalled ({reason}); degraded until it answers");
+                    bus.state = ClusterState::Degraded;
+                    bus.stalled = true;
+                }
+            }
+            FromBus::Answering => {
+                if bus.stalled {
+                    bus.stalled = false;
+                    bus.state = bus.up_state();
+                    log::info!("cluster: the engine answers again");
+                    bus.flush_outbox();
+                }
+            }
             FromBus::Acked { ticket, .. } => {
                 self.acked(ticket, None);
                 self.settle_provisional();
