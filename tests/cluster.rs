@@ -945,16 +945,17 @@ fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
     for k in 10..20 {
         post_ok(&r1, &batch(k));
     }
-    assert_eq!(stream_messages(&nats), 1000);
+    // One stream message per POST (its 50 Events share a session, issue 23).
+    assert_eq!(stream_messages(&nats), 20);
     let r2 = start_relay(&nats, "r2", &[]);
     let r3 = start_relay(&nats, "r3", &[]);
     // R1 took part throughout: it has applied the whole stream once its consumer did.
     wait_health(
         &r1,
         "R1",
-        "applied through 1000",
+        "applied through 20",
         Instant::now() + WAIT,
-        |c| c["applied"] == 1000,
+        |c| c["applied"] == 20,
     );
     let want = replay_body(&r1);
     assert_eq!(data_lines(&want).len(), 1000);
@@ -1037,19 +1038,22 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
         1,
         "R2 has one consumer again"
     );
+    // One stream message per POST (issue 23): 1 + 60 + 1, and the sentinel.
+    let last = stream_messages(&nats);
+    assert_eq!(last, 63);
     wait_health(
         &r1,
         "R1",
-        "applied through 91",
+        "applied through 63",
         Instant::now() + WAIT,
-        |c| c["applied"] == 91,
+        |c| c["applied"] == last,
     );
     wait_health(
         &r2,
         "R2",
-        "applied through 91",
+        "applied through 63",
         Instant::now() + WAIT,
-        |c| c["applied"] == 91,
+        |c| c["applied"] == last,
     );
     let (b1, b2) = (replay_body(&r1), replay_body(&r2));
     assert_eq!(data_lines(&b2).len(), 91, "{b2}");
@@ -1266,4 +1270,157 @@ fn issue23_a_starting_relay_reports_catching_up_until_connected() {
     assert_eq!(metric(&r, r#"aep_cluster_state{state="degraded"}"#), 0.0);
     nats.restart();
     wait_ready(&r, "late");
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 23: one stream message per ingest unit and subject
+// ---------------------------------------------------------------------------------------
+
+/// `(source, id)` and session of every Event a message of `data` holds, in order, per
+/// session.
+fn per_session(lines: &[String]) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut m: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for l in lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        m.entry(v["session"].as_str().unwrap_or("").to_owned())
+            .or_default()
+            .push(l.clone());
+    }
+    m
+}
+
+/// Issue 23 "Batches": one POSTed body of three interleaved sessions travels as one
+/// stream message per session (its subject), and every relay admits it in order per
+/// session (AEP-0001 §7 #1), all relays in the same order, with identical replays; a
+/// relay killed and restarted rebuilds the same buffers from the batched messages
+/// (AEP-0003 §5, §7).
+#[test]
+fn issue23_a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywhere() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut r3 = start_relay(&nats, "r3", &[]);
+    let mut subs = [sse(&r1, "", &[]), sse(&r2, "", &[]), sse(&r3, "", &[])];
+    let body: Vec<String> = (0..60)
+        .map(|i| ev("m", &format!("s{}", i % 3), i / 3))
+        .collect();
+    post_ok(&r1, &body);
+    assert_eq!(stream_messages(&nats), 3, "one message per session");
+    post_ok(&r2, &[sentinel(0)]);
+    let want = per_session(&body);
+    let mut orders = Vec::new();
+    for (i, s) in subs.iter_mut().enumerate() {
+        let got = take(s, body.len());
+        assert_eq!(
+            s.expect().data,
+            sentinel(0),
+            "R{}: all, then the sentinel",
+            i + 1
+        );
+        assert_eq!(per_session(&got), want, "R{}: each session in order", i + 1);
+        orders.push(got);
+    }
+    assert_eq!(orders[1], orders[0], "R2 admitted in another order than R1");
+    assert_eq!(orders[2], orders[0], "R3 admitted in another order than R1");
+    let replay = replay_body(&r1);
+    assert_eq!(data_lines(&replay).len(), body.len() + 1);
+    assert!(
+        replay_body(&r2) == replay,
+        "R2's from=all differs from R1's"
+    );
+
+    // A restart rebuilds from the batched messages.
+    r3.kill();
+    let more: Vec<String> = (60..90)
+        .map(|i| ev("m", &format!("s{}", i % 3), i / 3))
+        .collect();
+    post_ok(&r2, &more);
+    // 3 messages, the sentinel, 3 more.
+    assert_eq!(
+        stream_messages(&nats),
+        7,
+        "one message per session and POST"
+    );
+    let r3 = start_relay(&nats, "r3", &[]);
+    wait_health(&r1, "R1", "applied through 7", Instant::now() + WAIT, |c| {
+        c["applied"] == 7
+    });
+    let replay = replay_body(&r1);
+    assert_eq!(data_lines(&replay).len(), body.len() + more.len() + 1);
+    assert!(
+        replay_body(&r3) == replay,
+        "R3 restarted: its from=all differs from R1's"
+    );
+}
+
+/// Issue 23 "Batches": a body bigger than the server's `max_payload` (1 MiB by default)
+/// in one session splits into several messages, each under it, and arrives whole and in
+/// order at another relay.
+#[test]
+fn issue23_a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut sub = sse(&r2, "", &[]);
+    let pad = "x".repeat(600);
+    let body: Vec<String> = (0..3000)
+        .map(|i| {
+            event(
+                "big",
+                0,
+                i,
+                "tool.completed",
+                &format!(r#","data":{{"pad":"{pad}"}}"#),
+            )
+        })
+        .collect();
+    let bytes: usize = body.iter().map(|l| l.len() + 1).sum();
+    assert!(
+        bytes > 2 << 20,
+        "the body is {bytes} bytes, over twice max_payload"
+    );
+    post_ok(&r1, &body);
+    let messages = stream_messages(&nats);
+    assert!(
+        (3..=5).contains(&messages),
+        "{bytes} bytes in {messages} messages: split under 1 MiB each, and few"
+    );
+    post_ok(&r1, &[sentinel(0)]);
+    let got = take(&mut sub, body.len());
+    assert!(got == body, "R2's subscriber: not all, or not in order");
+    assert_eq!(sub.expect().data, sentinel(0), "R2: all, then the sentinel");
+}
+
+/// Issue 23 "Bad input is unchanged": a batch with one invalid line is refused whole
+/// (400) and nothing of it is published: no stream message, no delivery anywhere.
+#[test]
+fn issue23_a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_published() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut subs = [sse(&r1, "", &[]), sse(&r2, "", &[])];
+    let mut body: Vec<String> = (0..10).map(|i| ev("bad", "b", i)).collect();
+    body[6] = body[6].replace(r#""type":"tool.completed""#, r#""type":"Not A Type""#);
+    let (status, answer) = post(&r1, &body);
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid-event")),
+        "{answer}"
+    );
+    assert_eq!(stream_messages(&nats), 0, "nothing published");
+    post_ok(&r1, &[sentinel(0)]);
+    for (i, s) in subs.iter_mut().enumerate() {
+        assert_eq!(
+            s.expect().data,
+            sentinel(0),
+            "R{}: nothing of the refused batch",
+            i + 1
+        );
+    }
 }

@@ -9,6 +9,7 @@ use aep_relay::cluster::{ClusterConfig, Degrade, FromBus, ToBus};
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use bytes::Bytes;
+use std::collections::HashSet;
 
 mod support;
 use support::sim::{masked, ws_frames, Frame};
@@ -447,4 +448,71 @@ fn a_stall_reported_by_the_probes_degrades_and_answering_again_reconnects() {
         1,
         "the outbox goes out when the engine answers again"
     );
+}
+
+/// Issue 23: the Events of one POSTed body that share a subject are one publish, their
+/// bytes one per line, unchanged, in the body's order per subject; a stream message of
+/// several Events is admitted whole, each Event fanned out as received; an Event with a
+/// raw line break travels alone and comes back whole.
+#[test]
+fn a_batch_is_one_publish_per_subject_and_a_message_of_several_events_is_admitted_whole() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let sub = subscriber(&mut sim);
+    let c = sim.connect(None);
+    let (e1, e2) = (event("e1", 0), event("e2", 1));
+    let t1 = event("t1", 0).replace(r#""session":"s""#, r#""session":"t""#);
+    // Pretty-printed: a raw line break between tokens.
+    let e3 = event("e3", 2).replacen(',', ",\n  ", 1);
+    let body = format!("{e1}\n{t1}\n{e2}\n");
+    let req = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sim.feed(c, req.as_bytes(), false);
+    let mut p = publishes_with_ids(sim.take_bus());
+    let ack = |sim: &mut Sim, p: &[(u64, String, Bytes, String)], from: u64| {
+        for (i, (ticket, ..)) in p.iter().enumerate() {
+            sim.bus(FromBus::Acked {
+                ticket: *ticket,
+                stream_seq: from + i as u64,
+                duplicate: false,
+            });
+        }
+    };
+    ack(&mut sim, &p, 1);
+    let answer = text(&mut sim, c);
+    assert!(answer.ends_with(r#"{"accepted":3}"#), "{answer}");
+    // A pretty-printed Event (application/json) travels alone.
+    sim.feed(c, &post(&e3), false);
+    let alone = publishes_with_ids(sim.take_bus());
+    ack(&mut sim, &alone, 3);
+    assert!(text(&mut sim, c).ends_with(r#"{"accepted":1}"#));
+    p.extend(alone);
+    let got: Vec<(&str, String)> = p
+        .iter()
+        .map(|(_, s, b, _)| (s.as_str(), String::from_utf8(b.to_vec()).unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("aep.ev.a.s", format!("{e1}\n{e2}")),
+            ("aep.ev.a.t", t1.clone()),
+            ("aep.ev.a.s", e3.clone()),
+        ],
+        "one message per subject and body, the pretty-printed Event alone"
+    );
+    let ids: HashSet<&String> = p.iter().map(|x| &x.3).collect();
+    assert_eq!(ids.len(), 3, "a publish id per message");
+    for (i, (_, _, payload, _)) in p.iter().enumerate() {
+        sim.bus(FromBus::Message {
+            stream_seq: i as u64 + 1,
+            pending: 0,
+            payload: payload.clone(),
+            own_id: None,
+        });
+    }
+    let out = text(&mut sim, sub);
+    let ids: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
+    assert_eq!(ids, ["s:0:0", "s:0:1", "t:0:0", "s:0:2"], "{out}");
 }

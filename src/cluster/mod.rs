@@ -48,7 +48,9 @@ use std::time::Duration;
 /// What the core asks of the bus. Sent to the bridge with `Bridge::send`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToBus {
-    /// Publish one Event (its raw bytes, unchanged) to the stream on `subject`, with the
+    /// Publish one stream message to the stream on `subject`: one Event's raw bytes,
+    /// unchanged, or several Events of that subject, one per line (`\n` between them,
+    /// none holding a raw line break; issue 23: the engine's cost is per message), with the
     /// header `Nats-Msg-Id: {msg_id}` so that the stream's duplicate window collapses
     /// this relay's own retry of this publish, and nothing else ([`publish_id`]).
     ///
@@ -63,7 +65,7 @@ pub enum ToBus {
         subject: String,
         /// The message id: [`publish_id`] (the same on a retry of this publish).
         msg_id: String,
-        /// The Event as the emitter sent it.
+        /// The Events as their emitters sent them, one per line.
         payload: Bytes,
     },
     /// Put a claim record in the claims KV bucket (`{stream}_claims`). The key is already
@@ -142,7 +144,8 @@ pub enum FromBus {
         stream_seq: u64,
         /// Messages still pending for the consumer after this one (the lag).
         pending: u64,
-        /// The Event bytes as published.
+        /// The payload as published: one Event, or several one per line (see
+        /// [`ToBus::Publish`]).
         payload: Bytes,
         /// The message's `Nats-Msg-Id` when it starts with this relay's
         /// [`publish_id_prefix`] (a publish of this relay's own), else `None`.

@@ -84,11 +84,80 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    /// The message's payload: the one Event's bytes, unchanged.
+    /// The message's payload: the Events' bytes, unchanged, one per line (`\n` between
+    /// them); one Event alone is its bytes as they are (no copy).
     fn payload(&self) -> Bytes {
-        self.events[0].bytes().clone()
+        if let [one] = &self.events[..] {
+            return one.bytes().clone();
+        }
+        let len = self
+            .events
+            .iter()
+            .map(|e| e.bytes().len() + 1)
+            .sum::<usize>()
+            - 1;
+        let mut b = Vec::with_capacity(len);
+        for (i, e) in self.events.iter().enumerate() {
+            if i > 0 {
+                b.push(b'\n');
+            }
+            b.extend_from_slice(e.bytes());
+        }
+        Bytes::from(b)
     }
 }
+
+/// What a message takes besides its payload (subject, `Nats-Msg-Id` and the protocol's
+/// own headers), kept free under the server's `max_payload`.
+const MESSAGE_OVERHEAD: usize = 512;
+/// The most payload one message carries even when the server allows more (1 MiB, the
+/// server's default `max_payload`): an outbox message made before the first connection
+/// (when the server's limit is not known yet) fits a default server.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// Splits one stream message into its Events (see [`Outgoing::payload`]): several, one
+/// per line, or one Event alone, raw line breaks and all (an Event with a raw line break
+/// always travels alone: its first line is then no Event). Each Event that a replay
+/// buffer may keep gets bytes of its own when it is only part of the message
+/// ([`super::keepable`]). A line that is no Event is skipped with a warning (relays
+/// publish only validated Events).
+fn split_message(seq: u64, payload: Bytes) -> Vec<Arc<Event>> {
+    let backing = payload.len();
+    let whole = |payload: Bytes| match Event::parse(payload) {
+        Ok(ev) => vec![Arc::new(super::keepable(ev, backing))],
+        Err(e) => {
+            log::warn!(
+                "cluster: stream message {seq} is not a valid Event ({}); skipped",
+                e.detail
+            );
+            Vec::new()
+        }
+    };
+    if memchr::memchr(b'\n', &payload).is_none() {
+        return whole(payload);
+    }
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < payload.len() {
+        let end = memchr::memchr(b'\n', &payload[start..]).map_or(payload.len(), |i| start + i);
+        if !payload[start..end].iter().all(u8::is_ascii_whitespace) {
+            match Event::parse(payload.slice(start..end)) {
+                Ok(ev) => out.push(Arc::new(super::keepable(ev, backing))),
+                Err(_) if out.is_empty() => return whole(payload),
+                Err(e) => log::warn!(
+                    "cluster: a line of stream message {seq} is not a valid Event ({}); skipped",
+                    e.detail
+                ),
+            }
+        }
+        start = end + 1;
+    }
+    out
+}
+
+/// A WebSocket emitter to tell when its Event fails for good: its key and peer (the
+/// same key may be another connection by then).
+type Emitter = Option<(usize, std::net::SocketAddr)>;
 
 /// What a publish's ticket is for.
 #[derive(Debug)]
@@ -99,7 +168,7 @@ enum Ticket {
     Outbox(u64),
     /// Published with no one waiting (WebSocket, JSONL, host ingest, a routed command),
     /// with the WebSocket emitter to tell when it fails for good (its key and peer).
-    Loose(Outgoing, Option<(usize, std::net::SocketAddr)>),
+    Loose(Outgoing, Emitter),
 }
 
 /// A `POST /events` waiting for the stream's acknowledgements.
@@ -174,6 +243,11 @@ pub(super) struct Bus {
     /// outbox is back through the stream, the store is rebuilt from them, so it is again
     /// what every other relay built (the same rings, in the same order).
     provisional: Option<(super::Store<Event>, Vec<Arc<Event>>)>,
+    /// WebSocket Events accepted for the stream and not yet published, with their
+    /// emitter: published together when the reactor next takes what is for the bridge
+    /// (so the messages of one read travel as few stream messages as they can), or
+    /// before any other publish.
+    loose: Vec<(Arc<Event>, Emitter)>,
     /// Stream messages admitted since the last output, published as one ingest unit
     /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
     /// next asks for output.
@@ -211,6 +285,7 @@ impl Bus {
             stalled: false,
             provisional: None,
             batch: Vec::new(),
+            loose: Vec::new(),
             reconnects: 0,
             consumer_resets: 0,
             publish_errors: 0,
@@ -250,23 +325,80 @@ impl Bus {
         }
     }
 
-    /// The stream messages of one ingest unit, each with a publish id of its own.
+    /// The stream messages of one ingest unit, each with a publish id of its own: the
+    /// Events that share a subject travel together, in their order, as few messages as
+    /// fit under the server's `max_payload` (issue 23: the engine's cost is per message,
+    /// not per byte). Messages come in the order their first Event came, so each
+    /// subject's (each session's) Events keep their order in the stream; an Event with a
+    /// raw line break travels alone, and nothing of its subject joins a message before it.
     fn outgoing(&mut self, events: Vec<Arc<Event>>) -> Vec<Outgoing> {
-        events
-            .into_iter()
-            .map(|ev| {
-                let serial = self.serial();
-                Outgoing {
-                    id: cluster::publish_id(&self.config.relay_id, self.boot, serial),
-                    subject: self.subject_of(&ev),
-                    events: vec![ev],
+        let room = self
+            .max_payload
+            .min(MAX_MESSAGE)
+            .saturating_sub(MESSAGE_OVERHEAD);
+        let mut out: Vec<Outgoing> = Vec::new();
+        // Per subject: the message its next Event may join, and that message's size.
+        let mut open: HashMap<String, (usize, usize)> = HashMap::new();
+        for ev in events {
+            let subject = self.subject_of(&ev);
+            let len = ev.bytes().len();
+            let alone = memchr::memchr(b'\n', ev.bytes()).is_some();
+            if !alone {
+                if let Some((i, size)) = open.get_mut(&subject) {
+                    if *size + 1 + len <= room {
+                        *size += 1 + len;
+                        out[*i].events.push(ev);
+                        continue;
+                    }
                 }
-            })
-            .collect()
+            }
+            let serial = self.serial();
+            out.push(Outgoing {
+                id: cluster::publish_id(&self.config.relay_id, self.boot, serial),
+                subject: subject.clone(),
+                events: vec![ev],
+            });
+            if alone {
+                open.remove(&subject);
+            } else {
+                open.insert(subject, (out.len() - 1, len));
+            }
+        }
+        out
     }
 
-    /// Publishes `o` under a fresh ticket made of it by `ticket`.
+    /// Publishes the WebSocket Events held since the last call ([`Bus::loose`]) as one
+    /// ingest unit per emitter: the WebSocket messages of one read travel together.
+    fn flush_loose(&mut self) {
+        if self.loose.is_empty() {
+            return;
+        }
+        let loose = std::mem::take(&mut self.loose);
+        let mut run: Vec<Arc<Event>> = Vec::new();
+        let mut emitter = loose[0].1;
+        for (ev, e) in loose {
+            if e != emitter {
+                let events = std::mem::take(&mut run);
+                for o in self.outgoing(events) {
+                    self.send_publish(o, |o| Ticket::Loose(o, emitter));
+                }
+                emitter = e;
+            }
+            run.push(ev);
+        }
+        for o in self.outgoing(run) {
+            self.send_publish(o, |o| Ticket::Loose(o, emitter));
+        }
+    }
+
+    /// Publishes `o` under a fresh ticket made of it by `ticket`, behind the WebSocket
+    /// Events held so far (the stream keeps the order they came in).
     fn publish_with(&mut self, o: Outgoing, ticket: impl FnOnce(Outgoing) -> Ticket) {
+        self.flush_loose();
+        self.send_publish(o, ticket);
+    }
+
+    fn send_publish(&mut self, o: Outgoing, ticket: impl FnOnce(Outgoing) -> Ticket) {
         let n = self.serial();
         self.publish(&o, n);
         self.tickets.insert(n, ticket(o));
@@ -469,6 +601,7 @@ impl Core {
     /// every call into the core, as it does [`Core::poll_output`].
     pub fn poll_bus(&mut self) -> Option<ToBus> {
         let bus = self.bus.as_mut()?;
+        bus.flush_loose();
         if !bus.claims_dirty.is_empty() {
             let sessions: Vec<String> = bus.claims_dirty.drain().collect();
             for s in sessions {
@@ -765,6 +898,10 @@ impl Core {
             _ => None,
         };
         let bus = self.bus.as_mut().expect("clustered");
+        if let Waiter::Ws(_) = waiter {
+            bus.loose.extend(events.into_iter().map(|ev| (ev, emitter)));
+            return Ok(Submitted::Now(n));
+        }
         let msgs = bus.outgoing(events);
         match waiter {
             Waiter::Post(key, close) => {
@@ -1043,19 +1180,10 @@ impl Core {
     /// were delivered here already (`own_id` in `Bus::delivered`: the outbox, a command
     /// given to its claimant) is not fanned out again to them.
     fn admit_from_stream(&mut self, seq: u64, payload: Bytes, own_id: Option<String>) {
-        let ev = match Event::parse(payload) {
-            Ok(ev) => Arc::new(ev),
-            Err(e) => {
-                log::warn!(
-                    "cluster: stream message {seq} is not a valid Event ({}); skipped",
-                    e.detail
-                );
-                return;
-            }
-        };
+        let events = split_message(seq, payload);
         let bus = self.bus.as_mut().expect("clustered");
         if let Some((_, log)) = bus.provisional.as_mut() {
-            log.push(ev.clone());
+            log.extend(events.iter().cloned());
             // Bounded: past what the replay buffers can hold twice over, the rebuild is
             // given up (the store then keeps its local order until a restart).
             let cap = self
@@ -1074,14 +1202,16 @@ impl Core {
         match delivered {
             // Delivered here already (an outbox message): nothing more to do.
             Some(None) => {}
-            None => bus.batch.push(ev),
+            None => bus.batch.extend(events),
             // A command given to its claimant directly: everyone else gets it now.
             Some(Some(c)) => {
                 self.flush_stream_batch();
-                if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+                if let Err(r) = self.persist(&events) {
                     log::warn!("cluster: stream message {seq} not kept in the history: {r}");
                 }
-                self.publish_except(ev, c);
+                for ev in events {
+                    self.publish_except(ev, c);
+                }
             }
         }
     }
