@@ -1424,3 +1424,127 @@ fn issue23_a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_publish
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Issue 23: an outbox that survives (compound faults)
+// ---------------------------------------------------------------------------------------
+
+/// After recovery: every Event of `want` is in each relay's `from=all` replay exactly
+/// once, and the replays are byte-identical across the relays (AEP-0003 §5).
+fn assert_all_once_and_identical(relays: &[(&str, &RelayProcess)], want: &[String]) {
+    let bodies: Vec<String> = relays.iter().map(|(_, r)| replay_body(r)).collect();
+    for ((name, _), body) in relays.iter().zip(&bodies) {
+        let d = data_lines(body);
+        for w in want {
+            assert_eq!(
+                d.iter().filter(|l| **l == w.as_str()).count(),
+                1,
+                "{name}'s from=all holds {w} not exactly once:\n{body}"
+            );
+        }
+    }
+    for ((name, _), body) in relays.iter().zip(&bodies).skip(1) {
+        assert!(
+            *body == bodies[0],
+            "{name}'s from=all differs from {}'s:\n{body}\n---\n{}",
+            relays[0].0,
+            bodies[0]
+        );
+    }
+}
+
+/// Waits until `r` has applied the stream's last message (`last`) and its outbox is
+/// empty.
+fn wait_settled(r: &RelayProcess, id: &str, last: u64) {
+    wait_health(r, id, "settled", Instant::now() + WAIT, |c| {
+        c["applied"] == last && c["outbox"] == 0 && c["state"] == "connected"
+    });
+}
+
+/// Issue 23 "Compound faults": the engine killed, then SIGTERM of a relay (with
+/// `--history`) whose outbox holds Events answered 202. It waits, bounded, for the
+/// engine, exits saying how many stay in its outbox on disk; restarted after the
+/// engine, it publishes them, and every Event answered 202 is in every relay's
+/// `from=all` exactly once, the replays byte-identical.
+#[test]
+fn issue23_engine_killed_then_sigterm_of_a_relay_with_an_outbox_loses_nothing() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let dir = temp_dir("outbox-term");
+    let dir_s = dir.to_str().unwrap();
+    let hist = ["--history", dir_s, "--shutdown-deadline-secs", "2"];
+    let r1 = start_relay(&nats, "r1", &hist);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let before: Vec<String> = (0..5).map(|s| ev("c", "pre", s)).collect();
+    post_ok(&r1, &before);
+
+    nats.kill();
+    for (id, r) in [("R1", &r1), ("R2", &r2)] {
+        wait_health(r, id, "degraded", Instant::now() + WAIT, |c| {
+            c["state"] == "degraded"
+        });
+    }
+    let during: Vec<String> = (0..40).map(|s| ev("c", "out", s)).collect();
+    for chunk in during.chunks(8) {
+        post_ok(&r1, chunk);
+    }
+    assert_eq!(cluster_health(&r1)["outbox"], 40);
+    r1.signal("TERM");
+    let (status, log) = r1.wait();
+    assert!(status.success(), "R1 exited {status}:\n{log}");
+    assert!(
+        log.contains(
+            "40 Events of the cluster outbox did not reach the stream in time; they stay in"
+        ),
+        "R1 says how many stay in its outbox:\n{log}"
+    );
+
+    nats.restart();
+    wait_ready(&r2, "R2");
+    let r1 = start_relay(&nats, "r1", &hist);
+    post_ok(&r2, &[sentinel(0)]);
+    let last = stream_messages(&nats);
+    wait_settled(&r1, "R1", last);
+    wait_settled(&r2, "R2", last);
+    let want: Vec<String> = before.iter().chain(&during).cloned().collect();
+    assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
+}
+
+/// Issue 23 "Compound faults": the engine frozen (SIGSTOP), a relay (with `--history`)
+/// notices, serves POSTs locally (answered 202, outbox non-empty), and is killed with
+/// SIGKILL; the engine thawed and the relay restarted, every Event answered 202 is in
+/// every relay's `from=all` exactly once, the replays byte-identical.
+#[test]
+fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let dir = temp_dir("outbox-kill");
+    let dir_s = dir.to_str().unwrap();
+    let hist = ["--history", dir_s];
+    let mut r1 = start_relay(&nats, "r1", &hist);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let before: Vec<String> = (0..5).map(|s| ev("k", "pre", s)).collect();
+    post_ok(&r1, &before);
+
+    nats.pause();
+    wait_health(&r1, "R1", "degraded", Instant::now() + WAIT, |c| {
+        c["state"] == "degraded"
+    });
+    let during: Vec<String> = (0..30).map(|s| ev("k", "out", s)).collect();
+    for chunk in during.chunks(6) {
+        post_ok(&r1, chunk);
+    }
+    assert_eq!(cluster_health(&r1)["outbox"], 30);
+    r1.kill();
+    nats.resume();
+    wait_ready(&r2, "R2");
+    let r1 = start_relay(&nats, "r1", &hist);
+    post_ok(&r2, &[sentinel(0)]);
+    let last = stream_messages(&nats);
+    wait_settled(&r1, "R1", last);
+    wait_settled(&r2, "R2", last);
+    let want: Vec<String> = before.iter().chain(&during).cloned().collect();
+    assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
+}

@@ -23,7 +23,9 @@
 //! With [`Degrade::Local`] the relay serves locally: an Event is admitted and fanned out
 //! at once, and kept in a bounded outbox that is published on reconnect. When that
 //! publish comes back through the stream it is not fanned out here again (its publish id
-//! is remembered): a relay's own outbox flush is not a redelivery. With
+//! is remembered): a relay's own outbox flush is not a redelivery. With a durable place
+//! ([`Core::set_outbox_log`]: `--history`), each outbox message is kept there before its
+//! Events are answered, and a restarted relay publishes what a previous run left. With
 //! [`Degrade::Refuse`] ingest answers 503 `cluster-unavailable`.
 //!
 //! # Commands across relays (AEP-0004 §4)
@@ -219,6 +221,8 @@ pub(super) struct Bus {
     outbox: BTreeMap<u64, (Outgoing, bool)>,
     /// Events in `outbox`.
     outbox_events: usize,
+    /// Where the outbox is kept durably (`--history`), if anywhere.
+    log: Option<Box<dyn super::OutboxLog>>,
     /// Publish ids of this relay's messages whose Events were delivered here already
     /// (the outbox, commands given to their claimant directly): when the stream delivers
     /// that very message, it is not fanned out again, except to everyone but the
@@ -276,6 +280,7 @@ impl Bus {
             posts: HashMap::new(),
             outbox: BTreeMap::new(),
             outbox_events: 0,
+            log: None,
             delivered: HashMap::new(),
             remote: HashMap::new(),
             relays: BTreeMap::new(),
@@ -388,6 +393,29 @@ impl Bus {
         }
         for o in self.outgoing(run) {
             self.send_publish(o, |o| Ticket::Loose(o, emitter));
+        }
+    }
+
+    /// Keeps `msgs` in the durable outbox, if there is one; on a failure, none of them.
+    fn log_keep(&mut self, msgs: &[Outgoing]) -> Result<(), String> {
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
+        };
+        for (i, o) in msgs.iter().enumerate() {
+            if let Err(e) = log.keep(&o.id, &o.subject, &o.payload()) {
+                for o in &msgs[..i] {
+                    log.done(&o.id);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The message `id` needs no durable place any more.
+    fn log_done(&mut self, id: &str) {
+        if let Some(log) = self.log.as_mut() {
+            log.done(id);
         }
     }
 
@@ -569,6 +597,63 @@ impl Core {
     /// Whether the relay runs clustered.
     pub fn clustered(&self) -> bool {
         self.bus.is_some()
+    }
+
+    /// Gives a clustered relay a durable outbox (issue 23), with the messages a previous
+    /// run left in it: `(publish id, subject, payload)`, in order. Those are published
+    /// with their own ids once connected (the stream collapses one that got in before),
+    /// are not delivered here again when the stream brings them back (their Events are
+    /// in the history, so in the replay store already), and once they are all in the
+    /// stream the replay store is rebuilt in the stream's order, as every other relay
+    /// has it. A no-op for a single relay.
+    pub fn set_outbox_log(
+        &mut self,
+        log: Box<dyn super::OutboxLog>,
+        kept: Vec<(String, String, Bytes)>,
+    ) {
+        let (buffer, sessions) = (self.config.buffer_per_session, self.config.max_sessions);
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        bus.log = Some(log);
+        if kept.is_empty() {
+            return;
+        }
+        // Everything the stream delivers from its start this run, to rebuild from.
+        bus.provisional = Some((super::Store::new(buffer, sessions), Vec::new()));
+        let mut events = 0;
+        for (id, subject, payload) in kept {
+            let evs = split_message(0, payload);
+            events += evs.len();
+            if !evs.is_empty() {
+                self.insert_outbox(Outgoing {
+                    id,
+                    subject,
+                    events: evs,
+                });
+            }
+        }
+        log::info!("cluster: {events} Events of the last run's outbox, to publish once connected");
+    }
+
+    /// What a stop leaves of the outbox, for the log (`None`: nothing).
+    pub(super) fn outbox_left(&self) -> Option<String> {
+        let bus = self.bus.as_ref()?;
+        let n = bus.outbox_len();
+        (n > 0).then(|| match &bus.log {
+            Some(log) => format!(
+                "{n} Events of the cluster outbox did not reach the stream in time; they stay in {} and are published at the next start",
+                log.place()
+            ),
+            None => format!(
+                "{n} Events of the cluster outbox did not reach the stream in time and are lost to the cluster (no --history: the outbox is in memory only)"
+            ),
+        })
+    }
+
+    /// Events in the cluster outbox (0 for a single relay).
+    pub fn outbox_len(&self) -> usize {
+        self.bus.as_ref().map_or(0, |b| b.outbox_len())
     }
 
     /// The cluster state, when clustered.
@@ -963,9 +1048,18 @@ impl Core {
             });
         }
         let events: Vec<Arc<Event>> = msgs.iter().flat_map(|o| o.events.iter().cloned()).collect();
-        self.persist(&events)?;
+        // On disk before it is answered (issue 23), then in the history.
+        bus.log_keep(&msgs)
+            .map_err(|detail| Refusal::HistoryUnavailable { detail })?;
+        if let Err(r) = self.persist(&events) {
+            let bus = self.bus.as_mut().expect("clustered");
+            for o in &msgs {
+                bus.log_done(&o.id);
+            }
+            return Err(r);
+        }
         for o in msgs {
-            self.keep_msg_in_outbox(o);
+            self.insert_outbox(o);
         }
         self.publish_unit(events);
         Ok(n)
@@ -984,6 +1078,17 @@ impl Core {
 
     /// [`Core::keep_in_outbox`] for a message with its msg id.
     fn keep_msg_in_outbox(&mut self, o: Outgoing) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        if let Err(e) = bus.log_keep(std::slice::from_ref(&o)) {
+            log::warn!("cluster: outbox message {} not kept on disk: {e}", o.id);
+        }
+        self.insert_outbox(o);
+    }
+
+    /// Puts `o`, kept on disk already (or with no durable place), in the outbox.
+    fn insert_outbox(&mut self, o: Outgoing) {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -1030,7 +1135,10 @@ impl Core {
                 None => {
                     if let Some((o, _)) = bus.outbox.remove(&serial) {
                         bus.outbox_events -= o.events.len();
+                        bus.log_done(&o.id);
                     }
+                    // A shutdown may wait for the outbox.
+                    self.check_drained();
                 }
                 Some(e) => {
                     log::debug!("cluster: outbox publish failed ({e}); kept, retried");
