@@ -1548,3 +1548,73 @@ fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() 
     let want: Vec<String> = before.iter().chain(&during).cloned().collect();
     assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
 }
+
+/// Issue 23 "Batches": kill -9 of a relay while four emitters POST batches to it at once
+/// loses nothing that was answered 202: a 202 comes only once the stream has stored
+/// the whole batch, so every such Event is in the other relay's `from=all`, once.
+#[test]
+fn issue23_kill_9_during_concurrent_batch_posts_loses_nothing_answered_202() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let mut r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let url = r1.url("/events");
+    let accepted = std::sync::Mutex::new(Vec::<String>::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (url, accepted, stop) = (&url, &accepted, &stop);
+            scope.spawn(move || {
+                for k in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    let lines: Vec<String> = (0..16)
+                        .map(|i| ev("p", &format!("t{t}"), k * 16 + i))
+                        .collect();
+                    let body = lines.join("\n") + "\n";
+                    let r = agent()
+                        .post(url)
+                        .set("AEP-Version", "0.1")
+                        .set("Content-Type", "application/x-ndjson")
+                        .set(AUTH.0, AUTH.1)
+                        .send_string(&body);
+                    match r {
+                        Ok(resp) if resp.status() == 202 => accepted.lock().unwrap().extend(lines),
+                        Ok(resp) => panic!("POST answered {}", resp.status()),
+                        // The relay is gone: what was not answered 202 promises nothing.
+                        Err(_) => return,
+                    }
+                }
+            });
+        }
+        let deadline = Instant::now() + WAIT;
+        while accepted.lock().unwrap().len() < 640 {
+            assert!(Instant::now() < deadline, "the emitters are too slow");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        r1.kill();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let accepted = accepted.into_inner().unwrap();
+    eprintln!("{} Events answered 202 before the kill", accepted.len());
+    post_ok(&r2, &[sentinel(0)]);
+    let last = stream_messages(&nats);
+    wait_settled(&r2, "R2", last);
+    let body = replay_body(&r2);
+    let held: std::collections::HashMap<&str, usize> =
+        data_lines(&body)
+            .into_iter()
+            .fold(Default::default(), |mut m, l| {
+                *m.entry(l).or_default() += 1;
+                m
+            });
+    for l in &accepted {
+        assert_eq!(
+            held.get(l.as_str()),
+            Some(&1),
+            "answered 202, not in R2's from=all once: {l}"
+        );
+    }
+}
