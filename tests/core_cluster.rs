@@ -516,3 +516,25 @@ fn a_batch_is_one_publish_per_subject_and_a_message_of_several_events_is_admitte
     let ids: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
     assert_eq!(ids, ["s:0:0", "s:0:1", "t:0:0", "s:0:2"], "{out}");
 }
+
+/// Before the first connection the server's `max_payload` is unknown: an Event over its
+/// default (1 MiB) is refused with 413 rather than kept in the outbox, where it could
+/// never be published (issue 23).
+#[test]
+fn before_the_first_connection_an_event_over_the_default_max_payload_is_refused() {
+    let mut sim = relay(Degrade::Local);
+    let c = sim.connect(None);
+    let big = event("e1", 0).replace(
+        "\"seq\":0",
+        &format!("\"seq\":0,\"data\":{{\"x\":\"{}\"}}", "y".repeat(1 << 20)),
+    );
+    sim.feed(c, &post(&big), false);
+    let a = text(&mut sim, c);
+    assert!(a.starts_with("HTTP/1.1 413"), "{}", &a[..a.len().min(300)]);
+    assert!(a.contains(r#""error":"event-too-large""#), "{a}");
+    sim.feed(c, &post(&event("e2", 1)), false);
+    assert!(
+        text(&mut sim, c).starts_with("HTTP/1.1 202"),
+        "a small one is kept locally"
+    );
+}

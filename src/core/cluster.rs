@@ -961,8 +961,15 @@ impl Core {
                 detail: "not clustered".into(),
             });
         };
-        // Headers and subject take some room of their own.
-        let max = bus.max_payload.saturating_sub(512);
+        // Headers and subject take some room of their own. Before the first connection
+        // the server's limit is unknown: its default (1 MiB), so that nothing the
+        // outbox takes meanwhile is too big to publish later.
+        let limit = if bus.ever_connected {
+            bus.max_payload
+        } else {
+            MAX_MESSAGE
+        };
+        let max = limit.saturating_sub(MESSAGE_OVERHEAD);
         if let Some((i, ev)) = events
             .iter()
             .enumerate()
