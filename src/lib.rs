@@ -116,6 +116,7 @@ pub mod history;
 pub mod http;
 pub mod jsonl;
 pub mod metrics;
+pub mod outbox;
 pub mod reactor;
 pub mod refusal;
 pub mod sse;

@@ -513,11 +513,14 @@ fn item3_resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
     );
 }
 
-/// Issue 15 item 4: the same Event POSTed at R1 and at R2 (one after the other, and at
-/// once) is one stream message (`Nats-Msg-Id` from `(source, id)`, AEP-0001 §7 #4) and
-/// one delivery per subscriber, and both POSTs are answered 202.
+/// Issue 15 item 4, as issue 23 corrected it: the same Event POSTed at R1 and at R2 (one
+/// after the other, and at once) is two publishes, so two stream messages. Every live
+/// subscriber gets it as often as it was sent (AEP-0003 §5: live fan-out forwards Events
+/// as received; redelivery MUST traverse the hop; issue 15 recommended one message and
+/// one delivery, the spec outranks it), each replay buffer holds it once (admission
+/// dedupes on `(source, id)`, AEP-0001 §7.4), and both POSTs are answered 202.
 #[test]
-fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery() {
+fn item4_one_event_posted_at_two_relays_is_held_once_and_delivered_live_as_sent() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -533,15 +536,20 @@ fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery()
     post_ok(&r2, &[&line]);
     post_ok(&r3, &[sentinel(0)]);
     for (i, s) in subs.iter_mut().enumerate() {
-        assert_eq!(s.expect().data, line, "R{}", i + 1);
+        assert_eq!(
+            take(s, 2),
+            [line.as_str(), line.as_str()],
+            "R{}: both deliveries",
+            i + 1
+        );
         assert_eq!(
             s.expect().data,
             sentinel(0),
-            "R{}: one delivery, then the sentinel",
+            "R{}: two deliveries, then the sentinel",
             i + 1
         );
     }
-    assert_eq!(stream_messages(&nats), 2, "the Event and the sentinel");
+    assert_eq!(stream_messages(&nats), 3, "two publishes and the sentinel");
 
     // At once, from two threads.
     let line2 = ev("a", "dup", 1);
@@ -553,18 +561,18 @@ fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery()
     });
     post_ok(&r3, &[sentinel(1)]);
     for (i, s) in subs.iter_mut().enumerate() {
-        assert_eq!(s.expect().data, line2, "R{}", i + 1);
+        assert_eq!(take(s, 2), [line2.as_str(), line2.as_str()], "R{}", i + 1);
         assert_eq!(
             s.expect().data,
             sentinel(1),
-            "R{}: one delivery, then the sentinel",
+            "R{}: two deliveries, then the sentinel",
             i + 1
         );
     }
-    assert_eq!(stream_messages(&nats), 4);
-    for (i, r) in relays.iter().enumerate() {
-        let body = replay_body(r);
-        let d = data_lines(&body);
+    assert_eq!(stream_messages(&nats), 6);
+    let bodies: Vec<String> = relays.iter().map(|r| replay_body(r)).collect();
+    for (i, body) in bodies.iter().enumerate() {
+        let d = data_lines(body);
         assert_eq!(
             (
                 d.iter().filter(|l| **l == line).count(),
@@ -574,6 +582,7 @@ fn item4_one_event_posted_at_two_relays_is_one_stream_message_and_one_delivery()
             "R{}'s buffer holds each once:\n{body}",
             i + 1
         );
+        assert_eq!(*body, bodies[0], "R{}'s replay differs from R1's", i + 1);
     }
 }
 
@@ -936,16 +945,17 @@ fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
     for k in 10..20 {
         post_ok(&r1, &batch(k));
     }
-    assert_eq!(stream_messages(&nats), 1000);
+    // One stream message per POST (its 50 Events share a session, issue 23).
+    assert_eq!(stream_messages(&nats), 20);
     let r2 = start_relay(&nats, "r2", &[]);
     let r3 = start_relay(&nats, "r3", &[]);
     // R1 took part throughout: it has applied the whole stream once its consumer did.
     wait_health(
         &r1,
         "R1",
-        "applied through 1000",
+        "applied through 20",
         Instant::now() + WAIT,
-        |c| c["applied"] == 1000,
+        |c| c["applied"] == 20,
     );
     let want = replay_body(&r1);
     assert_eq!(data_lines(&want).len(), 1000);
@@ -1028,21 +1038,583 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
         1,
         "R2 has one consumer again"
     );
+    // One stream message per POST (issue 23): 1 + 60 + 1, and the sentinel.
+    let last = stream_messages(&nats);
+    assert_eq!(last, 63);
     wait_health(
         &r1,
         "R1",
-        "applied through 91",
+        "applied through 63",
         Instant::now() + WAIT,
-        |c| c["applied"] == 91,
+        |c| c["applied"] == last,
     );
     wait_health(
         &r2,
         "R2",
-        "applied through 91",
+        "applied through 63",
         Instant::now() + WAIT,
-        |c| c["applied"] == 91,
+        |c| c["applied"] == last,
     );
     let (b1, b2) = (replay_body(&r1), replay_body(&r2));
     assert_eq!(data_lines(&b2).len(), 91, "{b2}");
     assert_eq!(b2, b1, "R2's from=all differs from R1's");
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 23: redelivery traverses the cluster (AEP-0003 §5)
+// ---------------------------------------------------------------------------------------
+
+/// Issue 23 "Redelivery traverses": the same Event POSTed twice at R1 reaches a live SSE
+/// subscriber at R2 twice and a WS subscriber at R1 twice, byte-identical (AEP-0003 §5:
+/// "live fan-out forwards Events as received: at-least-once redelivery MUST be able to
+/// traverse the hop"), and `from=all&live=0` at every relay replays it once, the bodies
+/// byte-identical (admission dedupes on `(source, id)`, AEP-0001 §7.4).
+#[test]
+fn issue23_the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_held_once() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let r3 = start_relay(&nats, "r3", &[]);
+    let mut remote_sse = sse(&r2, "", &[]);
+    let mut local_ws = watcher(&r1);
+    // Odd spacing and escapes: only the original bytes compare equal.
+    let line = event(
+        "redo",
+        0,
+        1,
+        "tool.completed",
+        r#", "subject" : "x\u00e9", "data":{"n":[1, 2.50]}"#,
+    );
+    post_ok(&r1, &[&line]);
+    post_ok(&r1, &[&line]);
+    post_ok(&r1, &[sentinel(0)]);
+    for n in 1..=2 {
+        let m = remote_sse.expect();
+        assert_eq!(m.data, line, "R2's SSE, delivery {n}: byte-identical");
+        assert_eq!(m.id.as_deref(), Some("redo:0:1"), "R2's SSE, delivery {n}");
+        assert_eq!(
+            local_ws.recv_text(),
+            line,
+            "R1's WS, delivery {n}: byte-identical"
+        );
+    }
+    assert_eq!(
+        remote_sse.expect().data,
+        sentinel(0),
+        "R2's SSE: twice, then the sentinel"
+    );
+    assert_eq!(
+        local_ws.recv_text(),
+        sentinel(0),
+        "R1's WS: twice, then the sentinel"
+    );
+    expect_quiet(&mut local_ws, "R1's WS");
+    wait_health(&r3, "R3", "applied through 3", Instant::now() + WAIT, |c| {
+        c["applied"] == 3
+    });
+    wait_health(&r2, "R2", "applied through 3", Instant::now() + WAIT, |c| {
+        c["applied"] == 3
+    });
+    let bodies = [replay_body(&r1), replay_body(&r2), replay_body(&r3)];
+    assert_eq!(
+        data_lines(&bodies[0]),
+        [line.as_str(), sentinel(0).as_str()],
+        "R1's from=all holds the Event once"
+    );
+    assert_eq!(bodies[1], bodies[0], "R2's replay differs from R1's");
+    assert_eq!(bodies[2], bodies[0], "R3's replay differs from R1's");
+}
+
+/// Issue 23 "Redelivery traverses", commands: a sender at R1 retransmits a command to a
+/// claimant at R2 (AEP-0004 §2.3); the claimant gets each delivery and re-emits its
+/// recorded acknowledgement byte-identically (AEP-0004 §3); the sender, subscribed at
+/// R1, gets the acknowledgement once per delivery, and nothing more; every relay's
+/// replay holds it once.
+#[test]
+fn issue23_a_retransmitted_commands_reacknowledgement_reaches_the_sender_once_per_delivery() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let (mut sender, _) = Ws::hello(&r1, WS_AUTH, "consumer", json!({}));
+    sender.subscribe("acks", json!({"filter": {"type": ["control.accepted"]}}));
+    let mut target = claimant(&r2, "a", "S", &["control.cancel"], &mut []);
+    let entry = json!({"session": "S", "agent": "a", "control": {"accepts": ["control.cancel"]}});
+    wait_roster(&mut sender, "R1", &[entry]);
+
+    let cmd = command("cmd-9", "control.cancel", "S");
+    let ack = r#"{"aep":"0.1","id":"ack-9","type":"control.accepted","time":"2026-07-03T10:00:01Z","source":"aep://test/agent/a/session/S","agent":"a","session":"S","seq":1,"epoch":0,"cause":"cmd-9","data":{}}"#;
+    for delivery in 1..=2 {
+        sender.send(&cmd);
+        assert_eq!(
+            target.recv_text(),
+            cmd,
+            "the claimant at R2, delivery {delivery}"
+        );
+        // The recorded acknowledgement, byte-identical every time (AEP-0004 §3).
+        target.send(ack);
+        assert_eq!(
+            sender.recv_text(),
+            ack,
+            "the sender at R1, acknowledgement of delivery {delivery}"
+        );
+    }
+    // Once per delivery, and nothing more: the next acknowledgement is a sentinel.
+    let end = ack
+        .replace("ack-9", "ack-end")
+        .replace("cmd-9", "cmd-end")
+        .replace(r#""seq":1"#, r#""seq":2"#);
+    post_ok(&r2, &[&end]);
+    assert_eq!(
+        sender.recv_text(),
+        end,
+        "the sender: two acknowledgements, then the sentinel"
+    );
+    expect_quiet(&mut target, "the claimant (two deliveries)");
+    for (i, r) in [&r1, &r2].into_iter().enumerate() {
+        let body = replay_body(r);
+        let d = data_lines(&body);
+        assert_eq!(
+            d.iter().filter(|l| **l == ack).count(),
+            1,
+            "R{}'s buffer holds the acknowledgement once:\n{body}",
+            i + 1
+        );
+    }
+}
+
+/// Polls `/readyz` (a bounded loop over an awaited condition) until it answers `status`,
+/// at most until `deadline`; returns its body.
+fn wait_readyz(r: &RelayProcess, id: &str, status: u16, deadline: Instant) -> Value {
+    loop {
+        let (got, body) = get_json(r, "/readyz");
+        if got == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}: /readyz still {got} {body}, not {status}, in time; /healthz cluster {}",
+            cluster_health(r)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 23 "Stall on an idle relay": with no ingest at R2, an engine frozen with
+/// SIGSTOP (its connections stay open, it answers nothing) makes R2's `/readyz` answer
+/// 503 `degraded` within 15 s, from the bridge's own probes; SIGCONT makes it 200 again
+/// within 15 s. Nothing is posted meanwhile at either relay.
+#[test]
+fn issue23_an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    post_ok(&r1, &[ev("i", "idle", 0)]);
+    wait_health(&r2, "R2", "applied through 1", Instant::now() + WAIT, |c| {
+        c["applied"] == 1
+    });
+
+    nats.pause();
+    let paused = Instant::now();
+    let body = wait_readyz(&r2, "R2", 503, paused + Duration::from_secs(15));
+    eprintln!("R2 degraded {:?} after SIGSTOP", paused.elapsed());
+    assert_eq!(body, json!({"ready": false, "cluster": "degraded"}));
+    assert_eq!(metric(&r2, r#"aep_cluster_state{state="degraded"}"#), 1.0);
+    assert_eq!(metric(&r2, r#"aep_cluster_state{state="connected"}"#), 0.0);
+
+    nats.resume();
+    let resumed = Instant::now();
+    let body = wait_readyz(&r2, "R2", 200, resumed + Duration::from_secs(15));
+    eprintln!("R2 ready {:?} after SIGCONT", resumed.elapsed());
+    assert_eq!(body, json!({"ready": true, "cluster": "connected"}));
+    assert_eq!(metric(&r2, r#"aep_cluster_state{state="connected"}"#), 1.0);
+    // And it still takes part: an Event posted at R1 now reaches R2's subscriber.
+    let mut sub = sse(&r2, "", &[]);
+    let after = ev("i", "idle", 1);
+    post_ok(&r1, &[&after]);
+    assert_eq!(sub.expect().data, after, "R2's subscriber after the stall");
+}
+
+/// Issue 23: a relay whose engine is not there yet at start reports `catching-up`,
+/// not `degraded`, until it is connected and caught up (and `/readyz` 503 meanwhile);
+/// then `connected`.
+#[test]
+fn issue23_a_starting_relay_reports_catching_up_until_connected() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let url = nats.url();
+    nats.kill();
+    let r = RelayProcess::spawn(&["--cluster", &url, "--relay-id", "late", "--token", TOKEN]);
+    let deadline = Instant::now() + WAIT;
+    let (status, body) = loop {
+        match agent().get(&r.url("/readyz")).set(AUTH.0, AUTH.1).call() {
+            Err(ureq::Error::Transport(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break status_json(other),
+        }
+    };
+    assert_eq!(
+        (status, body),
+        (503, json!({"ready": false, "cluster": "catching-up"})),
+        "before the engine is there"
+    );
+    assert_eq!(cluster_health(&r)["state"], "catching-up");
+    assert_eq!(metric(&r, r#"aep_cluster_state{state="catching-up"}"#), 1.0);
+    assert_eq!(metric(&r, r#"aep_cluster_state{state="degraded"}"#), 0.0);
+    nats.restart();
+    wait_ready(&r, "late");
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 23: one stream message per ingest unit and subject
+// ---------------------------------------------------------------------------------------
+
+/// `(source, id)` and session of every Event a message of `data` holds, in order, per
+/// session.
+fn per_session(lines: &[String]) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut m: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for l in lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        m.entry(v["session"].as_str().unwrap_or("").to_owned())
+            .or_default()
+            .push(l.clone());
+    }
+    m
+}
+
+/// Issue 23 "Batches": one POSTed body of three interleaved sessions travels as one
+/// stream message per session (its subject), and every relay admits it in order per
+/// session (AEP-0001 §7 #1), all relays in the same order, with identical replays; a
+/// relay killed and restarted rebuilds the same buffers from the batched messages
+/// (AEP-0003 §5, §7).
+#[test]
+fn issue23_a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywhere() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut r3 = start_relay(&nats, "r3", &[]);
+    let mut subs = [sse(&r1, "", &[]), sse(&r2, "", &[]), sse(&r3, "", &[])];
+    let body: Vec<String> = (0..60)
+        .map(|i| ev("m", &format!("s{}", i % 3), i / 3))
+        .collect();
+    post_ok(&r1, &body);
+    assert_eq!(stream_messages(&nats), 3, "one message per session");
+    post_ok(&r2, &[sentinel(0)]);
+    let want = per_session(&body);
+    let mut orders = Vec::new();
+    for (i, s) in subs.iter_mut().enumerate() {
+        let got = take(s, body.len());
+        assert_eq!(
+            s.expect().data,
+            sentinel(0),
+            "R{}: all, then the sentinel",
+            i + 1
+        );
+        assert_eq!(per_session(&got), want, "R{}: each session in order", i + 1);
+        orders.push(got);
+    }
+    assert_eq!(orders[1], orders[0], "R2 admitted in another order than R1");
+    assert_eq!(orders[2], orders[0], "R3 admitted in another order than R1");
+    let replay = replay_body(&r1);
+    assert_eq!(data_lines(&replay).len(), body.len() + 1);
+    assert!(
+        replay_body(&r2) == replay,
+        "R2's from=all differs from R1's"
+    );
+
+    // A restart rebuilds from the batched messages.
+    r3.kill();
+    let more: Vec<String> = (60..90)
+        .map(|i| ev("m", &format!("s{}", i % 3), i / 3))
+        .collect();
+    post_ok(&r2, &more);
+    // 3 messages, the sentinel, 3 more.
+    assert_eq!(
+        stream_messages(&nats),
+        7,
+        "one message per session and POST"
+    );
+    let r3 = start_relay(&nats, "r3", &[]);
+    wait_health(&r1, "R1", "applied through 7", Instant::now() + WAIT, |c| {
+        c["applied"] == 7
+    });
+    let replay = replay_body(&r1);
+    assert_eq!(data_lines(&replay).len(), body.len() + more.len() + 1);
+    assert!(
+        replay_body(&r3) == replay,
+        "R3 restarted: its from=all differs from R1's"
+    );
+}
+
+/// Issue 23 "Batches": a body bigger than the server's `max_payload` (1 MiB by default)
+/// in one session splits into several messages, each under it, and arrives whole and in
+/// order at another relay.
+#[test]
+fn issue23_a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut sub = sse(&r2, "", &[]);
+    let pad = "x".repeat(600);
+    let body: Vec<String> = (0..3000)
+        .map(|i| {
+            event(
+                "big",
+                0,
+                i,
+                "tool.completed",
+                &format!(r#","data":{{"pad":"{pad}"}}"#),
+            )
+        })
+        .collect();
+    let bytes: usize = body.iter().map(|l| l.len() + 1).sum();
+    assert!(
+        bytes > 2 << 20,
+        "the body is {bytes} bytes, over twice max_payload"
+    );
+    post_ok(&r1, &body);
+    let messages = stream_messages(&nats);
+    assert!(
+        (3..=5).contains(&messages),
+        "{bytes} bytes in {messages} messages: split under 1 MiB each, and few"
+    );
+    post_ok(&r1, &[sentinel(0)]);
+    let got = take(&mut sub, body.len());
+    assert!(got == body, "R2's subscriber: not all, or not in order");
+    assert_eq!(sub.expect().data, sentinel(0), "R2: all, then the sentinel");
+}
+
+/// Issue 23 "Bad input is unchanged": a batch with one invalid line is refused whole
+/// (400) and nothing of it is published: no stream message, no delivery anywhere.
+#[test]
+fn issue23_a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_published() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut subs = [sse(&r1, "", &[]), sse(&r2, "", &[])];
+    let mut body: Vec<String> = (0..10).map(|i| ev("bad", "b", i)).collect();
+    body[6] = body[6].replace(r#""type":"tool.completed""#, r#""type":"Not A Type""#);
+    let (status, answer) = post(&r1, &body);
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid-event")),
+        "{answer}"
+    );
+    assert_eq!(stream_messages(&nats), 0, "nothing published");
+    post_ok(&r1, &[sentinel(0)]);
+    for (i, s) in subs.iter_mut().enumerate() {
+        assert_eq!(
+            s.expect().data,
+            sentinel(0),
+            "R{}: nothing of the refused batch",
+            i + 1
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 23: an outbox that survives (compound faults)
+// ---------------------------------------------------------------------------------------
+
+/// After recovery: every Event of `want` is in each relay's `from=all` replay exactly
+/// once, and the replays are byte-identical across the relays (AEP-0003 §5).
+fn assert_all_once_and_identical(relays: &[(&str, &RelayProcess)], want: &[String]) {
+    let bodies: Vec<String> = relays.iter().map(|(_, r)| replay_body(r)).collect();
+    for ((name, _), body) in relays.iter().zip(&bodies) {
+        let d = data_lines(body);
+        for w in want {
+            assert_eq!(
+                d.iter().filter(|l| **l == w.as_str()).count(),
+                1,
+                "{name}'s from=all holds {w} not exactly once:\n{body}"
+            );
+        }
+    }
+    for ((name, _), body) in relays.iter().zip(&bodies).skip(1) {
+        assert!(
+            *body == bodies[0],
+            "{name}'s from=all differs from {}'s:\n{body}\n---\n{}",
+            relays[0].0,
+            bodies[0]
+        );
+    }
+}
+
+/// Waits until `r` has applied the stream's last message (`last`) and its outbox is
+/// empty.
+fn wait_settled(r: &RelayProcess, id: &str, last: u64) {
+    wait_health(r, id, "settled", Instant::now() + WAIT, |c| {
+        c["applied"] == last && c["outbox"] == 0 && c["state"] == "connected"
+    });
+}
+
+/// Issue 23 "Compound faults": the engine killed, then SIGTERM of a relay (with
+/// `--history`) whose outbox holds Events answered 202. It waits, bounded, for the
+/// engine, exits saying how many stay in its outbox on disk; restarted after the
+/// engine, it publishes them, and every Event answered 202 is in every relay's
+/// `from=all` exactly once, the replays byte-identical.
+#[test]
+fn issue23_engine_killed_then_sigterm_of_a_relay_with_an_outbox_loses_nothing() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let dir = temp_dir("outbox-term");
+    let dir_s = dir.to_str().unwrap();
+    let hist = ["--history", dir_s, "--shutdown-deadline-secs", "2"];
+    let r1 = start_relay(&nats, "r1", &hist);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let before: Vec<String> = (0..5).map(|s| ev("c", "pre", s)).collect();
+    post_ok(&r1, &before);
+
+    nats.kill();
+    for (id, r) in [("R1", &r1), ("R2", &r2)] {
+        wait_health(r, id, "degraded", Instant::now() + WAIT, |c| {
+            c["state"] == "degraded"
+        });
+    }
+    let during: Vec<String> = (0..40).map(|s| ev("c", "out", s)).collect();
+    for chunk in during.chunks(8) {
+        post_ok(&r1, chunk);
+    }
+    assert_eq!(cluster_health(&r1)["outbox"], 40);
+    r1.signal("TERM");
+    let (status, log) = r1.wait();
+    assert!(status.success(), "R1 exited {status}:\n{log}");
+    assert!(
+        log.contains(
+            "40 Events of the cluster outbox did not reach the stream in time; they stay in"
+        ),
+        "R1 says how many stay in its outbox:\n{log}"
+    );
+
+    nats.restart();
+    wait_ready(&r2, "R2");
+    let r1 = start_relay(&nats, "r1", &hist);
+    post_ok(&r2, &[sentinel(0)]);
+    let last = stream_messages(&nats);
+    wait_settled(&r1, "R1", last);
+    wait_settled(&r2, "R2", last);
+    let want: Vec<String> = before.iter().chain(&during).cloned().collect();
+    assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
+}
+
+/// Issue 23 "Compound faults": the engine frozen (SIGSTOP), a relay (with `--history`)
+/// notices, serves POSTs locally (answered 202, outbox non-empty), and is killed with
+/// SIGKILL; the engine thawed and the relay restarted, every Event answered 202 is in
+/// every relay's `from=all` exactly once, the replays byte-identical.
+#[test]
+fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let dir = temp_dir("outbox-kill");
+    let dir_s = dir.to_str().unwrap();
+    let hist = ["--history", dir_s];
+    let mut r1 = start_relay(&nats, "r1", &hist);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let before: Vec<String> = (0..5).map(|s| ev("k", "pre", s)).collect();
+    post_ok(&r1, &before);
+
+    nats.pause();
+    wait_health(&r1, "R1", "degraded", Instant::now() + WAIT, |c| {
+        c["state"] == "degraded"
+    });
+    let during: Vec<String> = (0..30).map(|s| ev("k", "out", s)).collect();
+    for chunk in during.chunks(6) {
+        post_ok(&r1, chunk);
+    }
+    assert_eq!(cluster_health(&r1)["outbox"], 30);
+    r1.kill();
+    nats.resume();
+    wait_ready(&r2, "R2");
+    let r1 = start_relay(&nats, "r1", &hist);
+    post_ok(&r2, &[sentinel(0)]);
+    let last = stream_messages(&nats);
+    wait_settled(&r1, "R1", last);
+    wait_settled(&r2, "R2", last);
+    let want: Vec<String> = before.iter().chain(&during).cloned().collect();
+    assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
+}
+
+/// Issue 23 "Batches": kill -9 of a relay while four emitters POST batches to it at once
+/// loses nothing that was answered 202: a 202 comes only once the stream has stored
+/// the whole batch, so every such Event is in the other relay's `from=all`, once.
+#[test]
+fn issue23_kill_9_during_concurrent_batch_posts_loses_nothing_answered_202() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let mut r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let url = r1.url("/events");
+    let accepted = std::sync::Mutex::new(Vec::<String>::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (url, accepted, stop) = (&url, &accepted, &stop);
+            scope.spawn(move || {
+                for k in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    let lines: Vec<String> = (0..16)
+                        .map(|i| ev("p", &format!("t{t}"), k * 16 + i))
+                        .collect();
+                    let body = lines.join("\n") + "\n";
+                    let r = agent()
+                        .post(url)
+                        .set("AEP-Version", "0.1")
+                        .set("Content-Type", "application/x-ndjson")
+                        .set(AUTH.0, AUTH.1)
+                        .send_string(&body);
+                    match r {
+                        Ok(resp) if resp.status() == 202 => accepted.lock().unwrap().extend(lines),
+                        Ok(resp) => panic!("POST answered {}", resp.status()),
+                        // The relay is gone: what was not answered 202 promises nothing.
+                        Err(_) => return,
+                    }
+                }
+            });
+        }
+        let deadline = Instant::now() + WAIT;
+        while accepted.lock().unwrap().len() < 640 {
+            assert!(Instant::now() < deadline, "the emitters are too slow");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        r1.kill();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let accepted = accepted.into_inner().unwrap();
+    eprintln!("{} Events answered 202 before the kill", accepted.len());
+    post_ok(&r2, &[sentinel(0)]);
+    let last = stream_messages(&nats);
+    wait_settled(&r2, "R2", last);
+    let body = replay_body(&r2);
+    let held: std::collections::HashMap<&str, usize> =
+        data_lines(&body)
+            .into_iter()
+            .fold(Default::default(), |mut m, l| {
+                *m.entry(l).or_default() += 1;
+                m
+            });
+    for l in &accepted {
+        assert_eq!(
+            held.get(l.as_str()),
+            Some(&1),
+            "answered 202, not in R2's from=all once: {l}"
+        );
+    }
 }

@@ -22,7 +22,9 @@
 
 mod support;
 
-use aep_relay::cluster::{event_subject, kv_key, msg_id, Bridge, ClusterConfig, FromBus, ToBus};
+use aep_relay::cluster::{
+    event_subject, kv_key, publish_id, Bridge, ClusterConfig, FromBus, ToBus,
+};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -211,7 +213,7 @@ fn publish(ticket: u64, seq: u64) -> ToBus {
     ToBus::Publish {
         ticket,
         subject: event_subject("aep", "a", "s"),
-        msg_id: msg_id("aep://test/agent/a/session/s", &format!("e{seq}")),
+        msg_id: publish_id("A", 1, seq),
         payload: event(seq),
     }
 }
@@ -281,8 +283,8 @@ fn publishes_are_pipelined_ordered_and_deduplicated() {
         Some(FromBus::Message { pending: 0, .. })
     ));
 
-    // The same msg id again (sent at B: as if a retry had gone to another relay) is
-    // acknowledged as a duplicate of the first and not stored again.
+    // The same msg id again (a retry of one publish, here sent through B's connection)
+    // is acknowledged as a duplicate of the first and not stored again.
     b.send(publish(9001, 1));
     assert_eq!(b.acks([9001])[&9001], (1, true));
     b.send(publish(9002, N + 1));

@@ -9,6 +9,7 @@ use aep_relay::cluster::{ClusterConfig, Degrade, FromBus, ToBus};
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use bytes::Bytes;
+use std::collections::HashSet;
 
 mod support;
 use support::sim::{masked, ws_frames, Frame};
@@ -61,14 +62,22 @@ fn text(sim: &mut Sim, c: ConnId) -> String {
 
 /// The publishes among `out`: (ticket, subject, payload).
 fn publishes(out: Vec<ToBus>) -> Vec<(u64, String, Bytes)> {
+    publishes_with_ids(out)
+        .into_iter()
+        .map(|(t, s, p, _)| (t, s, p))
+        .collect()
+}
+
+/// The publishes among `out`: (ticket, subject, payload, msg id).
+fn publishes_with_ids(out: Vec<ToBus>) -> Vec<(u64, String, Bytes, String)> {
     out.into_iter()
         .filter_map(|m| match m {
             ToBus::Publish {
                 ticket,
                 subject,
                 payload,
-                ..
-            } => Some((ticket, subject, payload)),
+                msg_id,
+            } => Some((ticket, subject, payload, msg_id)),
             _ => None,
         })
         .collect()
@@ -104,19 +113,34 @@ fn a_post_waits_for_the_ack_and_admission_comes_from_the_stream_once() {
             stream_seq: 1,
             pending: 0,
             payload: p[0].2.clone(),
+            own_id: None,
         });
     }
     let got = text(&mut sim, sub);
     assert_eq!(got.matches("data: ").count(), 1, "{got}");
     assert!(got.contains(&format!("data: {ev}\n")), "{got}");
-    // The same Event at another stream sequence (a retry outside the duplicate
-    // window) is held once, delivered once (AEP-0001 §7 #4).
+    // The same Event at another stream sequence (a re-send, another publish) is
+    // forwarded live as received, as a single relay forwards it (AEP-0003 §5: redelivery
+    // MUST traverse the hop; this replaces issue 15's "delivered once"), and held once
+    // (buffer admission dedupes on (source, id), AEP-0001 §7.4).
     sim.bus(FromBus::Message {
         stream_seq: 2,
         pending: 0,
         payload: p[0].2.clone(),
+        own_id: None,
     });
-    assert_eq!(text(&mut sim, sub), "");
+    assert_eq!(
+        text(&mut sim, sub),
+        format!("event: tool.completed\nid: s:0:0\ndata: {ev}\n\n")
+    );
+    let r = sim.connect(None);
+    sim.feed(
+        r,
+        b"GET /stream?from=all&live=0 HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    );
+    let replay = text(&mut sim, r);
+    assert_eq!(replay.matches("data: ").count(), 1, "held once: {replay}");
 }
 
 /// A request pipelined behind a waiting POST is read only once that POST is answered:
@@ -161,18 +185,21 @@ fn degraded_ingest_is_local_then_the_outbox_goes_out_without_a_second_delivery()
         "nothing published while degraded"
     );
     connected(&mut sim);
-    let p = publishes(sim.take_bus());
+    let p = publishes_with_ids(sim.take_bus());
     assert_eq!(p.len(), 1, "the outbox is published on connect");
     assert_eq!(&p[0].2[..], ev.as_bytes());
+    assert!(p[0].3.starts_with("r1."), "a publish id of r1: {}", p[0].3);
     sim.bus(FromBus::Acked {
         ticket: p[0].0,
         stream_seq: 1,
         duplicate: false,
     });
+    // The bridge names this relay's own publish when the stream delivers it.
     sim.bus(FromBus::Message {
         stream_seq: 1,
         pending: 0,
         payload: p[0].2.clone(),
+        own_id: Some(p[0].3.clone()),
     });
     assert_eq!(
         text(&mut sim, sub),
@@ -233,6 +260,9 @@ fn readyz_waits_for_catching_up() {
         text(sim, c)
     };
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
+    // Never connected yet: catching-up, not degraded (issue 23).
+    let h = ask(&mut sim, "/healthz");
+    assert!(h.contains(r#""state":"catching-up""#), "{h}");
     sim.bus(FromBus::Connected {
         max_payload: 1 << 20,
         last_seq: 2,
@@ -245,6 +275,7 @@ fn readyz_waits_for_catching_up() {
             stream_seq: seq,
             pending: 2 - seq,
             payload: Bytes::from(event(&format!("e{seq}"), seq)),
+            own_id: None,
         });
     }
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 200"));
@@ -364,6 +395,7 @@ fn a_subscription_waits_until_the_relay_has_caught_up() {
         stream_seq: 1,
         pending: 0,
         payload: Bytes::from(event("e1", 0)),
+        own_id: None,
     });
     let s = sim.connect(None);
     sim.feed(
@@ -374,4 +406,135 @@ fn a_subscription_waits_until_the_relay_has_caught_up() {
     let a = text(&mut sim, s);
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");
     assert!(a.contains(r#""id":"e1""#), "{a}");
+}
+
+/// Issue 23: the bridge's probes say the engine stalled (no ingest involved): degraded,
+/// `/readyz` 503, ingest served locally into the outbox; when they say it answers again:
+/// connected, and the outbox goes out at once.
+#[test]
+fn a_stall_reported_by_the_probes_degrades_and_answering_again_reconnects() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let c = sim.connect(None);
+    let ask = |sim: &mut Sim, path: &str| {
+        sim.feed(
+            c,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+            false,
+        );
+        text(sim, c)
+    };
+    assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 200"));
+    sim.bus(FromBus::Stalled {
+        reason: "3 probes in a row unanswered".into(),
+    });
+    let r = ask(&mut sim, "/readyz");
+    assert!(
+        r.starts_with("HTTP/1.1 503") && r.contains(r#""cluster":"degraded""#),
+        "{r}"
+    );
+    sim.feed(c, &post(&event("e1", 0)), false);
+    assert!(text(&mut sim, c).starts_with("HTTP/1.1 202"));
+    assert!(publishes(sim.take_bus()).is_empty(), "kept in the outbox");
+    sim.bus(FromBus::Answering);
+    let r = ask(&mut sim, "/readyz");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains(r#""cluster":"connected""#),
+        "{r}"
+    );
+    let p = publishes(sim.take_bus());
+    assert_eq!(
+        p.len(),
+        1,
+        "the outbox goes out when the engine answers again"
+    );
+}
+
+/// Issue 23: the Events of one POSTed body that share a subject are one publish, their
+/// bytes one per line, unchanged, in the body's order per subject; a stream message of
+/// several Events is admitted whole, each Event fanned out as received; an Event with a
+/// raw line break travels alone and comes back whole.
+#[test]
+fn a_batch_is_one_publish_per_subject_and_a_message_of_several_events_is_admitted_whole() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let sub = subscriber(&mut sim);
+    let c = sim.connect(None);
+    let (e1, e2) = (event("e1", 0), event("e2", 1));
+    let t1 = event("t1", 0).replace(r#""session":"s""#, r#""session":"t""#);
+    // Pretty-printed: a raw line break between tokens.
+    let e3 = event("e3", 2).replacen(',', ",\n  ", 1);
+    let body = format!("{e1}\n{t1}\n{e2}\n");
+    let req = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sim.feed(c, req.as_bytes(), false);
+    let mut p = publishes_with_ids(sim.take_bus());
+    let ack = |sim: &mut Sim, p: &[(u64, String, Bytes, String)], from: u64| {
+        for (i, (ticket, ..)) in p.iter().enumerate() {
+            sim.bus(FromBus::Acked {
+                ticket: *ticket,
+                stream_seq: from + i as u64,
+                duplicate: false,
+            });
+        }
+    };
+    ack(&mut sim, &p, 1);
+    let answer = text(&mut sim, c);
+    assert!(answer.ends_with(r#"{"accepted":3}"#), "{answer}");
+    // A pretty-printed Event (application/json) travels alone.
+    sim.feed(c, &post(&e3), false);
+    let alone = publishes_with_ids(sim.take_bus());
+    ack(&mut sim, &alone, 3);
+    assert!(text(&mut sim, c).ends_with(r#"{"accepted":1}"#));
+    p.extend(alone);
+    let got: Vec<(&str, String)> = p
+        .iter()
+        .map(|(_, s, b, _)| (s.as_str(), String::from_utf8(b.to_vec()).unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("aep.ev.a.s", format!("{e1}\n{e2}")),
+            ("aep.ev.a.t", t1.clone()),
+            ("aep.ev.a.s", e3.clone()),
+        ],
+        "one message per subject and body, the pretty-printed Event alone"
+    );
+    let ids: HashSet<&String> = p.iter().map(|x| &x.3).collect();
+    assert_eq!(ids.len(), 3, "a publish id per message");
+    for (i, (_, _, payload, _)) in p.iter().enumerate() {
+        sim.bus(FromBus::Message {
+            stream_seq: i as u64 + 1,
+            pending: 0,
+            payload: payload.clone(),
+            own_id: None,
+        });
+    }
+    let out = text(&mut sim, sub);
+    let ids: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
+    assert_eq!(ids, ["s:0:0", "s:0:1", "t:0:0", "s:0:2"], "{out}");
+}
+
+/// Before the first connection the server's `max_payload` is unknown: an Event over its
+/// default (1 MiB) is refused with 413 rather than kept in the outbox, where it could
+/// never be published (issue 23).
+#[test]
+fn before_the_first_connection_an_event_over_the_default_max_payload_is_refused() {
+    let mut sim = relay(Degrade::Local);
+    let c = sim.connect(None);
+    let big = event("e1", 0).replace(
+        "\"seq\":0",
+        &format!("\"seq\":0,\"data\":{{\"x\":\"{}\"}}", "y".repeat(1 << 20)),
+    );
+    sim.feed(c, &post(&big), false);
+    let a = text(&mut sim, c);
+    assert!(a.starts_with("HTTP/1.1 413"), "{}", &a[..a.len().min(300)]);
+    assert!(a.contains(r#""error":"event-too-large""#), "{a}");
+    sim.feed(c, &post(&event("e2", 1)), false);
+    assert!(
+        text(&mut sim, c).starts_with("HTTP/1.1 202"),
+        "a small one is kept locally"
+    );
 }

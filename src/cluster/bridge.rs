@@ -27,10 +27,16 @@
 //!   deletes are applied one at a time in order by a task of their own, and while one is
 //!   under way the later operations on one key collapse into the latest.
 //! - **Answers** requests on [`relay_subject`] and sends requests to other relays.
+//! - **Probes** the engine while connected: a JetStream API request (`$JS.API.INFO`)
+//!   every [`PROBE_EVERY`], one at a time, each given [`PROBE_TIMEOUT`]. [`PROBE_MISSES`]
+//!   misses in a row report [`FromBus::Stalled`], the next answer [`FromBus::Answering`].
+//!   So a relay with no ingest of its own notices an engine that keeps its connections
+//!   open and answers nothing (a SIGSTOPped nats-server), which neither the client nor
+//!   the publishes would tell it.
 
 use super::{
     relay_subject, ClusterAuth, ClusterConfig, FromBus, ToBus, NOT_CONNECTED, NO_RESPONDERS,
-    TIMEOUT,
+    PROBE_EVERY, PROBE_MISSES, PROBE_TIMEOUT, TIMEOUT,
 };
 use async_nats::jetstream::{self, consumer::pull, kv};
 use bytes::Bytes;
@@ -188,6 +194,7 @@ impl Drop for Bridge {
 struct Gone;
 
 /// The thread's end of the channel to the reactor.
+#[derive(Clone)]
 struct Out {
     tx: mpsc::Sender<FromBus>,
     waker: Arc<mio::Waker>,
@@ -346,6 +353,7 @@ async fn run(
         .timeout(config.ack_timeout)
         .build(client.clone());
     let claims = Claims::start(js.clone(), config.clone());
+    let own_prefix = super::publish_id_prefix(&config.relay_id);
     let mut bus = Bus {
         config,
         client,
@@ -361,6 +369,7 @@ async fn run(
         consumer_seq: 0,
         consumer_made: false,
         last_seq: 0,
+        own_prefix,
         watch: None,
         seen_claims: HashMap::new(),
         requests: None,
@@ -369,10 +378,14 @@ async fn run(
         acks: JoinSet::new(),
         responses: JoinSet::new(),
     };
+    let ready = Arc::new(AtomicBool::new(false));
+    tokio::spawn(probe(bus.client.clone(), bus.out.clone(), ready.clone()));
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let r: Result<(), Gone> = async {
         loop {
+            // The prober probes only a connection that is set up.
+            ready.store(bus.ready, Ordering::SeqCst);
             // Unbiased: a long catch-up of the stream must not starve requests, acks or
             // the timers.
             tokio::select! {
@@ -402,6 +415,63 @@ async fn run(
     }
 }
 
+/// The prober: a task of its own, so that no await of the main loop (a consumer being
+/// recreated against a frozen engine waits for its API timeout) delays it. While the
+/// connection is set up (`ready`) it sends a JetStream API request (`$JS.API.INFO`) every
+/// [`PROBE_EVERY`], each given [`PROBE_TIMEOUT`]; [`PROBE_MISSES`] misses in a row report
+/// [`FromBus::Stalled`], the next answer [`FromBus::Answering`]. While not set up it
+/// forgets both (the main loop reports [`FromBus::Disconnected`] and the core leaves a
+/// stall with it).
+async fn probe(client: async_nats::Client, out: Out, ready: Arc<AtomicBool>) {
+    let mut misses = 0u32;
+    let mut stalled = false;
+    loop {
+        let started = Instant::now();
+        if !ready.load(Ordering::SeqCst) {
+            misses = 0;
+            stalled = false;
+            tokio::time::sleep(PROBE_EVERY).await;
+            continue;
+        }
+        let request = client.request("$JS.API.INFO", Bytes::new());
+        let r = match tokio::time::timeout(PROBE_TIMEOUT, request).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+        };
+        if !ready.load(Ordering::SeqCst) {
+            continue;
+        }
+        let sent = match r {
+            Ok(()) => {
+                misses = 0;
+                if std::mem::take(&mut stalled) {
+                    log::info!("cluster: the engine answers again");
+                    out.send(FromBus::Answering).await
+                } else {
+                    Ok(())
+                }
+            }
+            Err(e) => {
+                misses += 1;
+                log::debug!("cluster: probe missed ({e}), {misses} in a row");
+                if misses >= PROBE_MISSES && !stalled {
+                    stalled = true;
+                    let reason = format!("{misses} probes in a row unanswered ({e})");
+                    log::warn!("cluster: the engine does not answer: {reason}");
+                    out.send(FromBus::Stalled { reason }).await
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        if sent.is_err() {
+            return; // the reactor is gone
+        }
+        tokio::time::sleep_until((started + PROBE_EVERY).into()).await;
+    }
+}
+
 /// The thread's state.
 struct Bus {
     config: ClusterConfig,
@@ -425,6 +495,8 @@ struct Bus {
     consumer_made: bool,
     /// The last stream sequence delivered to the reactor.
     last_seq: u64,
+    /// This relay's [`super::publish_id_prefix`].
+    own_prefix: String,
     watch: Option<kv::Watch>,
     /// Claims reported present, and when each expires unless put again.
     seen_claims: HashMap<String, Instant>,
@@ -666,11 +738,20 @@ impl Bus {
             return Ok(());
         }
         self.last_seq = sseq;
+        let own_id = m
+            .message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str())
+            .filter(|v| v.starts_with(&self.own_prefix))
+            .map(str::to_owned);
         self.out
             .send(FromBus::Message {
                 stream_seq: sseq,
                 pending,
                 payload: m.message.payload,
+                own_id,
             })
             .await
     }

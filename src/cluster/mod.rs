@@ -25,7 +25,7 @@
 //! | a session-scoped Event (AEP-0001 §5.2) | [`event_subject`]: `{prefix}.ev.{agent}.{session}` |
 //! | an agent-scoped Event (`agent.*`, AEP-0001 §5.2) | [`agent_subject`]: `{prefix}.ag.{agent}` |
 //! | a relay's own requests (forwarded commands, AEP-0004 §4) | [`relay_subject`]: `{prefix}.relay.{relay}.cmd` |
-//! | the stream's message id | [`msg_id`] of `(source, id)` (AEP-0001 §5.1 #2, §7.4) |
+//! | the stream's message id | [`publish_id`]: the relay, its start and a publish serial (AEP-0003 §5) |
 //! | a claims KV key | [`kv_key`] of its parts |
 //!
 //! Every variable token is encoded with [`subject_token`], which is reversible for names up
@@ -48,9 +48,11 @@ use std::time::Duration;
 /// What the core asks of the bus. Sent to the bridge with `Bridge::send`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToBus {
-    /// Publish one Event (its raw bytes, unchanged) to the stream on `subject`, with the
-    /// header `Nats-Msg-Id: {msg_id}` so that the stream's duplicate window collapses a
-    /// retry (AEP-0001 §7.4).
+    /// Publish one stream message to the stream on `subject`: one Event's raw bytes,
+    /// unchanged, or several Events of that subject, one per line (`\n` between them,
+    /// none holding a raw line break; issue 23: the engine's cost is per message), with the
+    /// header `Nats-Msg-Id: {msg_id}` so that the stream's duplicate window collapses
+    /// this relay's own retry of this publish, and nothing else ([`publish_id`]).
     ///
     /// Pipelined: the bridge never awaits one ack before sending the next publish, and it
     /// sends publishes in the order it receives them. Answered by [`FromBus::Acked`] or
@@ -61,9 +63,9 @@ pub enum ToBus {
         ticket: u64,
         /// The subject: [`event_subject`] or [`agent_subject`].
         subject: String,
-        /// The message id: [`msg_id`] of the Event's `(source, id)`.
+        /// The message id: [`publish_id`] (the same on a retry of this publish).
         msg_id: String,
-        /// The Event as the emitter sent it.
+        /// The Events as their emitters sent them, one per line.
         payload: Bytes,
     },
     /// Put a claim record in the claims KV bucket (`{stream}_claims`). The key is already
@@ -124,6 +126,16 @@ pub enum FromBus {
         /// What was last reported about the connection (an error text, or "disconnected").
         reason: String,
     },
+    /// The engine stopped answering on a connection that stays up: the bridge's probe
+    /// (a JetStream API round trip every [`PROBE_EVERY`]) went unanswered
+    /// [`PROBE_MISSES`] times in a row. Reported whether or not this relay ingests
+    /// anything. [`FromBus::Answering`] follows when a probe is answered again.
+    Stalled {
+        /// What the probes saw.
+        reason: String,
+    },
+    /// A probe is answered again after [`FromBus::Stalled`].
+    Answering,
     /// One stream message from this relay's ordered consumer over the whole stream, in
     /// stream order, each `stream_seq` once: strictly increasing across resets and
     /// reconnects.
@@ -132,8 +144,12 @@ pub enum FromBus {
         stream_seq: u64,
         /// Messages still pending for the consumer after this one (the lag).
         pending: u64,
-        /// The Event bytes as published.
+        /// The payload as published: one Event, or several one per line (see
+        /// [`ToBus::Publish`]).
         payload: Bytes,
+        /// The message's `Nats-Msg-Id` when it starts with this relay's
+        /// [`publish_id_prefix`] (a publish of this relay's own), else `None`.
+        own_id: Option<String>,
     },
     /// The ordered consumer was recreated (after a gap, a deletion, missed heartbeats or a
     /// reconnect); it resumes after the last `stream_seq` delivered.
@@ -210,6 +226,14 @@ pub const NOT_CONNECTED: &str = "not-connected";
 pub const NO_RESPONDERS: &str = "no-responders";
 /// The error of a [`ToBus::Request`] not answered within [`ClusterConfig::request_timeout`].
 pub const TIMEOUT: &str = "timeout";
+
+/// How often the bridge probes the engine with a round trip (a JetStream API request)
+/// while connected, so that a stalled engine is noticed without any ingest.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long one probe waits for its answer before it counts as missed.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Missed probes in a row that make [`FromBus::Stalled`].
+pub const PROBE_MISSES: u32 = 3;
 
 /// The default stream name ([`ClusterConfig::stream`]).
 pub const DEFAULT_STREAM: &str = "AEP";
@@ -433,20 +457,33 @@ pub fn relay_subject(prefix: &str, relay_id: &str) -> String {
     format!("{prefix}.relay.{}.cmd", subject_token(relay_id))
 }
 
-/// The stream's message id (`Nats-Msg-Id`) of the Event `(source, id)`: the lowercase hex
-/// SHA-256 of `source`, a NUL byte and `id` (64 characters). `(source, id)` is the Event's
-/// identity (AEP-0001 §5.1 #2, §7.4), so the same Event sent to two relays is one stream
-/// message; the NUL keeps `("ab", "c")` and `("a", "bc")` apart.
-pub fn msg_id(source: &str, id: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(source.as_bytes());
-    h.update([0u8]);
-    h.update(id.as_bytes());
-    let mut out = String::with_capacity(64);
-    for b in h.finalize() {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+/// The stream's message id (`Nats-Msg-Id`) of one publish: `{relay}.{boot}.{serial}`,
+/// the relay's id encoded with [`subject_token`], the relay's start (milliseconds since the
+/// Unix epoch: a restarted relay never reuses an id within the duplicate window) and a
+/// serial counted per publish by that relay.
+///
+/// It names the publish, never the Event: the stream's duplicate window then collapses
+/// only a relay's own retries of one publish (an ack lost or timed out), never two
+/// deliveries of one Event. AEP-0003 §5 makes a buffering fan-out endpoint a
+/// non-terminal hop: "live fan-out forwards Events as received: at-least-once redelivery
+/// MUST be able to traverse the hop". An id derived from the Event's `(source, id)`, as
+/// issue 15 recommended, swallowed an emitter's re-send and a target's byte-identical
+/// re-acknowledgement (AEP-0004 §3) in the engine; the spec outranks that recommendation.
+/// Buffer admission still dedupes on `(source, id)` at every relay (AEP-0001 §7.4).
+///
+/// ```
+/// use aep_relay::cluster::publish_id;
+/// assert_eq!(publish_id("r1", 1_700_000_000_000, 7), "r1.1700000000000.7");
+/// assert_eq!(publish_id("r 1", 5, 1), "r~201.5.1");
+/// ```
+pub fn publish_id(relay_id: &str, boot: u64, serial: u64) -> String {
+    format!("{}.{boot}.{serial}", subject_token(relay_id))
+}
+
+/// The start of every [`publish_id`] of relay `relay_id`: `{relay}.` (a relay recognises
+/// its own publishes when the stream delivers them).
+pub fn publish_id_prefix(relay_id: &str) -> String {
+    format!("{}.", subject_token(relay_id))
 }
 
 /// A claims KV key from its parts, joined with `.`.
@@ -593,18 +630,16 @@ mod tests {
     }
 
     #[test]
-    fn msg_ids_are_deterministic_and_separate_source_from_id() {
-        let a = msg_id("aep://h/agent/a", "01J");
-        assert_eq!(a, msg_id("aep://h/agent/a", "01J"));
-        assert_eq!(a.len(), 64);
-        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_ne!(msg_id("ab", "c"), msg_id("a", "bc"));
-        assert_ne!(msg_id("s", "1"), msg_id("s", "2"));
-        // SHA-256("\0") for the empty pair: a fixed vector.
-        assert_eq!(
-            msg_id("", ""),
-            "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d"
-        );
+    fn publish_ids_name_the_publish_and_never_collide_across_relays_or_starts() {
+        let a = publish_id("r1", 10, 1);
+        assert_eq!(a, "r1.10.1");
+        assert_ne!(a, publish_id("r1", 10, 2));
+        assert_ne!(a, publish_id("r1", 11, 1), "a restarted relay");
+        assert_ne!(a, publish_id("r2", 10, 1), "another relay");
+        // A relay id with a dot cannot pose as another relay's prefix.
+        assert_ne!(publish_id("r1.10", 1, 1), publish_id("r1", 10, 11));
+        assert!(publish_id("r.1", 3, 4).starts_with(&publish_id_prefix("r.1")));
+        assert!(!publish_id("r1x", 3, 4).starts_with(&publish_id_prefix("r1")));
     }
 
     #[test]

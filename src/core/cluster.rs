@@ -6,10 +6,14 @@
 //! # One stream, one order
 //!
 //! Every Event a relay ingests (HTTP POST, WebSocket, JSONL, [`Core::ingest`]) is
-//! published to the one JetStream stream, with `Nats-Msg-Id` from its `(source, id)`
-//! (AEP-0001 §7 #4: a retry sent to two relays is one message). Nothing is admitted at
-//! ingest: each relay admits and fans out only what its ordered consumer delivers, once
-//! per stream sequence. So every relay builds the same replay buffers in the same order,
+//! published to the one JetStream stream, with a `Nats-Msg-Id` that names the publish
+//! ([`cluster::publish_id`]: relay, start, serial), so the engine collapses only this
+//! relay's own retries of one publish. Nothing is admitted at ingest: each relay admits
+//! and fans out only what its ordered consumer delivers, once per stream sequence, and
+//! exactly as a single relay admits what it ingests: buffer admission dedupes on
+//! `(source, id)` (AEP-0001 §7.4), live fan-out forwards every Event as received,
+//! redeliveries included (AEP-0003 §5: "at-least-once redelivery MUST be able to
+//! traverse the hop"). So every relay builds the same replay buffers in the same order,
 //! and a resume `(session, epoch, seq)` is exact at any of them (AEP-0003 §5, §7). A
 //! `POST /events` is answered 202 once the stream acknowledged all its Events; the
 //! publishes are pipelined.
@@ -17,8 +21,11 @@
 //! # When the engine is down
 //!
 //! With [`Degrade::Local`] the relay serves locally: an Event is admitted and fanned out
-//! at once, and kept in a bounded outbox that is published on reconnect. When it comes
-//! back through the stream it is not fanned out again (its msg id is remembered). With
+//! at once, and kept in a bounded outbox that is published on reconnect. When that
+//! publish comes back through the stream it is not fanned out here again (its publish id
+//! is remembered): a relay's own outbox flush is not a redelivery. With a durable place
+//! ([`Core::set_outbox_log`]: `--history`), each outbox message is kept there before its
+//! Events are answered, and a restarted relay publishes what a previous run left. With
 //! [`Degrade::Refuse`] ingest answers 503 `cluster-unavailable`.
 //!
 //! # Commands across relays (AEP-0004 §4)
@@ -51,8 +58,10 @@ pub enum ClusterState {
     Connected,
     /// Connected, rebuilding from the stream (`/readyz` answers 503).
     CatchingUp,
-    /// Not connected (at start, or the engine is unreachable): serving locally or
-    /// refusing ingest, per `--cluster-degrade` (`/readyz` answers 503).
+    /// The engine is unreachable or stalled after the relay was connected: serving
+    /// locally or refusing ingest, per `--cluster-degrade` (`/readyz` answers 503). A
+    /// relay never connected yet reports [`ClusterState::CatchingUp`] instead, though
+    /// it serves the same way meanwhile.
     Degraded,
 }
 
@@ -67,16 +76,101 @@ impl ClusterState {
     }
 }
 
+/// One stream message this relay publishes: its msg id ([`cluster::publish_id`], kept
+/// through every retry of it, the outbox's included), its subject and its Events.
+#[derive(Debug, Clone)]
+struct Outgoing {
+    id: String,
+    subject: String,
+    events: Vec<Arc<Event>>,
+}
+
+impl Outgoing {
+    /// The message's payload: the Events' bytes, unchanged, one per line (`\n` between
+    /// them); one Event alone is its bytes as they are (no copy).
+    fn payload(&self) -> Bytes {
+        if let [one] = &self.events[..] {
+            return one.bytes().clone();
+        }
+        let len = self
+            .events
+            .iter()
+            .map(|e| e.bytes().len() + 1)
+            .sum::<usize>()
+            - 1;
+        let mut b = Vec::with_capacity(len);
+        for (i, e) in self.events.iter().enumerate() {
+            if i > 0 {
+                b.push(b'\n');
+            }
+            b.extend_from_slice(e.bytes());
+        }
+        Bytes::from(b)
+    }
+}
+
+/// What a message takes besides its payload (subject, `Nats-Msg-Id` and the protocol's
+/// own headers), kept free under the server's `max_payload`.
+const MESSAGE_OVERHEAD: usize = 512;
+/// The most payload one message carries even when the server allows more (1 MiB, the
+/// server's default `max_payload`): an outbox message made before the first connection
+/// (when the server's limit is not known yet) fits a default server.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// Splits one stream message into its Events (see [`Outgoing::payload`]): several, one
+/// per line, or one Event alone, raw line breaks and all (an Event with a raw line break
+/// always travels alone: its first line is then no Event). Each Event that a replay
+/// buffer may keep gets bytes of its own when it is only part of the message
+/// ([`super::keepable`]). A line that is no Event is skipped with a warning (relays
+/// publish only validated Events).
+fn split_message(seq: u64, payload: Bytes) -> Vec<Arc<Event>> {
+    let backing = payload.len();
+    let whole = |payload: Bytes| match Event::parse(payload) {
+        Ok(ev) => vec![Arc::new(super::keepable(ev, backing))],
+        Err(e) => {
+            log::warn!(
+                "cluster: stream message {seq} is not a valid Event ({}); skipped",
+                e.detail
+            );
+            Vec::new()
+        }
+    };
+    if memchr::memchr(b'\n', &payload).is_none() {
+        return whole(payload);
+    }
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < payload.len() {
+        let end = memchr::memchr(b'\n', &payload[start..]).map_or(payload.len(), |i| start + i);
+        if !payload[start..end].iter().all(u8::is_ascii_whitespace) {
+            match Event::parse(payload.slice(start..end)) {
+                Ok(ev) => out.push(Arc::new(super::keepable(ev, backing))),
+                Err(_) if out.is_empty() => return whole(payload),
+                Err(e) => log::warn!(
+                    "cluster: a line of stream message {seq} is not a valid Event ({}); skipped",
+                    e.detail
+                ),
+            }
+        }
+        start = end + 1;
+    }
+    out
+}
+
+/// A WebSocket emitter to tell when its Event fails for good: its key and peer (the
+/// same key may be another connection by then).
+type Emitter = Option<(usize, std::net::SocketAddr)>;
+
 /// What a publish's ticket is for.
 #[derive(Debug)]
 enum Ticket {
-    /// An Event of the `POST` with this serial.
-    Post(u64, Arc<Event>),
+    /// A message of the `POST` with this serial.
+    Post(u64, Outgoing),
     /// An outbox entry, by its serial.
     Outbox(u64),
     /// Published with no one waiting (WebSocket, JSONL, host ingest, a routed command),
     /// with the WebSocket emitter to tell when it fails for good (its key and peer).
-    Loose(Arc<Event>, Option<(usize, std::net::SocketAddr)>),
+    Loose(Outgoing, Emitter),
 }
 
 /// A `POST /events` waiting for the stream's acknowledgements.
@@ -86,9 +180,9 @@ struct Post {
     close: bool,
     accepted: usize,
     remaining: usize,
-    /// Events whose publish failed, with their tickets (in the body's order once sorted:
-    /// acks come in any order).
-    failed: Vec<(u64, Arc<Event>)>,
+    /// Messages whose publish failed, with their tickets (in the body's order once
+    /// sorted: acks come in any order).
+    failed: Vec<(u64, Outgoing)>,
 }
 
 /// A remote claim record: one relay's claimants of one session.
@@ -106,6 +200,8 @@ struct RemoteClaim {
 #[derive(Debug)]
 pub(super) struct Bus {
     config: ClusterConfig,
+    /// When this relay started (ms since the Unix epoch): the middle of its publish ids.
+    boot: u64,
     state: ClusterState,
     /// Whether the relay was ever connected (a later `Connected` is a reconnect).
     ever_connected: bool,
@@ -120,11 +216,18 @@ pub(super) struct Bus {
     next_ticket: u64,
     tickets: HashMap<u64, Ticket>,
     posts: HashMap<u64, Post>,
-    /// Events admitted locally while degraded, not yet acknowledged by the stream.
-    outbox: BTreeMap<u64, (Arc<Event>, bool)>,
-    /// Msg ids of Events already delivered here (outbox Events, commands given to their
-    /// claimant directly): not fanned out again when the stream delivers them, except to
-    /// the connection named, which is skipped.
+    /// Messages of Events admitted locally while degraded, not yet acknowledged by the
+    /// stream, with whether a publish of each is in flight.
+    outbox: BTreeMap<u64, (Outgoing, bool)>,
+    /// Events in `outbox`.
+    outbox_events: usize,
+    /// Where the outbox is kept durably (`--history`), if anywhere.
+    log: Option<Box<dyn super::OutboxLog>>,
+    /// Publish ids of this relay's messages whose Events were delivered here already
+    /// (the outbox, commands given to their claimant directly): when the stream delivers
+    /// that very message, it is not fanned out again, except to everyone but the
+    /// connection named. Keyed by the publish, never by the Event: a relay's own outbox
+    /// flush is not a redelivery, an emitter's re-send is (AEP-0003 §5).
     delivered: HashMap<String, Option<ConnId>>,
     remote: HashMap<String, RemoteClaim>,
     /// The other relays' presence records (`{relay, state, lag, outbox, applied}`), by
@@ -144,14 +247,15 @@ pub(super) struct Bus {
     /// outbox is back through the stream, the store is rebuilt from them, so it is again
     /// what every other relay built (the same rings, in the same order).
     provisional: Option<(super::Store<Event>, Vec<Arc<Event>>)>,
+    /// WebSocket Events accepted for the stream and not yet published, with their
+    /// emitter: published together when the reactor next takes what is for the bridge
+    /// (so the messages of one read travel as few stream messages as they can), or
+    /// before any other publish.
+    loose: Vec<(Arc<Event>, Emitter)>,
     /// Stream messages admitted since the last output, published as one ingest unit
     /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
     /// next asks for output.
     batch: Vec<Arc<Event>>,
-    /// Hashes of `(source, id)` of the Events in `batch`: a duplicate within one wake is
-    /// found in O(1) (confirmed against the batch only on a hash match).
-    batch_keys: HashSet<u64>,
-    hasher: std::collections::hash_map::RandomState,
     /// Counters for `/metrics`.
     pub(super) reconnects: u64,
     pub(super) consumer_resets: u64,
@@ -160,9 +264,10 @@ pub(super) struct Bus {
 
 impl Bus {
     /// The cluster state for a relay configured with `config`, not connected yet.
-    pub(super) fn new(config: ClusterConfig) -> Bus {
+    pub(super) fn new(config: ClusterConfig, boot: u64) -> Bus {
         Bus {
             config,
+            boot,
             state: ClusterState::Degraded,
             ever_connected: false,
             max_payload: usize::MAX,
@@ -174,6 +279,8 @@ impl Bus {
             tickets: HashMap::new(),
             posts: HashMap::new(),
             outbox: BTreeMap::new(),
+            outbox_events: 0,
+            log: None,
             delivered: HashMap::new(),
             remote: HashMap::new(),
             relays: BTreeMap::new(),
@@ -183,8 +290,7 @@ impl Bus {
             stalled: false,
             provisional: None,
             batch: Vec::new(),
-            batch_keys: HashSet::new(),
-            hasher: Default::default(),
+            loose: Vec::new(),
             reconnects: 0,
             consumer_resets: 0,
             publish_errors: 0,
@@ -213,20 +319,126 @@ impl Bus {
         }
     }
 
-    /// The publish of `ev` (its subject from the scanned attributes, never the other way
-    /// round: relays route on the Event, not on the subject).
-    fn publish(&mut self, ev: &Event, ticket: u64) {
+    /// The subject of `ev`, from its scanned attributes (never the other way round:
+    /// relays route on the Event, not on the subject).
+    fn subject_of(&self, ev: &Event) -> String {
         let agent = ev.attr(Attr::Agent).unwrap_or_default();
         let prefix = &self.config.prefix;
-        let subject = match (ev.scope(), ev.session()) {
+        match (ev.scope(), ev.session()) {
             (Scope::Agent, _) | (_, None) => cluster::agent_subject(prefix, agent),
             (_, Some(s)) => cluster::event_subject(prefix, agent, s),
+        }
+    }
+
+    /// The stream messages of one ingest unit, each with a publish id of its own: the
+    /// Events that share a subject travel together, in their order, as few messages as
+    /// fit under the server's `max_payload` (issue 23: the engine's cost is per message,
+    /// not per byte). Messages come in the order their first Event came, so each
+    /// subject's (each session's) Events keep their order in the stream; an Event with a
+    /// raw line break travels alone, and nothing of its subject joins a message before it.
+    fn outgoing(&mut self, events: Vec<Arc<Event>>) -> Vec<Outgoing> {
+        let room = self
+            .max_payload
+            .min(MAX_MESSAGE)
+            .saturating_sub(MESSAGE_OVERHEAD);
+        let mut out: Vec<Outgoing> = Vec::new();
+        // Per subject: the message its next Event may join, and that message's size.
+        let mut open: HashMap<String, (usize, usize)> = HashMap::new();
+        for ev in events {
+            let subject = self.subject_of(&ev);
+            let len = ev.bytes().len();
+            let alone = memchr::memchr(b'\n', ev.bytes()).is_some();
+            if !alone {
+                if let Some((i, size)) = open.get_mut(&subject) {
+                    if *size + 1 + len <= room {
+                        *size += 1 + len;
+                        out[*i].events.push(ev);
+                        continue;
+                    }
+                }
+            }
+            let serial = self.serial();
+            out.push(Outgoing {
+                id: cluster::publish_id(&self.config.relay_id, self.boot, serial),
+                subject: subject.clone(),
+                events: vec![ev],
+            });
+            if alone {
+                open.remove(&subject);
+            } else {
+                open.insert(subject, (out.len() - 1, len));
+            }
+        }
+        out
+    }
+
+    /// Publishes the WebSocket Events held since the last call ([`Bus::loose`]) as one
+    /// ingest unit per emitter: the WebSocket messages of one read travel together.
+    fn flush_loose(&mut self) {
+        if self.loose.is_empty() {
+            return;
+        }
+        let loose = std::mem::take(&mut self.loose);
+        let mut run: Vec<Arc<Event>> = Vec::new();
+        let mut emitter = loose[0].1;
+        for (ev, e) in loose {
+            if e != emitter {
+                let events = std::mem::take(&mut run);
+                for o in self.outgoing(events) {
+                    self.send_publish(o, |o| Ticket::Loose(o, emitter));
+                }
+                emitter = e;
+            }
+            run.push(ev);
+        }
+        for o in self.outgoing(run) {
+            self.send_publish(o, |o| Ticket::Loose(o, emitter));
+        }
+    }
+
+    /// Keeps `msgs` in the durable outbox, if there is one; on a failure, none of them.
+    fn log_keep(&mut self, msgs: &[Outgoing]) -> Result<(), String> {
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
         };
+        for (i, o) in msgs.iter().enumerate() {
+            if let Err(e) = log.keep(&o.id, &o.subject, &o.payload()) {
+                for o in &msgs[..i] {
+                    log.done(&o.id);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The message `id` needs no durable place any more.
+    fn log_done(&mut self, id: &str) {
+        if let Some(log) = self.log.as_mut() {
+            log.done(id);
+        }
+    }
+
+    /// Publishes `o` under a fresh ticket made of it by `ticket`, behind the WebSocket
+    /// Events held so far (the stream keeps the order they came in).
+    fn publish_with(&mut self, o: Outgoing, ticket: impl FnOnce(Outgoing) -> Ticket) {
+        self.flush_loose();
+        self.send_publish(o, ticket);
+    }
+
+    fn send_publish(&mut self, o: Outgoing, ticket: impl FnOnce(Outgoing) -> Ticket) {
+        let n = self.serial();
+        self.publish(&o, n);
+        self.tickets.insert(n, ticket(o));
+    }
+
+    /// The publish of `o` (again, on a retry: the same msg id).
+    fn publish(&mut self, o: &Outgoing, ticket: u64) {
         self.to_bus.push_back(ToBus::Publish {
             ticket,
-            subject,
-            msg_id: cluster::msg_id(ev.source(), ev.id()),
-            payload: ev.bytes().clone(),
+            subject: o.subject.clone(),
+            msg_id: o.id.clone(),
+            payload: o.payload(),
         });
     }
 
@@ -250,20 +462,20 @@ impl Bus {
             .collect();
         for serial in waiting {
             let t = self.ticket(Ticket::Outbox(serial));
-            let (ev, in_flight) = self.outbox.get_mut(&serial).expect("listed");
+            let (o, in_flight) = self.outbox.get_mut(&serial).expect("listed");
             *in_flight = true;
-            let ev = ev.clone();
-            self.publish(&ev, t);
+            let o = o.clone();
+            self.publish(&o, t);
         }
     }
 
     /// The state, the consumer's lag and the outbox size (`/healthz`).
     pub(super) fn health(&self) -> Value {
         json!({
-            "state": self.state.as_str(),
+            "state": self.state().as_str(),
             "relay": self.config.relay_id,
             "lag": self.lag,
-            "outbox": self.outbox.len(),
+            "outbox": self.outbox_events,
             "applied": self.applied,
             "remote_claims": self.remote.len(),
         })
@@ -288,9 +500,15 @@ impl Bus {
             .collect()
     }
 
-    /// The state.
+    /// The state as reported (`/healthz`, `/readyz`, the state metric): a relay that
+    /// was never connected is `catching-up` until it is connected and caught up, not
+    /// `degraded` (issue 23); it serves as a degraded one meanwhile.
     pub(super) fn state(&self) -> ClusterState {
-        self.state
+        if self.state == ClusterState::Degraded && !self.ever_connected {
+            ClusterState::CatchingUp
+        } else {
+            self.state
+        }
     }
 
     /// Messages the consumer still has to deliver.
@@ -300,7 +518,7 @@ impl Bus {
 
     /// Events in the outbox.
     pub(super) fn outbox_len(&self) -> usize {
-        self.outbox.len()
+        self.outbox_events
     }
 
     /// Remote claimants of `session` (relay, accepts of each).
@@ -381,6 +599,63 @@ impl Core {
         self.bus.is_some()
     }
 
+    /// Gives a clustered relay a durable outbox (issue 23), with the messages a previous
+    /// run left in it: `(publish id, subject, payload)`, in order. Those are published
+    /// with their own ids once connected (the stream collapses one that got in before),
+    /// are not delivered here again when the stream brings them back (their Events are
+    /// in the history, so in the replay store already), and once they are all in the
+    /// stream the replay store is rebuilt in the stream's order, as every other relay
+    /// has it. A no-op for a single relay.
+    pub fn set_outbox_log(
+        &mut self,
+        log: Box<dyn super::OutboxLog>,
+        kept: Vec<(String, String, Bytes)>,
+    ) {
+        let (buffer, sessions) = (self.config.buffer_per_session, self.config.max_sessions);
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        bus.log = Some(log);
+        if kept.is_empty() {
+            return;
+        }
+        // Everything the stream delivers from its start this run, to rebuild from.
+        bus.provisional = Some((super::Store::new(buffer, sessions), Vec::new()));
+        let mut events = 0;
+        for (id, subject, payload) in kept {
+            let evs = split_message(0, payload);
+            events += evs.len();
+            if !evs.is_empty() {
+                self.insert_outbox(Outgoing {
+                    id,
+                    subject,
+                    events: evs,
+                });
+            }
+        }
+        log::info!("cluster: {events} Events of the last run's outbox, to publish once connected");
+    }
+
+    /// What a stop leaves of the outbox, for the log (`None`: nothing).
+    pub(super) fn outbox_left(&self) -> Option<String> {
+        let bus = self.bus.as_ref()?;
+        let n = bus.outbox_len();
+        (n > 0).then(|| match &bus.log {
+            Some(log) => format!(
+                "{n} Events of the cluster outbox did not reach the stream in time; they stay in {} and are published at the next start",
+                log.place()
+            ),
+            None => format!(
+                "{n} Events of the cluster outbox did not reach the stream in time and are lost to the cluster (no --history: the outbox is in memory only)"
+            ),
+        })
+    }
+
+    /// Events in the cluster outbox (0 for a single relay).
+    pub fn outbox_len(&self) -> usize {
+        self.bus.as_ref().map_or(0, |b| b.outbox_len())
+    }
+
     /// The cluster state, when clustered.
     pub fn cluster_state(&self) -> Option<ClusterState> {
         self.bus.as_ref().map(|b| b.state())
@@ -398,7 +673,11 @@ impl Core {
     /// subscription must wait (it would get history as live Events, and a resume could
     /// not be exact yet); `None` otherwise. Subscriptions made before keep their Events.
     pub(super) fn catching_up(&self) -> Option<&'static str> {
-        (self.cluster_state() == Some(ClusterState::CatchingUp)).then_some(
+        let up_and_behind = self
+            .bus
+            .as_ref()
+            .is_some_and(|b| b.state == ClusterState::CatchingUp);
+        up_and_behind.then_some(
             "this relay is catching up with the cluster's stream; subscribe again shortly (GET /readyz says when it is ready)",
         )
     }
@@ -407,6 +686,7 @@ impl Core {
     /// every call into the core, as it does [`Core::poll_output`].
     pub fn poll_bus(&mut self) -> Option<ToBus> {
         let bus = self.bus.as_mut()?;
+        bus.flush_loose();
         if !bus.claims_dirty.is_empty() {
             let sessions: Vec<String> = bus.claims_dirty.drain().collect();
             for s in sessions {
@@ -441,7 +721,7 @@ impl Core {
                 log::info!(
                     "cluster: connected (stream at {last_seq}, applied {}); {} Events in the outbox",
                     bus.applied,
-                    bus.outbox.len()
+                    bus.outbox_events
                 );
                 bus.stalled = false;
                 // The outbox, in order, then every local claim again.
@@ -468,6 +748,7 @@ impl Core {
                 stream_seq,
                 pending,
                 payload,
+                own_id,
             } => {
                 // Behind by what the consumer says is pending, or by what the stream held
                 // at the connection, whichever is more; nothing once caught up.
@@ -488,10 +769,25 @@ impl Core {
                     bus.state = ClusterState::Connected;
                     log::info!("cluster: caught up at stream sequence {stream_seq}");
                 }
-                self.admit_from_stream(stream_seq, payload);
+                self.admit_from_stream(stream_seq, payload, own_id);
                 self.settle_provisional();
             }
             FromBus::ConsumerReset => bus.consumer_resets += 1,
+            FromBus::Stalled { reason } => {
+                if bus.state != ClusterState::Degraded {
+                    log::warn!("cluster: the engine stalled ({reason}); degraded until it answers");
+                    bus.state = ClusterState::Degraded;
+                    bus.stalled = true;
+                }
+            }
+            FromBus::Answering => {
+                if bus.stalled {
+                    bus.stalled = false;
+                    bus.state = bus.up_state();
+                    log::info!("cluster: the engine answers again");
+                    bus.flush_outbox();
+                }
+            }
             FromBus::Acked { ticket, .. } => {
                 self.acked(ticket, None);
                 self.settle_provisional();
@@ -665,8 +961,15 @@ impl Core {
                 detail: "not clustered".into(),
             });
         };
-        // Headers and subject take some room of their own.
-        let max = bus.max_payload.saturating_sub(512);
+        // Headers and subject take some room of their own. Before the first connection
+        // the server's limit is unknown: its default (1 MiB), so that nothing the
+        // outbox takes meanwhile is too big to publish later.
+        let limit = if bus.ever_connected {
+            bus.max_payload
+        } else {
+            MAX_MESSAGE
+        };
+        let max = limit.saturating_sub(MESSAGE_OVERHEAD);
         if let Some((i, ev)) = events
             .iter()
             .enumerate()
@@ -687,12 +990,17 @@ impl Core {
             _ => None,
         };
         let bus = self.bus.as_mut().expect("clustered");
+        if let Waiter::Ws(_) = waiter {
+            bus.loose.extend(events.into_iter().map(|ev| (ev, emitter)));
+            return Ok(Submitted::Now(n));
+        }
+        let msgs = bus.outgoing(events);
         match waiter {
             Waiter::Post(key, close) => {
                 let serial = bus.serial();
-                for ev in &events {
-                    let t = bus.ticket(Ticket::Post(serial, ev.clone()));
-                    bus.publish(ev, t);
+                let remaining = msgs.len();
+                for o in msgs {
+                    bus.publish_with(o, |o| Ticket::Post(serial, o));
                 }
                 bus.posts.insert(
                     serial,
@@ -700,7 +1008,7 @@ impl Core {
                         key,
                         close,
                         accepted: n,
-                        remaining: n,
+                        remaining,
                         failed: Vec::new(),
                     },
                 );
@@ -712,9 +1020,8 @@ impl Core {
                 Ok(Submitted::Waiting)
             }
             Waiter::Ws(_) | Waiter::None => {
-                for ev in events {
-                    let t = bus.ticket(Ticket::Loose(ev.clone(), emitter));
-                    bus.publish(&ev, t);
+                for o in msgs {
+                    bus.publish_with(o, |o| Ticket::Loose(o, emitter));
                 }
                 Ok(Submitted::Now(n))
             }
@@ -724,32 +1031,71 @@ impl Core {
     /// Ingest while the engine is unreachable (see the module docs).
     fn degraded(&mut self, events: Vec<Arc<Event>>) -> Result<usize, Refusal> {
         let bus = self.bus.as_mut().expect("clustered");
+        let msgs = bus.outgoing(events);
+        self.degraded_msgs(msgs)
+    }
+
+    /// Messages that did not reach the stream, served locally and kept in the outbox
+    /// with their msg ids (a retry of a publish that did get in is then collapsed by the
+    /// stream, and not fanned out here again when it comes back).
+    fn degraded_msgs(&mut self, msgs: Vec<Outgoing>) -> Result<usize, Refusal> {
+        let bus = self.bus.as_mut().expect("clustered");
+        let n: usize = msgs.iter().map(|o| o.events.len()).sum();
         if bus.config.degrade == Degrade::Refuse {
             return Err(Refusal::ClusterUnavailable {
                 detail: "the engine is unreachable and this relay refuses local ingest (--cluster-degrade refuse)".into(),
             });
         }
-        if bus.outbox.len() + events.len() > bus.config.outbox {
+        if bus.outbox_events + n > bus.config.outbox {
             return Err(Refusal::ClusterUnavailable {
                 detail: format!(
                     "the engine is unreachable and the outbox holds {} Events already (its bound)",
-                    bus.outbox.len()
+                    bus.outbox_events
                 ),
             });
         }
-        self.persist(&events)?;
-        for ev in &events {
-            self.keep_in_outbox(ev);
+        let events: Vec<Arc<Event>> = msgs.iter().flat_map(|o| o.events.iter().cloned()).collect();
+        // On disk before it is answered (issue 23), then in the history.
+        bus.log_keep(&msgs)
+            .map_err(|detail| Refusal::HistoryUnavailable { detail })?;
+        if let Err(r) = self.persist(&events) {
+            let bus = self.bus.as_mut().expect("clustered");
+            for o in &msgs {
+                bus.log_done(&o.id);
+            }
+            return Err(r);
         }
-        let n = events.len();
+        for o in msgs {
+            self.insert_outbox(o);
+        }
         self.publish_unit(events);
         Ok(n)
     }
 
     /// Keeps `ev`, delivered here already, for the stream: published on (re)connect, and
-    /// not delivered here again when the stream brings it back. A no-op for a single
-    /// relay.
+    /// not delivered here again when the stream brings that publish back. A no-op for a
+    /// single relay.
     pub(super) fn keep_in_outbox(&mut self, ev: &Arc<Event>) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let o = bus.outgoing(vec![ev.clone()]).pop().expect("one");
+        self.keep_msg_in_outbox(o);
+    }
+
+    /// [`Core::keep_in_outbox`] for a message with its msg id.
+    fn keep_msg_in_outbox(&mut self, o: Outgoing) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        if let Err(e) = bus.log_keep(std::slice::from_ref(&o)) {
+            log::warn!("cluster: outbox message {} not kept on disk: {e}", o.id);
+        }
+        self.insert_outbox(o);
+    }
+
+    /// Puts `o`, kept on disk already (or with no durable place), in the outbox.
+    fn insert_outbox(&mut self, o: Outgoing) {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -758,9 +1104,9 @@ impl Core {
             bus.provisional = Some((self.store.clone(), Vec::new()));
         }
         let serial = bus.serial();
-        bus.outbox.insert(serial, (ev.clone(), false));
-        bus.delivered
-            .insert(cluster::msg_id(ev.source(), ev.id()), None);
+        bus.delivered.insert(o.id.clone(), None);
+        bus.outbox_events += o.events.len();
+        bus.outbox.insert(serial, (o, false));
         if bus.state != ClusterState::Degraded {
             // A publish that failed while connected: straight back to the engine.
             bus.flush_outbox();
@@ -794,7 +1140,12 @@ impl Core {
         match t {
             Ticket::Outbox(serial) => match error {
                 None => {
-                    bus.outbox.remove(&serial);
+                    if let Some((o, _)) = bus.outbox.remove(&serial) {
+                        bus.outbox_events -= o.events.len();
+                        bus.log_done(&o.id);
+                    }
+                    // A shutdown may wait for the outbox.
+                    self.check_drained();
                 }
                 Some(e) => {
                     log::debug!("cluster: outbox publish failed ({e}); kept, retried");
@@ -803,31 +1154,35 @@ impl Core {
                     }
                 }
             },
-            Ticket::Loose(ev, emitter) => {
+            Ticket::Loose(o, emitter) => {
                 if let Some(e) = error {
                     log::warn!(
-                        "cluster: publish of {:?} failed ({e}); kept locally",
-                        ev.id()
+                        "cluster: publish {} ({} Events) failed ({e}); kept locally",
+                        o.id,
+                        o.events.len()
                     );
-                    let id = cluster::msg_id(ev.source(), ev.id());
-                    match bus.delivered.remove(&id) {
+                    match bus.delivered.remove(&o.id) {
                         // A command its claimant already has: the observers here get
                         // it now, the stream on reconnect.
                         Some(Some(claimant)) => {
-                            if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+                            if let Err(r) = self.persist(&o.events) {
                                 log::warn!("cluster: command not kept in the history: {r}");
                             }
-                            self.keep_in_outbox(&ev);
+                            let ev = o.events[0].clone();
+                            self.keep_msg_in_outbox(o);
                             self.publish_except(ev, claimant);
                         }
                         _ => {
-                            if let Err(r) = self.degraded(vec![ev.clone()]) {
-                                log::warn!("cluster: Event {:?} not accepted: {r}", ev.id());
+                            let events = o.events.clone();
+                            if let Err(r) = self.degraded_msgs(vec![o]) {
                                 // The emitter, if still the same connection, hears it.
-                                if let Some((key, peer)) = emitter {
-                                    if self.conns.get(key).is_some_and(|c| c.peer == peer) {
-                                        let d = r.to_string();
-                                        self.ws_refuse(key, r.code(), Ref::Id(ev.id()), &d);
+                                for ev in events {
+                                    log::warn!("cluster: Event {:?} not accepted: {r}", ev.id());
+                                    if let Some((key, peer)) = emitter {
+                                        if self.conns.get(key).is_some_and(|c| c.peer == peer) {
+                                            let d = r.to_string();
+                                            self.ws_refuse(key, r.code(), Ref::Id(ev.id()), &d);
+                                        }
                                     }
                                 }
                             }
@@ -835,13 +1190,13 @@ impl Core {
                     }
                 }
             }
-            Ticket::Post(serial, ev) => {
+            Ticket::Post(serial, o) => {
                 let Some(post) = bus.posts.get_mut(&serial) else {
                     return;
                 };
                 post.remaining -= 1;
                 if error.is_some() {
-                    post.failed.push((ticket, ev));
+                    post.failed.push((ticket, o));
                 }
                 if post.remaining > 0 {
                     return;
@@ -877,7 +1232,7 @@ impl Core {
             );
             let mut failed = failed;
             failed.sort_unstable_by_key(|(t, _)| *t);
-            self.degraded(failed.into_iter().map(|(_, ev)| ev).collect())
+            self.degraded_msgs(failed.into_iter().map(|(_, o)| o).collect())
                 .map(|_| accepted)
         };
         if let Ok(n) = outcome {
@@ -917,8 +1272,8 @@ impl Core {
         // the outbox: the stream's dedupe drops a copy that did get in) or refused.
         let mut unanswered = Vec::new();
         bus.tickets.retain(|n, t| match t {
-            Ticket::Post(s, ev) if *s == serial => {
-                unanswered.push((*n, ev.clone()));
+            Ticket::Post(s, o) if *s == serial => {
+                unanswered.push((*n, o.clone()));
                 false
             }
             _ => true,
@@ -934,21 +1289,16 @@ impl Core {
     }
 
     /// One stream message: admitted and fanned out (once per stream sequence; the caller
-    /// checked the sequence).
-    fn admit_from_stream(&mut self, seq: u64, payload: Bytes) {
-        let ev = match Event::parse(payload) {
-            Ok(ev) => Arc::new(ev),
-            Err(e) => {
-                log::warn!(
-                    "cluster: stream message {seq} is not a valid Event ({}); skipped",
-                    e.detail
-                );
-                return;
-            }
-        };
+    /// checked the sequence), exactly as a single relay admits an ingested Event: buffer
+    /// admission dedupes on `(source, id)`, live fan-out forwards every Event as received,
+    /// redeliveries included (AEP-0003 §5). Only this relay's own message whose Events
+    /// were delivered here already (`own_id` in `Bus::delivered`: the outbox, a command
+    /// given to its claimant) is not fanned out again to them.
+    fn admit_from_stream(&mut self, seq: u64, payload: Bytes, own_id: Option<String>) {
+        let events = split_message(seq, payload);
         let bus = self.bus.as_mut().expect("clustered");
         if let Some((_, log)) = bus.provisional.as_mut() {
-            log.push(ev.clone());
+            log.extend(events.iter().cloned());
             // Bounded: past what the replay buffers can hold twice over, the rebuild is
             // given up (the store then keeps its local order until a restart).
             let cap = self
@@ -960,38 +1310,23 @@ impl Core {
                 bus.provisional = None;
             }
         }
-        // The msg id (a SHA-256) only when something waits for one.
-        let delivered = if bus.delivered.is_empty() {
-            None
-        } else {
-            bus.delivered.remove(&cluster::msg_id(ev.source(), ev.id()))
+        let delivered = match own_id {
+            Some(id) if !bus.delivered.is_empty() => bus.delivered.remove(&id),
+            _ => None,
         };
-        let except = match delivered {
-            // Delivered here already (an outbox Event): nothing more to do.
-            Some(None) => return,
+        match delivered {
+            // Delivered here already (an outbox message): nothing more to do.
+            Some(None) => {}
+            None => bus.batch.extend(events),
             // A command given to its claimant directly: everyone else gets it now.
-            Some(Some(c)) => Some(c),
-            None => None,
-        };
-        use std::hash::BuildHasher;
-        let key = bus.hasher.hash_one((ev.source(), ev.id()));
-        let in_batch = bus.batch_keys.contains(&key)
-            && bus
-                .batch
-                .iter()
-                .any(|e| e.source() == ev.source() && e.id() == ev.id());
-        if !ev.is_command() && (in_batch || self.store.holds(&ev)) {
-            return; // the same (source, id) again (AEP-0001 §7 #4)
-        }
-        bus.batch_keys.insert(key);
-        match except {
-            None => bus.batch.push(ev),
-            Some(c) => {
+            Some(Some(c)) => {
                 self.flush_stream_batch();
-                if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
+                if let Err(r) = self.persist(&events) {
                     log::warn!("cluster: stream message {seq} not kept in the history: {r}");
                 }
-                self.publish_except(ev, c);
+                for ev in events {
+                    self.publish_except(ev, c);
+                }
             }
         }
     }
@@ -1007,7 +1342,6 @@ impl Core {
             return;
         }
         let batch = std::mem::take(&mut bus.batch);
-        bus.batch_keys.clear();
         if let Err(r) = self.persist(&batch) {
             // The stream keeps them; this relay's history misses them.
             log::warn!(
@@ -1129,10 +1463,9 @@ impl Core {
         self.metrics.ingested_ws += 1;
         let ev = Arc::new(ev);
         let bus = self.bus.as_mut().expect("clustered");
-        bus.delivered
-            .insert(cluster::msg_id(ev.source(), ev.id()), Some(target));
-        let t = bus.ticket(Ticket::Loose(ev.clone(), None));
-        bus.publish(&ev, t);
+        let o = bus.outgoing(vec![ev]).pop().expect("one");
+        bus.delivered.insert(o.id.clone(), Some(target));
+        bus.publish_with(o, |o| Ticket::Loose(o, None));
         Ok(())
     }
 }

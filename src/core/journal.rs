@@ -46,3 +46,19 @@ impl Journal for UnavailableJournal {
         Err(self.reason.clone())
     }
 }
+
+/// Keeps the cluster outbox durably (issue 23): the messages a clustered relay admitted
+/// locally while the engine was away, until the stream has them. The core calls it
+/// synchronously, before the Events are answered; the reactor opens the file
+/// (`crate::outbox::OutboxFile`) and hands the core what a previous run left.
+pub trait OutboxLog: std::fmt::Debug + Send {
+    /// Keeps one message (its publish id, subject and payload) before it is answered.
+    ///
+    /// # Errors
+    /// What failed; the Events are then refused (503 `history-unavailable`).
+    fn keep(&mut self, id: &str, subject: &str, payload: &bytes::Bytes) -> Result<(), String>;
+    /// The message `id` is in the stream: it need not be kept any more.
+    fn done(&mut self, id: &str);
+    /// Where the messages are kept, for the log.
+    fn place(&self) -> String;
+}

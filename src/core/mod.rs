@@ -59,7 +59,7 @@ mod timer;
 mod ws;
 
 pub use cluster::ClusterState;
-pub use journal::{Journal, NoJournal, UnavailableJournal};
+pub use journal::{Journal, NoJournal, OutboxLog, UnavailableJournal};
 
 /// The code of a 404 answer: counted in `/metrics`, but not among the `/status`
 /// refusals (see `Core::status_json`).
@@ -417,7 +417,7 @@ impl Core {
             bus: config
                 .cluster
                 .clone()
-                .map(|c| Box::new(cluster::Bus::new(c))),
+                .map(|c| Box::new(cluster::Bus::new(c, unix_ms))),
             config,
         }
     }
@@ -572,10 +572,18 @@ impl Core {
         if let Some(deadline) = self.shutdown_deadline {
             if !self.stopped && now >= deadline {
                 let n = self.conns.len();
-                log::warn!("shutdown deadline passed with {n} connections not flushed");
                 self.stopped = true;
-                self.outputs
-                    .push_back(Output::Stop(Stop::DeadlinePassed(n)));
+                if let Some(left) = self.outbox_left() {
+                    log::warn!("shutdown: {left}");
+                }
+                if n == 0 {
+                    // Only the outbox was waited for: every connection is flushed.
+                    self.outputs.push_back(Output::Stop(Stop::Drained));
+                } else {
+                    log::warn!("shutdown deadline passed with {n} connections not flushed");
+                    self.outputs
+                        .push_back(Output::Stop(Stop::DeadlinePassed(n)));
+                }
             }
         }
     }
@@ -778,6 +786,13 @@ impl Core {
             self.config.shutdown_deadline
         );
         self.shutdown_deadline = Some(now + self.config.shutdown_deadline);
+        let outbox = self.outbox_len();
+        if outbox > 0 {
+            log::info!(
+                "shutting down: waiting up to {:?} for the {outbox} Events of the cluster outbox to reach the stream",
+                self.config.shutdown_deadline
+            );
+        }
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
         for key in keys {
             let conn = &mut self.conns[key];
@@ -941,9 +956,14 @@ impl Core {
         self.check_drained();
     }
 
-    /// During a graceful shutdown, stops once the last connection is gone.
+    /// During a graceful shutdown, stops once the last connection is gone and, clustered,
+    /// the outbox is in the stream (bounded by the shutdown deadline, issue 23).
     fn check_drained(&mut self) {
-        if self.shutdown_deadline.is_some() && self.conns.is_empty() && !self.stopped {
+        if self.shutdown_deadline.is_some()
+            && self.conns.is_empty()
+            && !self.stopped
+            && self.outbox_len() == 0
+        {
             log::info!("shutdown complete: every connection flushed and closed");
             self.stopped = true;
             self.outputs.push_back(Output::Stop(Stop::Drained));

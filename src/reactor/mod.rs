@@ -138,12 +138,24 @@ impl Relay {
         let mut core = Core::new(config, Box::new(NoJournal), now, unix_ms);
         // JSONL and history (issue 5): rebuild the replay buffers, then keep appending.
         if let Some(h) = history {
+            let (dir, sync) = (h.dir.clone(), h.fsync != crate::history::Fsync::Never);
             let (h, st) = crate::history::History::open(h, core.store_mut())?;
             log::info!(
                 "history {}: {} of {} session files read, {} Events offered to the replay buffers, {} invalid and {} torn lines skipped (fsync {})",
                 h.config().dir.display(), st.files_read, st.files, st.events, st.invalid, st.torn, h.config().fsync
             );
             core.set_journal(Box::new(h));
+            if core.clustered() {
+                // The cluster outbox on disk beside the history (issue 23), under its lock.
+                let (f, kept) = crate::outbox::OutboxFile::open(&dir, sync).map_err(|e| {
+                    StartError::Cluster(format!(
+                        "{}: {e}",
+                        dir.join(crate::outbox::OUTBOX_FILE).display()
+                    ))
+                })?;
+                let kept = kept.into_iter().map(|k| (k.id, k.subject, k.payload));
+                core.set_outbox_log(Box::new(f), kept.collect());
+            }
         }
         Ok(Relay {
             core,
