@@ -800,7 +800,10 @@ def test_curl_readme():
         post_cmd = one(cmds, lambda c: "application/json" in c and "-d " in c,
                        "single-Event POST")
         batch_cmd = one(cmds, lambda c: "x-ndjson" in c, "batch POST")
-        filtered_cmd = one(cmds, lambda c: c.startswith("curl -N -G "), "filtered stream")
+        filtered_cmd = one(cmds, lambda c: c.startswith("curl -N -G ") and "capture=" in c,
+                           "filtered stream")
+        history_cmd = one(cmds, lambda c: c.startswith("curl -N -G ") and "capture=" not in c,
+                          "session history (live=0 and a session filter)")
         discovery_cmd = one(cmds, lambda c: c.rstrip().endswith("/events") and "-X" not in c,
                             "discovery command")
 
@@ -843,6 +846,7 @@ def test_curl_readme():
         # The filtered replay (live=0) must end by itself; what it prints matches.
         shown = run(filtered_cmd)
         check(shown.startswith(b": aep-relay stream open\n\n"), f"filtered: {shown[:200]!r}")
+        check(shown.endswith(b": replay-complete\n\n"), f"filtered: {shown[-200:]!r}")
         # The same shape from the start of the session shows what the filter selects.
         from_start = filtered_cmd.replace('"seq":100', '"seq":0')
         msgs = [json.loads(l[6:]) for l in run(from_start).split(b"\n")
@@ -856,6 +860,15 @@ def test_curl_readme():
         want = [m["id"] for m in held if selected(m)]
         check([m["id"] for m in msgs] == want, f"the filter selects {want}: {msgs}")
         log(f"the filtered replay ends by itself; {len(msgs)} Events from seq 0, all matching")
+
+        # A session's history: every held Event of s_8f2c, then `: replay-complete`.
+        shown = run(history_cmd)
+        msgs = [json.loads(l[6:]) for l in shown.split(b"\n") if l.startswith(b"data: ")]
+        want = [m["id"] for m in held if m.get("session") == "s_8f2c"]
+        check(sorted(m["id"] for m in msgs) == sorted(want),
+              f"the session's history is every held Event of s_8f2c {want}: {msgs}")
+        check(shown.endswith(b": replay-complete\n\n"), f"history: {shown[-200:]!r}")
+        log(f"the session-history command shows its {len(msgs)} held Events, then replay-complete")
 
         doc = json.loads(run(discovery_cmd))
         check(doc.get("endpoints", {}).get("stream") == "/stream", f"discovery: {doc}")
