@@ -14,6 +14,11 @@
 #             CPU-second (the bridge thread included), clustered and single.
 #   three     three relays, $SUBS SSE subscribers at each, Events POSTed at R1: total
 #             deliveries/s over the three, against one single relay with 3 x $SUBS.
+#   ingest-b1 as ingest, one Event per POST (HTTP's per-request cost dominates).
+#   fanout1000  as fanout with 1,000 subscribers.
+#   engine    the engine's own ceiling (issue 23): raw JetStream publishes of the same
+#             Event from async-nats (`examples/jetstream_publish.rs`, window 256), one
+#             Event per message and 64 per message, against a fresh nats-server.
 #
 # Placement: nats-server and the relays on core $SERVER_CPU, the load on $LOAD_CPU; the
 # `three` scenario pins nothing (two cores, four servers and three loads: the figure is
@@ -38,6 +43,7 @@ NATS=$(command -v nats-server || echo /usr/sbin/nats-server)
 [[ -x $NATS ]] || { echo "nats-server is needed (apt install nats-server)" >&2; exit 1; }
 cargo build --release --locked -q --bin aep-relay -p aep-relay
 cargo build --release --locked -q -p aep-load
+cargo build --release --locked -q --example jetstream_publish
 RELAY=target/release/aep-relay
 LOAD=target/release/aep-load
 # Every server started, by pid (a file: relays start in command substitutions, whose
@@ -97,10 +103,14 @@ for round in $(seq "$ROUNDS"); do
     load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"
     # the same with 16 times the window: what the relay takes when latency is not the bound
     load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --window 4096 --server-pid "$r" | record ingest-w4096 $config "$round"
+    load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events $((EVENTS / 4)) --batch 1 --server-pid "$r" | record ingest-b1 $config "$round"
     stop "$r"
     # fanout
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 f))
     load --target sse --addr 127.0.0.1:"$p" --subscribers "$SUBS" --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record fanout $config "$round"
+    stop "$r"
+    p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 g))
+    load --target sse --addr 127.0.0.1:"$p" --subscribers 1000 --events $((EVENTS / 4)) --batch "$BATCH" --server-pid "$r" | record fanout1000 $config "$round"
     stop "$r"
     # e2e: POST at R1, subscribers at R2 (the same relay when single)
     p1=$(free_port); r1=$(start_relay "$SERVER_CPU" "$p1" $(cl r1 e))
@@ -123,6 +133,13 @@ for round in $(seq "$ROUNDS"); do
       sed 's/NaN/null/g' "$RESULTS"/t{1,2,3}.json | jq -s -c '{deliveries: (map(.deliveries)|add), seconds: (map(.seconds)|max), loss: (map(.loss)|add)} | . + {deliveries_per_s: (.deliveries / .seconds)}' \
         | record three $config "$round"
       stop "$r1" "$r2" "$r3"
+      stop "$NATS_PID"
+      # the engine alone, fresh
+      start_nats
+      for per in 1 "$BATCH"; do
+        taskset -c "$LOAD_CPU" target/release/examples/jetstream_publish "nats://127.0.0.1:$NATS_PORT" "$EVENTS" "$per" 256 "$SIZE" \
+          | record "engine-$per" engine "$round"
+      done
       stop "$NATS_PID"
     else
       p=$(free_port); r=$(start_relay $both "$p")
@@ -155,13 +172,20 @@ for s, k, name, scale, fmt in [
     ("ingest", "post_p99_us", "POST answered p99, ms", 1e-3, "{:.2f}"),
     ("ingest-w4096", "events_per_s", "Events/s, window 4096", 1, "{:.0f}"),
     ("ingest-w4096", "post_p99_us", "POST answered p99, ms, window 4096", 1e-3, "{:.2f}"),
+    ("ingest-b1", "events_per_s", "Events/s, one Event per POST", 1, "{:.0f}"),
     ("fanout", "deliveries_per_s", "deliveries/s", 1, "{:.0f}"),
     ("fanout", "deliveries_per_server_cpu_s", "deliveries per relay CPU-s", 1, "{:.0f}"),
+    ("fanout1000", "deliveries_per_s", "deliveries/s, 1,000 subscribers", 1, "{:.0f}"),
+    ("fanout1000", "deliveries_per_server_cpu_s", "deliveries per relay CPU-s, 1,000 subscribers", 1, "{:.0f}"),
     ("e2e", "p50_us", "delivery latency p50, ms", 1e-3, "{:.2f}"),
     ("e2e", "p99_us", "delivery latency p99, ms", 1e-3, "{:.2f}"),
     ("three", "deliveries_per_s", "total deliveries/s", 1, "{:.0f}"),
 ]:
     print(f"| {s} | {name} | {cell(s,'single',k,scale,fmt)} | {cell(s,'cluster',k,scale,fmt)} | {ratio(s,k)} |")
+for per in sorted({r["per_message"] for r in runs if r["config"] == "engine"}):
+    s = f"engine-{per}"
+    print(f"| engine | raw JetStream publish, {per} Event(s) per message: Events/s | - | {cell(s, 'engine', 'events_per_s')} | - |")
+    print(f"| engine | raw JetStream publish, {per} Event(s) per message: messages/s | - | {cell(s, 'engine', 'messages_per_s')} | - |")
 losses = [f'{r["scenario"]}/{r["config"]}/round {r["round"]}: {r["loss"]}' for r in runs if r.get("loss")]
 print(f"\n{len(runs)} runs; Events not delivered (backpressure drops): {', '.join(losses) or 'none'}")
 EOF
