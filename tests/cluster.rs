@@ -1501,14 +1501,20 @@ fn issue23_engine_killed_then_sigterm_of_a_relay_with_an_outbox_loses_nothing() 
     );
 
     nats.restart();
-    wait_ready(&r2, "R2");
-    let r1 = start_relay(&nats, "r1", &hist);
-    post_ok(&r2, &[sentinel(0)]);
-    let last = stream_messages(&nats);
+    recover_and_compare(&nats, &r2, &hist, &[before, during].concat());
+}
+
+/// After a compound fault: R1 restarted with `hist`, both relays settled on the stream's
+/// end (a sentinel posted at R2 marks it); every Event of `want` is in both relays'
+/// `from=all` exactly once, the replays byte-identical.
+fn recover_and_compare(nats: &NatsServer, r2: &RelayProcess, hist: &[&str], want: &[String]) {
+    wait_ready(r2, "R2");
+    let r1 = start_relay(nats, "r1", hist);
+    post_ok(r2, &[sentinel(0)]);
+    let last = stream_messages(nats);
     wait_settled(&r1, "R1", last);
-    wait_settled(&r2, "R2", last);
-    let want: Vec<String> = before.iter().chain(&during).cloned().collect();
-    assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
+    wait_settled(r2, "R2", last);
+    assert_all_once_and_identical(&[("R1", &r1), ("R2", r2)], want);
 }
 
 /// Issue 23 "Compound faults": the engine frozen (SIGSTOP), a relay (with `--history`)
@@ -1539,14 +1545,7 @@ fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() 
     assert_eq!(cluster_health(&r1)["outbox"], 30);
     r1.kill();
     nats.resume();
-    wait_ready(&r2, "R2");
-    let r1 = start_relay(&nats, "r1", &hist);
-    post_ok(&r2, &[sentinel(0)]);
-    let last = stream_messages(&nats);
-    wait_settled(&r1, "R1", last);
-    wait_settled(&r2, "R2", last);
-    let want: Vec<String> = before.iter().chain(&during).cloned().collect();
-    assert_all_once_and_identical(&[("R1", &r1), ("R2", &r2)], &want);
+    recover_and_compare(&nats, &r2, &hist, &[before, during].concat());
 }
 
 /// Issue 23 "Batches": kill -9 of a relay while four emitters POST batches to it at once

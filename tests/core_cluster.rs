@@ -245,20 +245,23 @@ fn refuse_mode_answers_503_and_an_event_over_max_payload_413() {
     assert!(a.contains(r#""error":"event-too-large""#), "{a}");
 }
 
+/// The whole answer to `GET {path}` on connection `c`.
+fn get(sim: &mut Sim, c: aep_relay::ConnId, path: &str) -> String {
+    sim.feed(
+        c,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        false,
+    );
+    text(sim, c)
+}
+
 /// `/readyz` answers 503 until the relay is connected and has caught up with the stream
 /// as it stood at the connection; `/healthz` says where it stands.
 #[test]
 fn readyz_waits_for_catching_up() {
     let mut sim = relay(Degrade::Local);
     let c = sim.connect(None);
-    let ask = |sim: &mut Sim, path: &str| {
-        sim.feed(
-            c,
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
-            false,
-        );
-        text(sim, c)
-    };
+    let ask = |sim: &mut Sim, path: &str| get(sim, c, path);
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
     // Never connected yet: catching-up, not degraded (issue 23).
     let h = ask(&mut sim, "/healthz");
@@ -416,14 +419,7 @@ fn a_stall_reported_by_the_probes_degrades_and_answering_again_reconnects() {
     let mut sim = relay(Degrade::Local);
     connected(&mut sim);
     let c = sim.connect(None);
-    let ask = |sim: &mut Sim, path: &str| {
-        sim.feed(
-            c,
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
-            false,
-        );
-        text(sim, c)
-    };
+    let ask = |sim: &mut Sim, path: &str| get(sim, c, path);
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 200"));
     sim.bus(FromBus::Stalled {
         reason: "3 probes in a row unanswered".into(),
