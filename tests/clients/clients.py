@@ -25,7 +25,6 @@ Usage: clients.py --bin target/debug/aep-relay [--out DIR] [--only NAME,...]
 Run through tests/clients/run.sh, which installs what this needs.
 """
 
-import argparse
 import base64
 import http.server
 import json
@@ -39,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,85 +45,17 @@ from pathlib import Path
 
 from websockets.sync.client import connect as ws_connect
 
+from harness import (Failure, Nats, arguments, check, configure, http as http_bytes, log, run_all,
+                     spawn, start_relay, stop, wait_until)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WAIT = 15.0  # the bound of any single wait, seconds
 
 ARGS = None
-PROCS = []  # every child process started, stopped at exit
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
-
-
-def wait_until(pred, what, timeout=WAIT, interval=0.05):
-    """Polls `pred` until it returns a truthy value (returned) or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-            if v:
-                return v
-        except Failure:
-            raise
-        except Exception as e:  # a transient error while polling: keep trying
-            last_exc = e
-        time.sleep(interval)
-    raise Failure(f"timed out after {timeout:.0f}s waiting for {what}"
-                  + (f" (last error: {last_exc!r})" if last_exc else ""))
-
-
-def log(msg):
-    print(f"  {msg}", flush=True)
 
 
 # ---------------------------------------------------------------- processes
-
-
-def spawn(cmd, logfile, **kw):
-    """Starts `cmd` in a process group of its own (so its children stop with it)."""
-    f = open(logfile, "wb")
-    with f:
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=kw.pop("stdout", f),
-                             stderr=f, start_new_session=True, **kw)
-    PROCS.append(p)
-    return p
-
-
-def stop(p, sig=signal.SIGTERM, timeout=10.0):
-    """Signals `p`'s process group and waits (bounded); SIGKILL past the bound."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
-    else:
-        # The leader is gone; make sure nothing of its group is left.
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return p.returncode
-
-
-def stop_all():
-    for p in reversed(PROCS):
-        try:
-            stop(p, signal.SIGKILL, 5)
-        except Exception:
-            pass
 
 
 def free_port():
@@ -139,18 +69,8 @@ class Relay:
 
     def __init__(self, name, *args, port=0):
         self.log = Path(ARGS.out) / f"relay-{name}.log"
-        self.proc = spawn([ARGS.bin, "--listen", f"127.0.0.1:{port}", *args], self.log)
-        self.addr = wait_until(self._addr, f"the start-up line of relay {name}")
+        self.proc, self.addr = start_relay(ARGS.bin, port, args, self.log, f"relay {name}")
         self.base = f"http://{self.addr}"
-
-    def _addr(self):
-        text = self.log.read_text(errors="replace")
-        m = re.search(r"^aep-relay listening on (\S+) \(", text, re.M)
-        if m:
-            return m.group(1)
-        if self.proc.poll() is not None:
-            raise Failure(f"the relay exited at start-up: {text}")
-        return None
 
     @property
     def port(self):
@@ -179,14 +99,8 @@ class Relay:
 
 
 def http_request(method, url, body=None, token=None, headers=None):
-    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=WAIT) as r:
-            status, data = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, data = e.code, e.read()
+    """One request; (status, the body as JSON, as text when it is not, None when empty)."""
+    status, data = http_bytes(method, url, body, token, headers)
     try:
         return status, json.loads(data) if data else None
     except ValueError:
@@ -1106,42 +1020,6 @@ def test_status_page():
         relay.stop()
 
 
-def nats_binary():
-    """nats-server on PATH, or where Debian puts it (/usr/sbin, which a PATH may lack)."""
-    dirs = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/usr/local/sbin"]
-    return next((str(Path(d) / "nats-server") for d in dirs
-                 if d and os.access(Path(d) / "nats-server", os.X_OK)), None)
-
-
-class Nats:
-    """A real nats-server with JetStream on loopback, in a directory of its own, started
-    as tests/support/nats.rs does; its URL comes from its ports file."""
-
-    def __init__(self):
-        binary = nats_binary()
-        check(binary, "nats-server is not installed (run.sh installs Debian's nats-server)")
-        self.dir = Path(tempfile.mkdtemp(prefix="nats-", dir=ARGS.out))
-        ports = self.dir / "ports"
-        ports.mkdir()
-        self.proc = spawn([binary, "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "-js",
-                           "-sd", str(self.dir / "store"), "--ports_file_dir", str(ports)],
-                          Path(ARGS.out) / "nats-server.log")
-
-        def url():
-            if self.proc.poll() is not None:
-                raise Failure("nats-server exited at start-up (see nats-server.log)")
-            f = ports / f"nats-server_{self.proc.pid}.ports"
-            # A file still being written does not parse: polled again.
-            return f.exists() and json.loads(f.read_text())["nats"][0]
-        self.url = wait_until(url, "nats-server's ports file")
-        port = int(self.url.rsplit(":", 1)[1])
-        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                   or True, "nats-server to accept connections")
-
-    def stop(self):
-        return stop(self.proc)
-
-
 def test_status_page_cluster():
     """Two relays clustered through a real nats-server: one relay's page lists both in
     its relays panel (state, lag, outbox), tails the Events posted to either, and its
@@ -1250,36 +1128,13 @@ TESTS = {
 
 def main():
     global ARGS
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", required=True, help="the aep-relay binary")
+    ap = arguments(__doc__, "logs and screenshots (default: a temp dir)")
     ap.add_argument("--chromium", default="chromium")
-    ap.add_argument("--out", default=None, help="logs and screenshots (default: a temp dir)")
-    ap.add_argument("--only", default="", help="comma-separated check names")
     ARGS = ap.parse_args()
-    ARGS.out = ARGS.out or tempfile.mkdtemp(prefix="aep-clients-")
-    Path(ARGS.out).mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ARGS.out = configure(ARGS.out, "aep-clients-", wait=WAIT, interval=0.05, stop_wait=10.0)
     only = [n for n in ARGS.only.split(",") if n]
-    passed = failed = 0
-    try:
-        for name, fn in TESTS.items():
-            if only and name not in only:
-                continue
-            print(f"== {name}: {' '.join(fn.__doc__.split())}", flush=True)
-            t = time.monotonic()
-            try:
-                fn()
-                passed += 1
-                print(f"PASS {name} ({time.monotonic() - t:.1f}s)", flush=True)
-            except Exception as e:
-                failed += 1
-                detail = str(e) if isinstance(e, Failure) else traceback.format_exc()
-                print(f"FAIL {name} ({time.monotonic() - t:.1f}s): {detail}", flush=True)
-    finally:
-        stop_all()
-    print(f"logs and screenshots: {ARGS.out}")
-    print(f"{passed} passed, {failed} failed", flush=True)
-    return 1 if failed or not passed else 0
+    return run_all(((name, fn) for name, fn in TESTS.items() if not only or name in only),
+                   f"logs and screenshots: {ARGS.out}")
 
 
 if __name__ == "__main__":

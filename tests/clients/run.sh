@@ -21,58 +21,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-target="${CARGO_TARGET_DIR:-target}"
+source tests/clients/lib.sh
 out="${AEP_CLIENTS_OUT:-$target/clients-out}"
 venv="$target/clients-venv"
 
-# What the checks need. apt-get runs only when something is missing (CI runs as root).
-apt_updated=""
-need_deb() { # need_deb COMMAND PACKAGE...
-  local cmd="$1"
-  shift
-  command -v "$cmd" >/dev/null 2>&1 && return 0
-  echo "installing $* (Debian) for $cmd"
-  if [[ -z "$apt_updated" ]]; then
-    apt-get update -q
-    apt_updated=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"
-}
+# What the checks need.
 need_deb chromium chromium
 need_deb curl curl
-need_deb python3 python3 python3-venv
-# The cluster check's engine; Debian puts it in /usr/sbin, which a user's PATH may lack.
-[[ -x /usr/sbin/nats-server ]] || need_deb nats-server nats-server
+need_python_venv
+need_nats_server
+need_venv 'import websockets' 'websockets==17.4'
 
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import websockets' 2>/dev/null; then
-  echo "installing websockets (PyPI) into $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check 'websockets==17.4'
-fi
-
-cargo build --locked --bin aep-relay
-bin="$target/debug/aep-relay"
-
-rm -rf "$out"
-mkdir -p "$out"
-
-# The checks bound each of their waits; `timeout` bounds the whole run. The harness stops
-# every process it started (relays, Chromium, curl) when it ends or is terminated.
-harness=""
-cleanup() {
-  if [[ -n "$harness" ]] && kill -0 "$harness" 2>/dev/null; then
-    kill -TERM "$harness" 2>/dev/null || true
-    wait "$harness" 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
-
-timeout --kill-after=15s 600s "$venv/bin/python" tests/clients/clients.py \
-  --bin "$bin" --out "$out" --only "${AEP_CLIENTS_ONLY:-}" &
-harness=$!
-status=0
-wait "$harness" || status=$?
-harness=""
-exit "$status"
+build_relay
+# The harness stops every process it started (relays, Chromium, curl).
+run_harness 600s tests/clients/clients.py \
+  --bin "$bin" --out "$out" --only "${AEP_CLIENTS_ONLY:-}"

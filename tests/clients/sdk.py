@@ -51,19 +51,13 @@ Usage: sdk.py --bin target/debug/aep-relay [--out DIR] [--only NAME,...]
 Run through tests/clients/sdk.sh, which creates the virtual environment this needs.
 """
 
-import argparse
 import asyncio
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -73,6 +67,9 @@ from aep_sdk import (ControlClient, ControlTarget, Emitter, NackError, StateProj
                      TransportError, aio, http_sink, jsonl_sink, open_duplex, project_state,
                      subscribe)
 from aep_sdk.testing import MemorySink, ScriptedSource
+
+from harness import (Failure, Nats, arguments, check, configure, http, log, run_all,
+                     start_relay, stop, wait_until)
 
 SDK_VERSION = "0.1.0.dev1"
 WAIT = 20.0  # the bound of any single wait, seconds
@@ -87,44 +84,12 @@ VIEWER = "viewer-sdk-22de"  # watch only
 ARGS = None
 TOPOLOGY = None  # "single" or "cluster" while the checks of one topology run
 NATS = None
-PROCS = []  # every child process started, stopped at exit
 SUBS = []  # every sync subscription opened, closed after its check
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
 
 
 def equal(got, want, what):
     if got != want:
         raise Failure(f"{what}:\n    got  {got!r}\n    want {want!r}")
-
-
-def wait_until(pred, what, timeout=WAIT, interval=0.02):
-    """Polls `pred` until it returns a truthy value (returned) or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-            if v:
-                return v
-        except Failure:
-            raise
-        except Exception as e:  # a transient error while polling: keep trying
-            last_exc = e
-        time.sleep(interval)
-    raise Failure(f"timed out after {timeout:.0f}s waiting for {what}"
-                  + (f" (last error: {last_exc!r})" if last_exc else ""))
-
-
-def log(msg):
-    print(f"  {msg}", flush=True)
 
 
 def bounded(coro, what, timeout=WAIT):
@@ -157,50 +122,6 @@ async def in_thread(fn, *args, **kw):
 # ---------------------------------------------------------------- processes
 
 
-def spawn(cmd, logfile):
-    """Starts `cmd` in a process group of its own (so its children stop with it)."""
-    with open(logfile, "wb") as f:
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                             start_new_session=True)
-    PROCS.append(p)
-    return p
-
-
-def stop(p, sig=signal.SIGTERM, timeout=15.0):
-    """Signals `p`'s process group and waits (bounded); SIGKILL past the bound."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
-    return p.returncode
-
-
-def stop_all():
-    for p in reversed(PROCS):
-        try:
-            stop(p, signal.SIGKILL, 5)
-        except Exception:
-            pass
-
-
-def http(method, url, body=None, token=None, headers=None):
-    """One request; (status, body bytes)."""
-    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=WAIT) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 class Relay:
     """The aep-relay binary on 127.0.0.1 (an ephemeral port, kept across restarts).
     `token` is what the harness itself presents to /metrics, /status and /readyz."""
@@ -214,23 +135,13 @@ class Relay:
     def start(self):
         self.starts += 1
         self.log = Path(ARGS.out) / f"relay-{self.name}-{self.starts}.log"
-        self.proc = spawn([ARGS.bin, "--listen", f"127.0.0.1:{self.port}", *self.args],
-                          self.log)
-        self.addr = wait_until(self._addr, f"the start-up line of relay {self.name}")
+        self.proc, self.addr = start_relay(ARGS.bin, self.port, self.args, self.log,
+                                           f"relay {self.name}")
         self.port = int(self.addr.rsplit(":", 1)[1])
         self.base = f"http://{self.addr}"
         if self.clustered:
             wait_until(lambda: http("GET", self.base + "/readyz", token=self.token)[0] == 200,
                        f"relay {self.name} to be ready (/readyz)")
-
-    def _addr(self):
-        text = self.log.read_text(errors="replace")
-        m = re.search(r"^aep-relay listening on (\S+) \(", text, re.M)
-        if m:
-            return m.group(1)
-        if self.proc.poll() is not None:
-            raise Failure(f"relay {self.name} exited at start-up: {text[-2000:]}")
-        return None
 
     def stop(self):
         rc = stop(self.proc)
@@ -264,40 +175,6 @@ class Relay:
         status, body = http("GET", self.base + "/status", token=self.token)
         check(status == 200, f"GET /status answered {status}")
         return json.loads(body)
-
-
-def nats_binary():
-    dirs = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/usr/local/sbin"]
-    return next((str(Path(d) / "nats-server") for d in dirs
-                 if d and os.access(Path(d) / "nats-server", os.X_OK)), None)
-
-
-class Nats:
-    """A real nats-server with JetStream on loopback in a directory of its own (as
-    clients.py and tests/support/nats.rs start it); its URL comes from its ports file."""
-
-    def __init__(self):
-        binary = nats_binary()
-        check(binary, "nats-server is not installed (sdk.sh installs Debian's nats-server)")
-        self.dir = Path(tempfile.mkdtemp(prefix="nats-", dir=ARGS.out))
-        ports = self.dir / "ports"
-        ports.mkdir()
-        self.proc = spawn([binary, "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "-js",
-                           "-sd", str(self.dir / "store"), "--ports_file_dir", str(ports)],
-                          Path(ARGS.out) / "nats-server.log")
-
-        def url():
-            if self.proc.poll() is not None:
-                raise Failure("nats-server exited at start-up (see nats-server.log)")
-            f = ports / f"nats-server_{self.proc.pid}.ports"
-            return f.exists() and json.loads(f.read_text())["nats"][0]
-        self.url = wait_until(url, "nats-server's ports file")
-        port = int(self.url.rsplit(":", 1)[1])
-        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                   or True, "nats-server to accept connections")
-
-    def stop(self):
-        return stop(self.proc)
 
 
 class Deploy:
@@ -1253,6 +1130,17 @@ def test_project_state():
         d.close()
 
 
+def with_nats(fn):
+    """The check `fn`, preceded by starting the nats-server of the cluster checks (once)."""
+    def run():
+        global NATS
+        if NATS is None:
+            NATS = Nats()
+        fn()
+    run.__doc__ = fn.__doc__
+    return run
+
+
 TESTS = {
     "emit-http-readback": test_emit_http_readback,
     "jsonl-ingest-file": test_jsonl_ingest_file,
@@ -1269,22 +1157,18 @@ TESTS = {
 
 
 def main():
-    global ARGS, TOPOLOGY, NATS
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", required=True, help="the aep-relay binary")
-    ap.add_argument("--out", default=None, help="logs (default: a temporary directory)")
-    ap.add_argument("--only", default="", help="comma-separated check names")
+    global ARGS
+    ap = arguments(__doc__, "logs (default: a temporary directory)")
     ap.add_argument("--topology", default="single,cluster",
                     help="comma-separated: single, cluster (default both)")
     ARGS = ap.parse_args()
     ARGS.bin = str(Path(ARGS.bin).resolve())
-    ARGS.out = ARGS.out or tempfile.mkdtemp(prefix="aep-sdk-")
-    Path(ARGS.out).mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ARGS.out = configure(ARGS.out, "aep-sdk-", wait=WAIT, interval=0.02, stop_wait=15.0)
     equal(aep_sdk.__version__, SDK_VERSION, "the SDK under test")
     only = [n for n in ARGS.only.split(",") if n]
-    passed = failed = 0
-    try:
+
+    def checks():
+        global TOPOLOGY
         for topology in [t for t in ARGS.topology.split(",") if t]:
             check(topology in ("single", "cluster"), f"unknown topology {topology}")
             TOPOLOGY = topology
@@ -1293,27 +1177,14 @@ def main():
                 full = name + suffix
                 if only and name not in only and full not in only:
                     continue
-                print(f"== {full}: {' '.join(fn.__doc__.split())}", flush=True)
-                t = time.monotonic()
-                try:
-                    if topology == "cluster" and NATS is None:
-                        NATS = Nats()
-                    fn()
-                    passed += 1
-                    print(f"PASS {full} ({time.monotonic() - t:.1f}s)", flush=True)
-                except Exception as e:
-                    failed += 1
-                    detail = str(e) if isinstance(e, Failure) else traceback.format_exc()
-                    print(f"FAIL {full} ({time.monotonic() - t:.1f}s): {detail}", flush=True)
-                finally:
-                    for sub in SUBS:
-                        sub.close()
-                    SUBS.clear()
-    finally:
-        stop_all()
-    print(f"logs: {ARGS.out}")
-    print(f"{passed} passed, {failed} failed", flush=True)
-    return 1 if failed or not passed else 0
+                yield full, with_nats(fn) if topology == "cluster" else fn
+
+    def close_subs():
+        for sub in SUBS:
+            sub.close()
+        SUBS.clear()
+
+    return run_all(checks(), f"logs: {ARGS.out}", after=close_subs)
 
 
 if __name__ == "__main__":
