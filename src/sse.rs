@@ -232,42 +232,52 @@ pub fn parse_request(
         Some(f) => f,
         None => Filter::parse(b"{}").map_err(|e| invalid(e.to_string()))?,
     };
-    // A replay-only stream that names no position replays the sessions its filter names
-    // exactly, as if `from` named them: the same bound applies (AEP-0003 §6.5
-    // `limit-exceeded`). With positions or `all` the names only filter.
-    if let (false, From::Live, Some(names)) = (live, &from, filter.pins().session) {
-        if names.len() > max_from {
-            return Err(RequestError {
-                code: crate::refusal::Code::LimitExceeded,
-                detail: format!(
-                    "with live=0 the filter's `session` names {} sessions to replay; this relay replays at most {max_from} (AEP_MAX_FROM)",
-                    names.len()
-                ),
-            });
-        }
-    }
-    Ok(SubscriptionRequest {
+    let req = SubscriptionRequest {
         filter: Arc::new(filter),
         ceiling,
         from,
         live,
-    })
+    };
+    // The sessions a history read replays are as many positions as `from` would name:
+    // the same bound applies (AEP-0003 §6.5 `limit-exceeded`).
+    if let Some(names) = req.history_sessions().filter(|n| n.len() > max_from) {
+        return Err(RequestError {
+            code: crate::refusal::Code::LimitExceeded,
+            detail: format!(
+                "with live=0 the filter's `session` names {} sessions to replay; this relay replays at most {max_from} (AEP_MAX_FROM)",
+                names.len()
+            ),
+        });
+    }
+    Ok(req)
+}
+
+/// An SSE response head with the given `Connection` value, and the opening comment.
+macro_rules! stream_head {
+    ($connection:literal) => {
+        concat!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: ",
+            $connection,
+            "\r\n\r\n: aep-relay stream open\n\n"
+        )
+        .as_bytes()
+    };
 }
 
 /// The response head that opens an SSE stream.
-pub const STREAM_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: keep-alive\r\n\r\n: aep-relay stream open\n\n";
+pub const STREAM_HEAD: &[u8] = stream_head!("keep-alive");
 
 /// The response head of a replay-only stream (`live=0`): as [`STREAM_HEAD`], but the
 /// relay closes the connection once the replay ends, and says so, so that a client
 /// pipelining a request behind it knows it will not be answered there.
-pub const REPLAY_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n: aep-relay stream open\n\n";
+pub const REPLAY_HEAD: &[u8] = stream_head!("close");
 
 /// The heartbeat comment (AEP-0003 §3.3.4).
 pub const PING: &[u8] = b": ping\n\n";
 
-/// The comment that ends every replay-only stream (`live=0`) once its replay is done,
-/// before the close: what `from` and the filter's exact session name were replayed,
-/// or nothing was held (AEP-0003 §3.3, §5).
+/// The comment that ends a replay-only stream (`live=0`) once everything it asked for
+/// was delivered (also when nothing was held), before the close; a replay cut short
+/// ends without it (AEP-0003 §3.3, §5).
 pub const REPLAY_COMPLETE: &[u8] = b": replay-complete\n\n";
 
 /// The comment that ends every SSE stream at a graceful shutdown.

@@ -43,6 +43,21 @@ pub struct SubscriptionRequest {
     pub live: bool,
 }
 
+impl SubscriptionRequest {
+    /// The bare session names a replay-only request (`live=0`) replays from their
+    /// earliest held Event because its filter names them exactly (`{"session": "s"}` or
+    /// an array, [`crate::filter::Pins::session`]) and the request names no position:
+    /// reading a session's history, as the AEP SDK's `subscribe(..., live=False)` does.
+    /// `None` for a live request or one with positions or `all`, where the names only
+    /// filter (a request with positions is a resume and replays exactly what they name).
+    pub fn history_sessions(&self) -> Option<&[Box<str>]> {
+        match (self.live, &self.from) {
+            (false, From::Live) => self.filter.pins().session,
+            _ => None,
+        }
+    }
+}
+
 /// Why a subscription request was refused: `code` is from the AEP-0003 §6.5 closed set
 /// (`invalid-filter`, `limit-exceeded`), `detail` says which member and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -179,28 +179,11 @@ fn replay_sessions(
     }
 }
 
-/// What a replay-only SSE stream (`live=0`) that names no position (no `from`, no
-/// `Last-Event-ID`) replays: every stream of each bare session name that `filter`
-/// requires exactly (`{"session": "s"}` or `{"session": ["a", "b"]}`,
-/// [`crate::filter::Pins::session`]), each from its earliest held Event, names in sorted
-/// order and, within a name, streams in creation order. Nothing when the request names
-/// positions or `all`, when the filter pins no session, or for a name the store does not
-/// hold.
-///
-/// AEP-0003 §5 leaves `live=0` without `from` open ("composes unchanged"); this is what
-/// the official SDK's `subscribe(..., live=False)` and `aep timeline` expect: "iterate
-/// buffered history only" of the filtered session. A request that names positions is a
-/// resume, and gets exactly what they name: the SDK splits many positions over several
-/// `live=0` requests, and adding the other filtered sessions from their start to each
-/// would hand it Events from before its own positions.
-fn filter_sessions(
-    store: &Store<Event>,
-    from: &subscription::From,
-    filter: &crate::filter::Filter,
-) -> Vec<(StreamId, ReplayFrom)> {
-    let (subscription::From::Live, Some(names)) = (from, filter.pins().session) else {
-        return Vec::new();
-    };
+/// The streams of a history read ([`subscription::SubscriptionRequest::history_sessions`]):
+/// every stream of each name, from its earliest held Event, names in sorted order and,
+/// within a name, streams in creation order; a name the store does not hold adds
+/// nothing. AEP-0003 §5 leaves `live=0` without `from` open ("composes unchanged").
+fn history_streams(store: &Store<Event>, names: &[Box<str>]) -> Vec<(StreamId, ReplayFrom)> {
     names
         .iter()
         .flat_map(|n| store.streams(n))

@@ -5,7 +5,7 @@
 
 use super::conn::{BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
-use super::{filter_sessions, keepable, loggable, replay_sessions, ConnId, Core, Origin};
+use super::{history_streams, keepable, loggable, replay_sessions, ConnId, Core, Origin};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -712,8 +712,8 @@ impl Core {
             None => Phase::Closing,
         };
         let mut sessions = replay_sessions(&self.store, &req.from);
-        if !req.live {
-            sessions.extend(filter_sessions(&self.store, &req.from, &req.filter));
+        if let Some(names) = req.history_sessions() {
+            sessions.extend(history_streams(&self.store, names));
         }
         self.start_replay(
             key,
