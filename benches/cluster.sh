@@ -91,6 +91,20 @@ wait_subs() { # wait_subs PORT N
 }
 
 out="$RESULTS/runs.jsonl"
+# CPU ticks (1/100 s, user + system) a process has used so far; 0 for no process.
+ticks() { if [[ -n ${1:-} ]]; then awk '{print $14+$15}' "/proc/$1/stat"; else echo 0; fi; }
+# ingest_cpu RELAY_PID ENGINE_PID EVENTS LOAD_ARGS...: one load run, with the relay's and
+# the engine's CPU per Event added (relay_us_per_event, engine_us_per_event): where the
+# shared core's time goes.
+ingest_cpu() {
+  local r=$1 e=$2 n=$3; shift 3
+  local r0 e0 r1 e1 j
+  r0=$(ticks "$r"); e0=$(ticks "$e")
+  j=$(load "$@" --events "$n" --server-pid "$r")
+  r1=$(ticks "$r"); e1=$(ticks "$e")
+  jq -c --argjson rc $((r1 - r0)) --argjson ec $((e1 - e0)) --argjson n "$n" \
+    '. + {relay_us_per_event: ($rc * 10000 / $n), engine_us_per_event: ($ec * 10000 / $n)}' <<<"$j"
+}
 : >"$out"
 record() { sed 's/NaN/null/g' | jq -c --arg s "$1" --arg c "$2" --argjson r "$3" '. + {scenario:$s, config:$c, round:$r}' >>"$out"; }
 
@@ -100,10 +114,11 @@ for round in $(seq "$ROUNDS"); do
     cl() { [[ $config == cluster ]] && echo "--cluster nats://127.0.0.1:$NATS_PORT --relay-id $1 --cluster-stream B$round$2 --cluster-prefix b$round$2"; }
     # ingest
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 i))
-    load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --server-pid "$r" | record ingest $config "$round"
+    engine=""; [[ $config == cluster ]] && engine=$NATS_PID
+    ingest_cpu "$r" "$engine" "$EVENTS" --target sse --addr 127.0.0.1:"$p" --subscribers 1 --batch "$BATCH" | record ingest $config "$round"
     # the same with 16 times the window: what the relay takes when latency is not the bound
-    load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events "$EVENTS" --batch "$BATCH" --window 4096 --server-pid "$r" | record ingest-w4096 $config "$round"
-    load --target sse --addr 127.0.0.1:"$p" --subscribers 1 --events $((EVENTS / 4)) --batch 1 --server-pid "$r" | record ingest-b1 $config "$round"
+    ingest_cpu "$r" "$engine" "$EVENTS" --target sse --addr 127.0.0.1:"$p" --subscribers 1 --batch "$BATCH" --window 4096 | record ingest-w4096 $config "$round"
+    ingest_cpu "$r" "$engine" $((EVENTS / 4)) --target sse --addr 127.0.0.1:"$p" --subscribers 1 --batch 1 | record ingest-b1 $config "$round"
     stop "$r"
     # fanout
     p=$(free_port); r=$(start_relay "$SERVER_CPU" "$p" $(cl r1 f))
@@ -170,6 +185,8 @@ for s, k, name, scale, fmt in [
     ("ingest", "events_per_s", "Events/s", 1, "{:.0f}"),
     ("ingest", "post_p50_us", "POST answered p50, ms", 1e-3, "{:.2f}"),
     ("ingest", "post_p99_us", "POST answered p99, ms", 1e-3, "{:.2f}"),
+    ("ingest", "relay_us_per_event", "relay CPU per Event, us", 1, "{:.2f}"),
+    ("ingest", "engine_us_per_event", "nats-server CPU per Event, us (same core)", 1, "{:.2f}"),
     ("ingest-w4096", "events_per_s", "Events/s, window 4096", 1, "{:.0f}"),
     ("ingest-w4096", "post_p99_us", "POST answered p99, ms, window 4096", 1e-3, "{:.2f}"),
     ("ingest-b1", "events_per_s", "Events/s, one Event per POST", 1, "{:.0f}"),
@@ -182,6 +199,18 @@ for s, k, name, scale, fmt in [
     ("three", "deliveries_per_s", "total deliveries/s", 1, "{:.0f}"),
 ]:
     print(f"| {s} | {name} | {cell(s,'single',k,scale,fmt)} | {cell(s,'cluster',k,scale,fmt)} | {ratio(s,k)} |")
+# The most any relay could take with the engine on its core: the single relay's own CPU
+# per Event plus the engine's, against the single relay's alone (per round).
+bound = []
+for rnd in sorted({r["round"] for r in runs}):
+    one = [r for r in runs if r["scenario"] == "ingest" and r["round"] == rnd]
+    s1 = next((r["relay_us_per_event"] for r in one if r["config"] == "single"), None)
+    e = next((r["engine_us_per_event"] for r in one if r["config"] == "cluster"), None)
+    if s1 and e is not None:
+        bound.append(s1 / (s1 + e))
+if bound:
+    bound.sort()
+    print("| ingest | bound with the engine on the relay's core: single relay CPU / (single relay CPU + engine CPU) per Event | - | - | {:.2f}x ({:.2f}-{:.2f}) |".format(statistics.median(bound), bound[0], bound[-1]))
 for per in sorted({r["per_message"] for r in runs if r["config"] == "engine"}):
     s = f"engine-{per}"
     print(f"| engine | raw JetStream publish, {per} Event(s) per message: Events/s | - | {cell(s, 'engine', 'events_per_s')} | - |")

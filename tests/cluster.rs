@@ -20,6 +20,7 @@ mod support;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::future::Future;
+use std::io::Write;
 use std::time::{Duration, Instant};
 use support::nats::NatsServer;
 use support::*;
@@ -1423,6 +1424,77 @@ fn issue23_a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_publish
             i + 1
         );
     }
+}
+
+/// One pipelined `POST /events` request of `lines` (NDJSON), with the token.
+fn post_request(lines: &[String]) -> String {
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    format!(
+        "POST /events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {TOKEN}\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Issue 23 "one message, one fan-out unit": the `POST`s an emitter pipelines on one
+/// connection and the relay reads in one turn travel as one stream message per subject,
+/// and are still answered one by one, in request order (RFC 9112 §9.3), a refused one
+/// and a request of another kind among them: an invalid body gets its 400 between the
+/// 202s, and `GET /healthz` behind them is answered last. Every relay then delivers
+/// them in order, once, and replays them identically (AEP-0003 §5, §6).
+#[test]
+fn issue23_pipelined_posts_of_one_turn_are_one_message_answered_in_order() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let r1 = start_relay(&nats, "r1", &[]);
+    let r2 = start_relay(&nats, "r2", &[]);
+    let mut sub = sse(&r2, "", &[]);
+    let first: Vec<String> = (0..5).map(|i| ev("p", "pipe", i)).collect();
+    let second: Vec<String> = (5..12).map(|i| ev("p", "pipe", i)).collect();
+    let mut bad = vec![ev("p", "pipe", 99)];
+    bad[0] = bad[0].replace(r#""type":"tool.completed""#, r#""type":"Not A Type""#);
+    let mut wire = post_request(&first);
+    wire.push_str(&post_request(&bad));
+    wire.push_str(&post_request(&second));
+    wire.push_str("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut s = r1.tcp();
+    // One write: the relay reads all four requests in one turn.
+    s.write_all(wire.as_bytes()).unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let (status, _, body) = read_response(&mut s);
+        answers.push((
+            status,
+            serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null),
+        ));
+    }
+    assert_eq!(answers[0], (202, json!({"accepted": 5})), "{answers:?}");
+    assert_eq!(
+        (answers[1].0, answers[1].1["error"].as_str()),
+        (400, Some("invalid-event")),
+        "{answers:?}"
+    );
+    assert_eq!(answers[2], (202, json!({"accepted": 7})), "{answers:?}");
+    assert_eq!(answers[3].0, 200, "GET /healthz answered last: {answers:?}");
+    assert_eq!(
+        stream_messages(&nats),
+        1,
+        "the two POSTs of one turn travel as one stream message"
+    );
+    let want: Vec<String> = first.iter().chain(&second).cloned().collect();
+    assert_eq!(take(&mut sub, want.len()), want, "R2: all, in order");
+    post_ok(&r1, &[sentinel(0)]);
+    assert_eq!(
+        sub.expect().data,
+        sentinel(0),
+        "R2: nothing more before the sentinel"
+    );
+    let replay = replay_body(&r1);
+    assert_eq!(data_lines(&replay).len(), want.len() + 1);
+    assert!(
+        replay_body(&r2) == replay,
+        "R2's from=all differs from R1's"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

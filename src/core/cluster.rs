@@ -38,6 +38,7 @@
 //! every relay's history and reaches observers), and answers. A refusal, a timeout or no
 //! responder becomes the sender's in-band `error`.
 
+use super::conn::Answer;
 use super::{Core, Refusal};
 use crate::cluster::{self, ClusterConfig, Degrade, FromBus, ToBus};
 use crate::envelope::{Attr, Event, Scope};
@@ -161,10 +162,19 @@ fn split_message(seq: u64, payload: Bytes) -> Vec<Arc<Event>> {
 /// same key may be another connection by then).
 type Emitter = Option<(usize, std::net::SocketAddr)>;
 
+/// Who waits on an Event held for the stream ([`Bus::loose`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// A WebSocket emitter (told if it fails for good), or no one.
+    Ws(Emitter),
+    /// A `POST` of the open [`Group`] ([`Bus::open_group`]).
+    Post,
+}
+
 /// What a publish's ticket is for.
 #[derive(Debug)]
 enum Ticket {
-    /// A message of the `POST` with this serial.
+    /// A message of the group of `POST`s with this serial.
     Post(u64, Outgoing),
     /// An outbox entry, by its serial.
     Outbox(u64),
@@ -173,14 +183,25 @@ enum Ticket {
     Loose(Outgoing, Emitter),
 }
 
-/// A `POST /events` waiting for the stream's acknowledgements.
+/// A `POST /events` waiting for the stream's acknowledgements: its connection, its
+/// `Connection: close`, and how many Events it carried.
 #[derive(Debug)]
 struct Post {
     key: usize,
     close: bool,
     accepted: usize,
+}
+
+/// The `POST`s read in one reactor turn, published together: their Events that share a
+/// subject travel as one stream message, as a single relay fans them out as one unit
+/// (the engine's cost is per message, and so is every relay's fan-out write). Each
+/// `POST` is answered once every message of its group is.
+#[derive(Debug, Default)]
+struct Group {
+    posts: Vec<Post>,
+    /// Messages not answered yet (none before the group is published).
     remaining: usize,
-    /// Messages whose publish failed, with their tickets (in the body's order once
+    /// Messages whose publish failed, with their tickets (in the bodies' order once
     /// sorted: acks come in any order).
     failed: Vec<(u64, Outgoing)>,
 }
@@ -215,7 +236,10 @@ pub(super) struct Bus {
     to_bus: VecDeque<ToBus>,
     next_ticket: u64,
     tickets: HashMap<u64, Ticket>,
-    posts: HashMap<u64, Post>,
+    /// Groups of `POST`s waiting for the stream, by serial.
+    posts: HashMap<u64, Group>,
+    /// The group that this turn's `POST`s join, not published yet (see [`Bus::loose`]).
+    open_group: Option<u64>,
     /// Messages of Events admitted locally while degraded, not yet acknowledged by the
     /// stream, with whether a publish of each is in flight.
     outbox: BTreeMap<u64, (Outgoing, bool)>,
@@ -247,11 +271,11 @@ pub(super) struct Bus {
     /// outbox is back through the stream, the store is rebuilt from them, so it is again
     /// what every other relay built (the same rings, in the same order).
     provisional: Option<(super::Store<Event>, Vec<Arc<Event>>)>,
-    /// WebSocket Events accepted for the stream and not yet published, with their
-    /// emitter: published together when the reactor next takes what is for the bridge
-    /// (so the messages of one read travel as few stream messages as they can), or
-    /// before any other publish.
-    loose: Vec<(Arc<Event>, Emitter)>,
+    /// Events accepted for the stream and not yet published, with who waits on them
+    /// (a WebSocket emitter, or the open group of `POST`s): published together when the
+    /// reactor next takes what is for the bridge, once per turn (so the Events of one
+    /// turn travel as few stream messages as they can), or before any other publish.
+    loose: Vec<(Arc<Event>, Held)>,
     /// Stream messages admitted since the last output, published as one ingest unit
     /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
     /// next asks for output.
@@ -278,6 +302,7 @@ impl Bus {
             next_ticket: 1,
             tickets: HashMap::new(),
             posts: HashMap::new(),
+            open_group: None,
             outbox: BTreeMap::new(),
             outbox_events: 0,
             log: None,
@@ -372,27 +397,49 @@ impl Bus {
         out
     }
 
-    /// Publishes the WebSocket Events held since the last call ([`Bus::loose`]) as one
-    /// ingest unit per emitter: the WebSocket messages of one read travel together.
+    /// Publishes the Events held since the last call ([`Bus::loose`]) as few stream
+    /// messages as fit: one ingest unit per run of one WebSocket emitter's Events, and
+    /// one for each run of `POST`s of the open group (a group always has an Event:
+    /// [`Core::submit`] answers an empty body at once).
     fn flush_loose(&mut self) {
+        let group = self.open_group.take();
         if self.loose.is_empty() {
             return;
         }
         let loose = std::mem::take(&mut self.loose);
         let mut run: Vec<Arc<Event>> = Vec::new();
-        let mut emitter = loose[0].1;
-        for (ev, e) in loose {
-            if e != emitter {
-                let events = std::mem::take(&mut run);
-                for o in self.outgoing(events) {
-                    self.send_publish(o, |o| Ticket::Loose(o, emitter));
-                }
-                emitter = e;
+        let mut held = loose[0].1;
+        let mut runs = Vec::new();
+        for (ev, h) in loose {
+            if h != held {
+                runs.push((std::mem::take(&mut run), held));
+                held = h;
             }
             run.push(ev);
         }
-        for o in self.outgoing(run) {
-            self.send_publish(o, |o| Ticket::Loose(o, emitter));
+        runs.push((run, held));
+        for (events, held) in runs {
+            let msgs = self.outgoing(events);
+            match (held, group) {
+                (Held::Post, Some(g)) => {
+                    if let Some(group) = self.posts.get_mut(&g) {
+                        group.remaining += msgs.len();
+                    }
+                    for o in msgs {
+                        self.send_publish(o, |o| Ticket::Post(g, o));
+                    }
+                }
+                (held, _) => {
+                    // A `POST`'s Events always have an open group; no one else waits.
+                    let emitter = match held {
+                        Held::Ws(e) => e,
+                        Held::Post => None,
+                    };
+                    for o in msgs {
+                        self.send_publish(o, |o| Ticket::Loose(o, emitter));
+                    }
+                }
+            }
         }
     }
 
@@ -985,41 +1032,49 @@ impl Core {
             return self.degraded(events).map(Submitted::Now);
         }
         let n = events.len();
+        if n == 0 {
+            return Ok(Submitted::Now(0));
+        }
         let emitter = match waiter {
             Waiter::Ws(key) => self.conns.get(key).map(|c| (key, c.peer)),
             _ => None,
         };
         let bus = self.bus.as_mut().expect("clustered");
-        if let Waiter::Ws(_) = waiter {
-            bus.loose.extend(events.into_iter().map(|ev| (ev, emitter)));
-            return Ok(Submitted::Now(n));
-        }
-        let msgs = bus.outgoing(events);
         match waiter {
+            Waiter::Ws(_) => {
+                bus.loose
+                    .extend(events.into_iter().map(|ev| (ev, Held::Ws(emitter))));
+                Ok(Submitted::Now(n))
+            }
             Waiter::Post(key, close) => {
-                let serial = bus.serial();
-                let remaining = msgs.len();
-                for o in msgs {
-                    bus.publish_with(o, |o| Ticket::Post(serial, o));
-                }
-                bus.posts.insert(
-                    serial,
-                    Post {
-                        key,
-                        close,
-                        accepted: n,
-                        remaining,
-                        failed: Vec::new(),
-                    },
-                );
+                // Joins this turn's group: published with the other `POST`s read in
+                // this turn when the reactor next takes what is for the bridge.
+                let serial = match bus.open_group {
+                    Some(g) => g,
+                    None => {
+                        let g = bus.serial();
+                        bus.open_group = Some(g);
+                        g
+                    }
+                };
+                bus.posts.entry(serial).or_default().posts.push(Post {
+                    key,
+                    close,
+                    accepted: n,
+                });
+                bus.loose
+                    .extend(events.into_iter().map(|ev| (ev, Held::Post)));
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.awaiting = Some(serial);
+                    let cors = conn.cors.clone();
+                    conn.answers.push_back(Answer::Waiting(cors));
                 }
                 // No next request is read until this one is answered.
                 self.set_interest(key, Some(false), None);
                 Ok(Submitted::Waiting)
             }
-            Waiter::Ws(_) | Waiter::None => {
+            Waiter::None => {
+                let msgs = bus.outgoing(events);
                 for o in msgs {
                     bus.publish_with(o, |o| Ticket::Loose(o, emitter));
                 }
@@ -1191,69 +1246,139 @@ impl Core {
                 }
             }
             Ticket::Post(serial, o) => {
-                let Some(post) = bus.posts.get_mut(&serial) else {
+                let Some(group) = bus.posts.get_mut(&serial) else {
                     return;
                 };
-                post.remaining -= 1;
+                group.remaining -= 1;
                 if error.is_some() {
-                    post.failed.push((ticket, o));
+                    group.failed.push((ticket, o));
                 }
-                if post.remaining > 0 {
+                if group.remaining > 0 {
                     return;
                 }
-                let post = bus.posts.remove(&serial).expect("present");
-                self.answer_post(serial, post, error);
+                let group = bus.posts.remove(&serial).expect("present");
+                self.answer_posts(serial, group, error);
             }
         }
     }
 
-    /// Answers a `POST` whose every publish was answered.
-    fn answer_post(&mut self, serial: u64, post: Post, error: Option<String>) {
-        let Post {
-            key,
-            close,
-            accepted,
-            failed,
-            ..
-        } = post;
-        let Some(conn) = self.conns.get(key).filter(|c| c.awaiting == Some(serial)) else {
-            return; // the connection is gone
-        };
-        // A peer that half-closed meanwhile gets its answer, then the close.
-        let close = close || conn.peer_eof;
+    /// Answers the `POST`s of a group whose every publish was answered: each with its
+    /// own count, or all with the one refusal when what failed could not be kept
+    /// locally either (the group's Events share stream messages, so they share that
+    /// fate). Each connection then sends its answers in request order (those of the
+    /// requests read behind its `POST`s included), and reads on; a connection gone
+    /// meanwhile is not answered.
+    fn answer_posts(&mut self, serial: u64, group: Group, error: Option<String>) {
+        let Group { posts, failed, .. } = group;
         let outcome = if failed.is_empty() {
-            Ok(accepted)
+            Ok(())
         } else {
             // Some did not reach the stream: kept locally, or refused.
             let e = error.unwrap_or_default();
+            let events: usize = posts.iter().map(|p| p.accepted).sum();
             log::warn!(
-                "cluster: {} of {accepted} Events not stored by the engine ({e})",
+                "cluster: {} stream messages of {events} Events not stored by the engine ({e})",
                 failed.len()
             );
             let mut failed = failed;
             failed.sort_unstable_by_key(|(t, _)| *t);
             self.degraded_msgs(failed.into_iter().map(|(_, o)| o).collect())
-                .map(|_| accepted)
+                .map(|_| ())
         };
-        if let Ok(n) = outcome {
-            self.metrics.ingested_http += n as u64;
+        let mut keys: Vec<usize> = Vec::new();
+        for Post {
+            key,
+            close,
+            accepted,
+        } in posts
+        {
+            let Some(conn) = self.conns.get(key).filter(|c| c.awaiting == Some(serial)) else {
+                continue; // the connection is gone
+            };
+            // A peer that half-closed meanwhile gets its answer, then the close.
+            let close = close || conn.peer_eof;
+            let outcome = outcome.clone().map(|()| accepted);
+            if let Ok(n) = outcome {
+                self.metrics.ingested_http += n as u64;
+            }
+            let resp = self.post_answer(key, outcome, close);
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if let Some(t) = conn.post_since.take() {
+                self.metrics
+                    .post_duration
+                    .observe(self.now.saturating_duration_since(t));
+            }
+            // This `POST`'s place among the connection's answers.
+            if let Some(slot) = conn
+                .answers
+                .iter_mut()
+                .find(|a| matches!(a, Answer::Waiting(_)))
+            {
+                let Answer::Waiting(cors) = slot else {
+                    unreachable!("matched")
+                };
+                let resp = match cors {
+                    Some(origin) => {
+                        crate::http::insert_headers(&resp, &super::request::cors_lines(origin))
+                    }
+                    None => resp,
+                };
+                *slot = Answer::Ready(resp, close);
+            }
+            if keys.last() != Some(&key) {
+                keys.push(key);
+            }
         }
-        let resp = self.post_answer(key, outcome, close);
-        if let Some(conn) = self.conns.get_mut(key) {
+        for key in keys {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
             conn.awaiting = None;
             conn.since = self.now;
+            let answers = std::mem::take(&mut conn.answers);
+            self.end_unit();
+            for a in answers {
+                match a {
+                    Answer::Ready(bytes, close) => {
+                        self.send_answer(key, bytes, close);
+                        if close {
+                            break;
+                        }
+                    }
+                    Answer::Waiting(_) => {
+                        debug_assert!(false, "a POST of another group on one connection");
+                    }
+                }
+            }
+            // The requests read behind them, then the socket.
+            self.process(key);
+            if self
+                .conns
+                .get(key)
+                .is_some_and(|c| !c.read_paused && c.awaiting.is_none() && !c.close_after_flush)
+            {
+                self.set_interest(key, Some(true), None);
+            }
+            self.rearm(key);
         }
-        self.reply(key, resp, close);
-        // The requests read behind it, then the socket.
-        self.process(key);
-        if self
-            .conns
-            .get(key)
-            .is_some_and(|c| !c.read_paused && c.awaiting.is_none() && !c.close_after_flush)
-        {
-            self.set_interest(key, Some(true), None);
+    }
+
+    /// Whether the next request read on `key`, which waits for the open group of
+    /// `POST`s, may join that group: only a pipelined `POST /events`, read in the same
+    /// turn (its answer then waits in order behind the others, [`Conn::answers`]).
+    pub(super) fn may_join_group(&self, key: usize) -> bool {
+        let (Some(bus), Some(conn)) = (self.bus.as_ref(), self.conns.get(key)) else {
+            return false;
+        };
+        if bus.open_group.is_none() || conn.awaiting != bus.open_group {
+            return false;
         }
-        self.rearm(key);
+        matches!(
+            crate::http::parse_head(&conn.rbuf),
+            Ok(Some((head, _))) if head.method == "POST" && head.path == "/events"
+        )
     }
 
     /// A `POST` that waited too long for the stream (the bridge answers every publish
@@ -1265,10 +1390,10 @@ impl Core {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
-        let Some(post) = bus.posts.remove(&serial) else {
+        let Some(group) = bus.posts.remove(&serial) else {
             return;
         };
-        // Every Event still unanswered counts as failed: kept locally (and retried from
+        // Every Event of the group still unanswered counts as failed: kept locally (and retried from
         // the outbox: the stream's dedupe drops a copy that did get in) or refused.
         let mut unanswered = Vec::new();
         bus.tickets.retain(|n, t| match t {
@@ -1283,9 +1408,9 @@ impl Core {
             bus.state = ClusterState::Degraded;
             bus.stalled = true;
         }
-        let mut post = post;
-        post.failed.extend(unanswered);
-        self.answer_post(serial, post, Some("no acknowledgement in time".into()));
+        let mut group = group;
+        group.failed.extend(unanswered);
+        self.answer_posts(serial, group, Some("no acknowledgement in time".into()));
     }
 
     /// One stream message: admitted and fanned out (once per stream sequence; the caller

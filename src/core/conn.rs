@@ -244,6 +244,18 @@ pub(crate) enum Phase {
     Closing,
 }
 
+/// One answer of a connection's pipelined requests in cluster mode (see
+/// [`Conn::answers`]).
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// A `POST /events` waiting for the stream, with its request's
+    /// `Access-Control-Allow-Origin` value.
+    Waiting(Option<String>),
+    /// An answer ready to go once every answer before it went: its bytes (CORS headers
+    /// in) and whether the connection closes after it.
+    Ready(Vec<u8>, bool),
+}
+
 /// One client connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
@@ -302,9 +314,14 @@ pub(crate) struct Conn {
     /// `max_output_bytes` (a peer pipelining requests without reading the answers);
     /// `Relay::flush` resumes them once the queue is below the bound.
     pub(crate) read_paused: bool,
-    /// Cluster mode: the serial of the `POST` whose stream acknowledgements this
-    /// connection waits for; no further request is read meanwhile.
+    /// Cluster mode: the serial of the group of `POST`s whose stream acknowledgements
+    /// this connection waits for. While that group is open (the reactor turn that read
+    /// them), further pipelined `POST /events` join it; no other request is read.
     pub(crate) awaiting: Option<u64>,
+    /// Cluster mode: the answers of the requests read while `awaiting`, in request
+    /// order (HTTP/1.1 answers in order, RFC 9112 §9.3): a `POST` still waiting for
+    /// the stream, or an answer that is ready and must wait behind it. Empty otherwise.
+    pub(crate) answers: VecDeque<Answer>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
     /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
@@ -352,6 +369,7 @@ impl Conn {
             peer_eof: false,
             read_paused: false,
             awaiting: None,
+            answers: VecDeque::new(),
             cors: None,
             replay: VecDeque::new(),
             backlog: OutQueue::default(),

@@ -3,7 +3,7 @@
 //! pipelining, request backpressure, and the hand-over to SSE or the WebSocket binding.
 //! Every refusal is answered, counted and logged once (`Core::refused`).
 
-use super::conn::{BodyReader, Phase, ReplayJob};
+use super::conn::{Answer, BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
 use super::{history_streams, keepable, loggable, replay_sessions, ConnId, Core, Origin};
 use crate::envelope::{self, Event};
@@ -25,7 +25,7 @@ fn request_line(head: &RequestHead) -> String {
     format!("{} {}", head.method, head.path)
 }
 
-fn cors_lines(origin: &str) -> String {
+pub(super) fn cors_lines(origin: &str) -> String {
     format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
 }
 
@@ -39,10 +39,28 @@ impl Core {
                 let d = self.now.saturating_duration_since(t);
                 self.metrics.post_duration.observe(d);
             }
-            match &conn.cors {
-                Some(origin) => conn.send(http::insert_headers(&bytes, &cors_lines(origin))),
-                None => conn.send(bytes),
+            let bytes = match &conn.cors {
+                Some(origin) => http::insert_headers(&bytes, &cors_lines(origin)),
+                None => bytes,
+            };
+            if !conn.answers.is_empty() {
+                // Behind a `POST` that waits for the stream (cluster mode): in order.
+                conn.answers.push_back(Answer::Ready(bytes, close));
+                if close {
+                    // Nothing more is read; the close comes after this answer goes.
+                    conn.phase = Phase::Closing;
+                    conn.rbuf.clear();
+                }
+                return;
             }
+            self.send_answer(key, bytes, close);
+        }
+    }
+
+    /// Queues one answer, its CORS headers in, on `key`; closes after it if `close`.
+    pub(super) fn send_answer(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.send(bytes);
             if close {
                 conn.close_after_flush = true;
                 conn.phase = Phase::Closing;
@@ -132,7 +150,7 @@ impl Core {
             match &mut conn.phase {
                 Phase::Head => {
                     if conn.rbuf.is_empty()
-                        || conn.awaiting.is_some()
+                        || (conn.awaiting.is_some() && !self.may_join_group(key))
                         || self.over_output_bound(key)
                     {
                         return;

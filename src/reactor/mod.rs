@@ -5,7 +5,8 @@
 //! One turn: poll (until the core's next deadline, at once when the core is busy), read
 //! the clock once, accept, read each readable connection with a budget and hand the
 //! bytes to the core, write each connection the core announces, re-register only when
-//! the core's interest changes, run the core's due deadlines.
+//! the core's interest changes, run the core's due deadlines, and last (cluster mode)
+//! hand the bridge thread what the core has for it, once for the whole turn.
 
 use crate::config::Config;
 use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Refusal, Stop};
@@ -231,6 +232,7 @@ impl Relay {
         }
         self.core.begin_shutdown(Instant::now());
         self.drain();
+        self.send_bus();
     }
 
     /// Ingests Events in-process, exactly as `POST /events` with
@@ -242,6 +244,7 @@ impl Relay {
         self.now = Instant::now();
         let n = self.core.ingest(ndjson, Origin::Http, self.now)?;
         self.drain();
+        self.send_bus();
         Ok(n)
     }
 
@@ -324,6 +327,7 @@ impl Relay {
         }
         self.core.handle_timeout(self.now);
         self.drain();
+        self.send_bus();
         Ok(())
     }
 
@@ -489,6 +493,12 @@ impl Relay {
                 Output::Stop(why) => self.stopped = Some(why),
             }
         }
+    }
+
+    /// Hands the bridge what the core has for it: once per turn (and after a call from
+    /// the host), so that the `POST`s and WebSocket Events read in one turn travel as
+    /// few stream messages as they can, and every relay fans them out as one unit.
+    fn send_bus(&mut self) {
         #[cfg(feature = "cluster")]
         if let Some((bridge, held)) = self.bus.as_mut() {
             held.extend(std::iter::from_fn(|| self.core.poll_bus()));
