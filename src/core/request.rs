@@ -66,7 +66,7 @@ impl Core {
     /// The one place every refusal the relay answers passes through, once, whatever
     /// the binding: it is counted under `code` (`aep_events_rejected_total{reason}`,
     /// `/status`) and logged at `info` as
-    /// `refused {what} from {peer}: {status} {code}: {detail}` (README, "Logging").
+    /// `refused {what} from {peer}: {status} {code}: {detail}` (docs/operating.md, "Logging").
     /// `what` is the method and path of a request (`POST /events`) or the kind of
     /// WebSocket unit (`WebSocket hello`); `status` the HTTP status or the close code,
     /// `None` for an in-band `error` frame that leaves the connection open. Query strings
