@@ -55,7 +55,7 @@ impl Core {
 
     /// Refuses what was read on `key` before it was a request with a head (a head too
     /// large or malformed, a request too slow) or a body that cannot be read: counted,
-    /// logged (see [`Relay::refused`]) and answered.
+    /// logged (see [`Core::refused`]) and answered.
     pub(super) fn reply_error(&mut self, key: usize, code: Code, detail: &str, close: bool) {
         let status = code.http_status();
         self.refused(key, "request", Some(status), code, detail);
