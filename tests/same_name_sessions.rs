@@ -208,8 +208,7 @@ fn status_lists_each_owning_stream() {
 
 // ---- the golden corpus through the real binary, with a SIGKILL restart ----
 
-/// The golden lines HTTP accepts (commands are refused there, AEP-0004 §4.1), as the
-/// README posts them.
+/// The golden lines HTTP accepts (commands are refused there, AEP-0004 §4.1).
 fn golden_postable() -> Vec<String> {
     let path = support::shared("aep-fixtures/golden/golden.jsonl");
     let text = std::fs::read_to_string(path).unwrap();

@@ -315,7 +315,7 @@ fn golden_events_stream_back_byte_identical() {
             sent.push(line.to_string());
         }
     }
-    // The corpus as the README describes it: 64 Events, two of them commands.
+    // The upstream golden corpus: 64 Events, two of them commands.
     assert_eq!((lines.len(), sent.len()), (64, 62));
     for want in &sent {
         assert_eq!(&stream.expect().data, want);
