@@ -2,7 +2,8 @@
 # The .deb and its hardened systemd unit, for real (issue 16 §3): builds the package with
 # `cargo deb` (installs cargo-deb from crates.io when missing), installs it with
 # `dpkg -i`, and checks that
-#   - the package holds the binary, the unit and /etc/default/aep-relay (a conffile, 0600);
+#   - the package holds the binary, the unit and /etc/default/aep-relay (a conffile, 0600),
+#     and a man page per command;
 #   - `systemd-analyze verify` accepts the installed unit with no word of complaint, and
 #     `systemd-analyze security --offline` rates its exposure 2.0 or lower;
 #   - every variable the environment file names is one the binary reads;
@@ -106,6 +107,25 @@ mode="$(stat -c %a /etc/default/$pkg)"
 dpkg-query -W -f='${Conffiles}\n' "$pkg" | grep -q "^ /etc/default/$pkg " ||
   fail "/etc/default/$pkg is not a conffile (an upgrade would overwrite the operator's edits)"
 echo "deb: installed $bin, $unit, /etc/default/$pkg (conffile, mode 600)"
+
+# The man pages (contrib/man/, generated from the clap definitions), gzipped by cargo-deb:
+# one per command, and `man` renders the relay's without a warning.
+for page in aep-relay aep-relay-tail aep-relay-validate aep-relay-check; do
+  dpkg-query -L "$pkg" | grep -qE "^/usr/share/man/man1/$page\.1(\.gz)?$" ||
+    fail "the package does not list the man page $page.1"
+done
+# Rendered from the package's own copy (a container's dpkg may exclude /usr/share/man).
+dpkg-deb -x "$deb" "$scratch/pkg"
+man_page="$(ls "$scratch"/pkg/usr/share/man/man1/aep-relay.1* | head -n 1)"
+if command -v man >/dev/null 2>&1; then
+  MANWIDTH=80 man --warnings -l "$man_page" >"$scratch/man.out" 2>"$scratch/man.err" ||
+    { cat "$scratch/man.err" >&2; fail "man -l $man_page failed"; }
+  [[ ! -s "$scratch/man.err" ]] || { cat "$scratch/man.err" >&2; fail "man -l $man_page warned"; }
+  grep -q -- '--listen' "$scratch/man.out" || fail "man aep-relay does not show --listen"
+  echo "deb: man pages installed; man aep-relay renders ($(wc -l <"$scratch/man.out") lines)"
+else
+  echo "deb: man pages installed ($man_page; no man command here to render it)"
+fi
 
 # systemd-analyze verify: exit status 0 and no output at all (an unknown key or a bad
 # value is only a warning on stderr, with status 0).

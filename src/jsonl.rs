@@ -1,7 +1,7 @@
 //! The JSONL binding as an ingest path (AEP-0003 §3.1): `--stdin` and `--ingest-file PATH`.
 //!
 //! ```text
-//! stdin ──► reader thread ─┐                         ┌─► Relay: history append, then
+//! stdin ──► reader thread ─┐                         ┌─► Core: journal append, then
 //! file  ──► follower thread┼─► lines ─► Event::parse ┤   publish (store + fan-out),
 //! file  ──► follower thread┘   (per line)            │   one chunk of lines at a time
 //!                               bounded channel ─────┘   (woken through the mio Waker)

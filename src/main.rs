@@ -169,10 +169,13 @@ impl Cli {
     }
 }
 
+/// The log filter when neither `AEP_LOG` nor `RUST_LOG` is set.
+const DEFAULT_LOG_FILTER: &str = "info";
+
 fn init_logging() {
     let filter = std::env::var("AEP_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".into());
+        .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
     env_logger::Builder::new()
         .parse_filters(&filter)
         .format_target(false)

@@ -1,7 +1,7 @@
 //! Counters, histograms and the Prometheus text exposition of `GET /metrics` (auth:
 //! `watch`). Metric names live here, in one place; they follow the Prometheus naming
 //! conventions: counters end in `_total`, units are base units named as a suffix
-//! (`_bytes`, `_seconds`), and a gauge never ends in `_total`. README, "Metrics", has the
+//! (`_bytes`, `_seconds`), and a gauge never ends in `_total`. docs/operating.md, "Metrics", has the
 //! table; `contrib/grafana/aep-relay.json` is a dashboard built on exactly these.
 
 use std::fmt::Write as _;

@@ -226,7 +226,7 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
     assert_eq!(rest.len() as u64 + 1, batches * per - last_seq);
 }
 
-/// `aep_backpressure_disconnects_total` counts consumers, once each (README metrics
+/// `aep_backpressure_disconnects_total` counts consumers, once each (docs/operating.md metrics
 /// table): a consumer that stops reading is disconnected once, however many Events of
 /// the same batch meet it after it was doomed (AEP-0003 §8.4).
 #[test]

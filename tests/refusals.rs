@@ -57,7 +57,7 @@ fn until_close(ws: &mut Raw) -> (u16, String, Vec<Value>) {
 
 const TOKEN: &str = "s3cret-token-XYZ";
 
-/// README "Logging", issue 12 §4: one `info` line per refused request, connection or
+/// docs/operating.md "Logging": one `info` line per refused request, connection or
 /// message, with the status (or close code), the code and the peer; never the token,
 /// never a query string. Runs the real binary with `AEP_LOG=info`. Before the fix
 /// nothing was logged for 400, 403, 404, 405, 413, 415, 426 or 431 answers, nor for the

@@ -221,9 +221,17 @@ fn a_posted_line_arrives_byte_identical_in_a_ws_frame() {
         line,
         "the frame payload is the Event's original bytes"
     );
+}
+
+/// Every golden Event but the commands (refused over HTTP) arrives in a WS frame, byte
+/// for byte as posted.
+#[test]
+#[cfg_attr(no_fixtures, ignore = "needs ../shared/aep-fixtures")]
+fn the_golden_events_arrive_byte_identical_in_ws_frames() {
+    let relay = TestRelay::start();
+    let mut ws = Ws::consumer(&relay);
+    ws.subscribe("s", json!({}));
     let golden = support::fixture("aep-fixtures/golden/golden.jsonl");
-    let Some(golden) = golden else { return };
-    // Commands are refused over HTTP; every other golden Event round-trips.
     let lines: Vec<&str> = golden
         .lines()
         .filter(|l| !l.trim().is_empty())

@@ -10,6 +10,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// The man pages and docs/configuration.md, generated and checked (`--tls-*` need `tls`).
+#[cfg(all(test, feature = "tls"))]
+mod docgen;
 pub mod tail;
 pub mod validate;
 
@@ -105,7 +108,7 @@ impl IngestArgs {
 #[derive(Args, Debug)]
 pub struct ClusterArgs {
     /// Join a cluster through these NATS servers (comma-separated `nats://host:port`).
-    /// Without it the relay runs alone, exactly as before.
+    /// Without it the relay runs alone.
     #[arg(
         long,
         env = "AEP_CLUSTER",

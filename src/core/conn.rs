@@ -1,5 +1,5 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
-//! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
+//! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`](super::ConnId).
 
 use crate::envelope::Capture;
 use crate::fanout::SubId;
@@ -262,7 +262,7 @@ pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
     /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
-    /// without completing the head (`Relay::process` parses again only once a line
+    /// without completing the head (`Core::process` parses again only once a line
     /// feed arrives after them: linear work for a head trickled in byte by byte).
     pub(crate) head_scanned: usize,
     pub(crate) out: OutQueue,
@@ -312,7 +312,7 @@ pub(crate) struct Conn {
     pub(crate) peer_eof: bool,
     /// Reading and request processing are paused because the queued answers reached
     /// `max_output_bytes` (a peer pipelining requests without reading the answers);
-    /// `Relay::flush` resumes them once the queue is below the bound.
+    /// `Core::write_to` resumes them once the queue is below the bound.
     pub(crate) read_paused: bool,
     /// Cluster mode: the serial of the group of `POST`s whose stream acknowledgements
     /// this connection waits for. While that group is open (the reactor turn that read
@@ -324,7 +324,7 @@ pub(crate) struct Conn {
     pub(crate) answers: VecDeque<Answer>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
-    /// Replays still in progress, oldest first (paced by `Relay::pump_replay`).
+    /// Replays still in progress, oldest first (paced by `Core::pump_replay`).
     pub(crate) replay: VecDeque<ReplayJob>,
     /// Live frames held back while a replay is in progress, so they follow it in order.
     /// Bounded like `out` (the backpressure rule applies to it).

@@ -73,7 +73,7 @@ impl Core {
 
     /// Refuses what was read on `key` before it was a request with a head (a head too
     /// large or malformed, a request too slow) or a body that cannot be read: counted,
-    /// logged (see [`Relay::refused`]) and answered.
+    /// logged (see [`Core::refused`]) and answered.
     pub(super) fn reply_error(&mut self, key: usize, code: Code, detail: &str, close: bool) {
         let status = code.http_status();
         self.refused(key, "request", Some(status), code, detail);
@@ -84,7 +84,7 @@ impl Core {
     /// The one place every refusal the relay answers passes through, once, whatever
     /// the binding: it is counted under `code` (`aep_events_rejected_total{reason}`,
     /// `/status`) and logged at `info` as
-    /// `refused {what} from {peer}: {status} {code}: {detail}` (README, "Logging").
+    /// `refused {what} from {peer}: {status} {code}: {detail}` (docs/operating.md, "Logging").
     /// `what` is the method and path of a request (`POST /events`) or the kind of
     /// WebSocket unit (`WebSocket hello`); `status` the HTTP status or the close code,
     /// `None` for an in-band `error` frame that leaves the connection open. Query strings

@@ -173,7 +173,7 @@ impl Core {
     }
 
     /// Removes a WebSocket's subscriptions from the hub and its claims from the routing
-    /// table (also called by `Relay::close` for a socket that died).
+    /// table (also called by `Core::close` for a socket that died).
     pub(super) fn ws_release(&mut self, key: usize, ws: &WsState) {
         for (_, sub) in &ws.subs {
             self.hub.remove(*sub);

@@ -13,7 +13,8 @@ unmodified client:
 - python-websockets-consumer / -emitter: the `websockets` package on /socket, as a
   consumer with two subscriptions (replay, filters, single delivery) and as an emitter
   whose Events arrive on SSE byte-identical.
-- curl-readme: the curl commands of README.md, run as the README shows them.
+- curl-readme: the curl commands of README.md (and the docs pages that read what it
+  posts), run as the pages show them.
 - status-page: GET /?access_token= in headless Chromium: the numbers, the session table
   and the live tail update when Events are posted; screenshots before and after.
 
@@ -681,23 +682,45 @@ def test_python_websockets_emitter():
         relay.stop()
 
 
-def readme_commands():
-    """The curl commands of README.md: fenced ```sh blocks and inline `curl ...` spans."""
-    text = (ROOT / "README.md").read_text()
-    cmds = [b.strip() for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "curl" in b]
+def console_commands(text):
+    """The `$ ` commands of a page's ```console blocks, continuation lines joined."""
+    cmds = []
+    for block in re.findall(r"```console\n(.*?)```", text, re.S):
+        cmd = None
+        for line in block.split("\n"):
+            if cmd is not None and cmd.rstrip().endswith(("\\", "|")):
+                cmd += "\n" + line
+            elif line.startswith("$ "):
+                if cmd is not None:
+                    cmds.append(cmd)
+                cmd = line[2:]
+        if cmd is not None:
+            cmds.append(cmd)
+    return cmds
+
+
+def page_commands(rel):
+    """A page's curl commands: its transcripts (```console) and inline `curl ...` spans."""
+    text = (ROOT / rel).read_text()
+    cmds = [c for c in console_commands(text) if c.startswith("curl")]
     cmds += re.findall(r"`(curl [^`]+)`", text)
     return text, cmds
 
 
 def one(cmds, pred, what):
     found = [c for c in cmds if pred(c)]
-    check(len(found) == 1, f"README.md shows exactly one {what}: found {len(found)}")
+    check(len(found) == 1, f"the docs show exactly one {what}: found {len(found)}")
     return found[0]
 
 
 def test_curl_readme():
-    """The README's curl commands, with only its address replaced by the test relay's."""
-    text, cmds = readme_commands()
+    """The curl commands of README.md, and those of docs/consuming.md and docs/emitting.md
+    that read what the README posted, as the pages show them, with only the address
+    replaced by the test relay's. (tests/docs/run.sh runs every command of every page;
+    this check follows one live stream through them.)"""
+    text, cmds = page_commands("README.md")
+    _, consuming = page_commands("docs/consuming.md")
+    _, emitting = page_commands("docs/emitting.md")
     readme_base = "http://127.0.0.1:8787"
     relay = Relay("curl")
     stream_proc = None
@@ -714,11 +737,12 @@ def test_curl_readme():
         post_cmd = one(cmds, lambda c: "application/json" in c and "-d " in c,
                        "single-Event POST")
         batch_cmd = one(cmds, lambda c: "x-ndjson" in c, "batch POST")
-        filtered_cmd = one(cmds, lambda c: c.startswith("curl -N -G ") and "capture=" in c,
+        filtered_cmd = one(consuming, lambda c: c.startswith("curl -s -G ") and "capture=" in c,
                            "filtered stream")
-        history_cmd = one(cmds, lambda c: c.startswith("curl -N -G ") and "capture=" not in c,
+        history_cmd = one(consuming, lambda c: c.startswith("curl -s -G ") and "live=0" in c
+                          and '"session"' in c and "capture=" not in c,
                           "session history (live=0 and a session filter)")
-        discovery_cmd = one(cmds, lambda c: c.rstrip().endswith("/events") and "-X" not in c,
+        discovery_cmd = one(emitting, lambda c: c.rstrip().endswith("/events") and "-X" not in c,
                             "discovery command")
 
         out = Path(ARGS.out) / "curl-stream.txt"
@@ -738,49 +762,45 @@ def test_curl_readme():
               f"the stream shows the Event exactly as the README does: {out.read_bytes()!r}")
         log("curl -N shows the posted Event as the README says, data byte-identical")
 
-        corpus = ROOT.parent / "shared/aep-fixtures/golden/golden.jsonl"
-        if corpus.exists():
-            lines = [l for l in corpus.read_bytes().split(b"\n") if l and not re.search(
-                rb'"type":"control\.(cancel|pause|resume|attention\.respond)"', l)]
-            said = re.search(r"post the other (\d+) lines", text)
-            check(said and int(said.group(1)) == len(lines),
-                  f"the README says 'post the other {said and said.group(1)} lines'; "
-                  f"the grep leaves {len(lines)}")
-            answer = run(batch_cmd)
-            check(json.loads(answer) == {"accepted": len(lines)}, f"batch answered {answer!r}")
+        sample = re.search(r"@(examples/\S+\.ndjson)", batch_cmd).group(1)
+        lines = [l for l in (ROOT / sample).read_bytes().split(b"\n") if l]
+        answer = run(batch_cmd)
+        check(json.loads(answer) == {"accepted": len(lines)}, f"batch answered {answer!r}")
 
-            def datas():
-                return [l[6:] for l in out.read_bytes().split(b"\n") if l.startswith(b"data: ")]
-            wait_until(lambda: len(datas()) == 1 + len(lines), "the batch on curl -N")
-            check(datas() == [payload] + lines, "the batch arrives in order, byte-identical")
-            log(f"the batch command: {len(lines)} golden Events accepted and streamed")
-        else:
-            log(f"the batch command: skipped, {corpus} is absent")
+        def datas():
+            return [l[6:] for l in out.read_bytes().split(b"\n") if l.startswith(b"data: ")]
+        wait_until(lambda: len(datas()) == 1 + len(lines), "the batch on curl -N")
+        check(datas() == [payload] + lines, "the batch arrives in order, byte-identical")
+        log(f"the batch command: {len(lines)} Events of {sample} accepted and streamed")
 
         # The filtered replay (live=0) must end by itself; what it prints matches.
         shown = run(filtered_cmd)
         check(shown.startswith(b": aep-relay stream open\n\n"), f"filtered: {shown[:200]!r}")
         check(shown.endswith(b": replay-complete\n\n"), f"filtered: {shown[-200:]!r}")
         # The same shape from the start of the session shows what the filter selects.
-        from_start = filtered_cmd.replace('"seq":100', '"seq":0')
+        position = json.loads(re.search(r"from=(\[.*?\])'", filtered_cmd).group(1))[0]
+        from_start = re.sub(r'("seq":)\d+', r"\g<1>0", filtered_cmd)
         msgs = [json.loads(l[6:]) for l in run(from_start).split(b"\n")
                 if l.startswith(b"data: ")]
         rank = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
 
         def selected(m):
             return (re.match(r"(attention|error)\.", m["type"]) and m.get("seq", -1) > 0
-                    and rank.index(m.get("severity", "info")) >= 2 and m["session"] == "s_8f2c")
-        held = [json.loads(payload)] + ([json.loads(l) for l in lines] if corpus.exists() else [])
+                    and rank.index(m.get("severity", "info")) >= 2
+                    and m.get("session") == position["session"])
+        held = [json.loads(payload)] + [json.loads(l) for l in lines]
         want = [m["id"] for m in held if selected(m)]
-        check([m["id"] for m in msgs] == want, f"the filter selects {want}: {msgs}")
+        check(len(want) > 0 and [m["id"] for m in msgs] == want,
+              f"the filter selects {want}: {msgs}")
         log(f"the filtered replay ends by itself; {len(msgs)} Events from seq 0, all matching")
 
-        # A session's history: every held Event of s_8f2c, then `: replay-complete`.
+        # A session's history: every held Event of the session, then `: replay-complete`.
+        session = json.loads(re.search(r"filter=(\{.*?\})'", history_cmd).group(1))["session"]
         shown = run(history_cmd)
         msgs = [json.loads(l[6:]) for l in shown.split(b"\n") if l.startswith(b"data: ")]
-        want = [m["id"] for m in held if m.get("session") == "s_8f2c"]
-        check(sorted(m["id"] for m in msgs) == sorted(want),
-              f"the session's history is every held Event of s_8f2c {want}: {msgs}")
+        want = [m["id"] for m in held if m.get("session") == session]
+        check(len(want) > 0 and sorted(m["id"] for m in msgs) == sorted(want),
+              f"the session's history is every held Event of {session} {want}: {msgs}")
         check(shown.endswith(b": replay-complete\n\n"), f"history: {shown[-200:]!r}")
         log(f"the session-history command shows its {len(msgs)} held Events, then replay-complete")
 

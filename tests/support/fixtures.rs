@@ -1,34 +1,42 @@
 //! What the tests share besides a relay: the upstream fixtures under `../shared`, the
 //! Events they post, scratch directories.
+//!
+//! The fixture root is `AEP_SHARED_DIR` as `build.rs` found it (`../shared` unless the
+//! variable was set at build time). A test that reads it carries
+//! `#[cfg_attr(no_fixtures, ignore = "needs ../shared/aep-fixtures")]`, so a fresh clone
+//! without `../shared` lists it as ignored; the helpers below therefore never skip: a
+//! fixture that is absent while the test runs is a failure.
 
 use std::path::{Path, PathBuf};
 
-/// `../shared/{rel}` (e.g. `aep-fixtures/golden/golden.jsonl`), or `None` after saying
-/// that it is absent, so the test skips.
-pub fn shared(rel: &str) -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared")
-        .join(rel);
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!("SKIP: fixture {} is absent", path.display());
-        None
-    }
+/// The fixture root: the directory holding `aep-fixtures/` and `aep-schemas/`.
+pub fn shared_root() -> PathBuf {
+    PathBuf::from(env!("AEP_SHARED_DIR"))
 }
 
-/// The text of `../shared/{rel}`, or `None` after saying that it is absent.
-pub fn fixture(rel: &str) -> Option<String> {
-    shared(rel)
-        .map(|p| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+/// `{root}/{rel}` (e.g. `aep-fixtures/golden/golden.jsonl`). Panics when it is absent: the
+/// calling test lacks its `cfg_attr(no_fixtures, ignore = …)`, or the corpus lost a file.
+pub fn shared(rel: &str) -> PathBuf {
+    let path = shared_root().join(rel);
+    assert!(
+        path.exists(),
+        "fixture {} is absent (a test that reads ../shared carries \
+         #[cfg_attr(no_fixtures, ignore = \"needs ../shared/aep-fixtures\")])",
+        path.display()
+    );
+    path
 }
 
-/// `../shared/{rel}` parsed as JSON, or `None` after saying that it is absent. Panics
-/// when it is not JSON.
-pub fn fixture_json(rel: &str) -> Option<serde_json::Value> {
-    fixture(rel).map(|t| {
-        serde_json::from_str(&t).unwrap_or_else(|e| panic!("fixture {rel} is not JSON: {e}"))
-    })
+/// The text of `{root}/{rel}`; panics when it is absent.
+pub fn fixture(rel: &str) -> String {
+    let p = shared(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// `{root}/{rel}` parsed as JSON; panics when it is absent or not JSON.
+pub fn fixture_json(rel: &str) -> serde_json::Value {
+    serde_json::from_str(&fixture(rel))
+        .unwrap_or_else(|e| panic!("fixture {rel} is not JSON: {e}"))
 }
 
 /// A valid sequenced Event of agent `a` in `session` at (`epoch`, `seq`), with optional

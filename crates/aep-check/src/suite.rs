@@ -169,7 +169,7 @@ fn short(s: &str) -> String {
 /// is not UTF-8.
 ///
 /// A relay escapes a session this way so that any session string fits one printable
-/// `id:` line; this decoder follows the rule as the README ("How a session is written in
+/// `id:` line; this decoder follows the rule as docs/consuming.md ("How a session is written in
 /// `id:`") documents it, written from that text and not from the relay's encoder, so the
 /// checker judges the relay by what it sends, not by the relay's own code. It only
 /// decodes: a resume sends back the `id:` the relay wrote, as an `EventSource` does.
@@ -1889,7 +1889,7 @@ fn expect_replay_all(lines: &[String], got: &[String]) -> Result<(), Verdict> {
 mod tests {
     use super::parse_event_id;
 
-    /// The README's examples of how a session is written in `id:` (AEP-0003 §3.3 #2).
+    /// The examples of docs/consuming.md of how a session is written in `id:` (AEP-0003 §3.3 #2).
     #[test]
     fn event_ids_read_as_the_readme_writes_them() {
         let id = |s: &str, e, q| Some((s.to_string(), e, q));
