@@ -65,8 +65,24 @@ impl Client {
     /// One line naming the file and what is wrong: unreadable, not PEM (no
     /// `CERTIFICATE` block), a block that is not a certificate; or no system roots.
     pub fn new(cacert: Option<&Path>) -> Result<Client, String> {
+        Client::with_suites(cacert, None)
+    }
+
+    /// [`Client::new`] offering only `suites` (e.g. one TLS 1.3 suite, so that every
+    /// server of a benchmark negotiates the same cipher); `None` offers the provider's.
+    ///
+    /// # Errors
+    /// As [`Client::new`]; and when the suites leave no protocol version.
+    pub fn with_suites(
+        cacert: Option<&Path>,
+        suites: Option<Vec<rustls::SupportedCipherSuite>>,
+    ) -> Result<Client, String> {
         let roots = root_store(cacert)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut provider = rustls::crypto::ring::default_provider();
+        if let Some(s) = suites {
+            provider.cipher_suites = s;
+        }
+        let provider = Arc::new(provider);
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS: {e}"))?

@@ -164,6 +164,11 @@ struct Args {
     /// IP).
     #[arg(long, value_name = "NAME")]
     tls_name: Option<String>,
+    /// With --tls: offer only this TLS 1.3 cipher suite (aes128: TLS13_AES_128_GCM_SHA256,
+    /// aes256: TLS13_AES_256_GCM_SHA384, chacha20: TLS13_CHACHA20_POLY1305_SHA256), so
+    /// every server negotiates the same; `any` offers rustls' list (TLS 1.2 too).
+    #[arg(long, default_value = "aes128", value_name = "SUITE")]
+    tls_suite: String,
     /// Measure a reconnection storm instead of a fan-out (see the module docs).
     #[arg(long)]
     reconnect_storm: bool,
@@ -1846,7 +1851,17 @@ fn main() {
         serve(args.addr, args.timeout);
     }
     if args.tls {
-        match aep_check::tls::Client::new(args.cacert.as_deref()) {
+        use rustls::crypto::ring::cipher_suite as cs;
+        let suite = match args.tls_suite.as_str() {
+            "aes128" => Some(cs::TLS13_AES_128_GCM_SHA256),
+            "aes256" => Some(cs::TLS13_AES_256_GCM_SHA384),
+            "chacha20" => Some(cs::TLS13_CHACHA20_POLY1305_SHA256),
+            "any" => None,
+            other => fail(format!(
+                "--tls-suite takes aes128, aes256, chacha20 or any, got {other:?}"
+            )),
+        };
+        match aep_check::tls::Client::with_suites(args.cacert.as_deref(), suite.map(|s| vec![s])) {
             Ok(c) => {
                 let _ = TLS.set(Some(c));
             }
