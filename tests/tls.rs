@@ -409,3 +409,36 @@ fn check_passes_over_https_and_wss_trusting_cacert() {
         assert!(summary.contains(" passed, 0 failed, "), "{summary}");
     }
 }
+
+/// After a reconnection storm every subscriber resumes its session (RFC 8446 §2.2):
+/// more clients than a stateful server cache holds (rustls' default, 256 sessions),
+/// each with its own session cache as real clients have, reconnect and all resume.
+#[test]
+fn every_client_resumes_after_a_reconnection_storm() {
+    let tls = tls_relay();
+    const CLIENTS: usize = 300;
+    let configs: Vec<Arc<rustls::ClientConfig>> = (0..CLIENTS)
+        .map(|_| {
+            let mut c = (*tls.client).clone();
+            c.resumption = rustls::client::Resumption::in_memory_sessions(4);
+            Arc::new(c)
+        })
+        .collect();
+    // One request per connection: reading its answer also takes in the tickets the
+    // relay sends after the handshake.
+    let get = |config: &Arc<rustls::ClientConfig>| {
+        let mut s = tls_connect(config, tls.relay.addr);
+        s.write_all(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut s).0, 200);
+        s.conn.handshake_kind()
+    };
+    for c in &configs {
+        assert_eq!(get(c), Some(rustls::HandshakeKind::Full));
+    }
+    let resumed = configs
+        .iter()
+        .filter(|c| get(c) == Some(rustls::HandshakeKind::Resumed))
+        .count();
+    assert_eq!(resumed, CLIENTS, "every reconnection resumes its session");
+}
