@@ -37,6 +37,13 @@
 #   emitter; Redis PUBLISH and NATS PUB written back to back), at PIPE_BATCHES "64 1"
 #   Events per publisher write and PIPE_SIZES "580 4096" bytes, PIPE_WINDOW 1024
 #   Events in flight, PIPE_EVENTS 500000 per run (a fifth of that at batch 1)
+#   tls: the fan-out over TLS (issue 25) at TLS_SIZES "100 1000 10000" subscribers,
+#   TLS_DELIVERIES 4000000 per run, the same Event, batch and window: TLS_TARGETS
+#   "relay-wss relay-https redis-tls nats-tls relay-ws relay-sse", i.e. the relay over
+#   WSS and HTTPS SSE (--tls-cert), Redis with --tls-port only, NATS with a tls {} block,
+#   all with one ECDSA P-256 certificate made here ($RESULTS/cert.pem, openssl), TLS 1.3
+#   (Redis --tls-protocols TLSv1.3; the others negotiate it with aep-load's rustls), and
+#   the plaintext relay in the same rounds for the TLS / plaintext ratio
 #   SERVER_CPU 1, LOAD_CPU 0, RESULTS (a directory; default target/compare/DATE)
 #   `quick`: SIZES=$QUICK_SIZES (100), DELIVERIES/20, LAT_SECONDS=1, REPEAT=1: a smoke
 #   run of every target end to end, ~15 s (not a measurement).
@@ -64,6 +71,9 @@ PIPE_SIZES=${PIPE_SIZES:-"580 4096"}
 PIPE_WINDOW=${PIPE_WINDOW:-1024}
 PIPE_EVENTS=${PIPE_EVENTS:-500000}
 IDLE_SUBS=${IDLE_SUBS:-10000}
+TLS_SIZES=${TLS_SIZES:-"100 1000 10000"}
+TLS_DELIVERIES=${TLS_DELIVERIES:-4000000}
+TLS_TARGETS=${TLS_TARGETS:-"relay-wss relay-https redis-tls nats-tls relay-ws relay-sse"}
 REPEAT=${REPEAT:-3}
 CEILING=${CEILING:-1}
 SYSCALLS=${SYSCALLS:-1}
@@ -75,6 +85,8 @@ if [[ "${1:-}" == quick ]]; then
     DELIVERIES=$((DELIVERIES / 20))
     LAT_SECONDS=1
     INGEST_EVENTS=$((INGEST_EVENTS / 10))
+    TLS_SIZES=${QUICK_SIZES:-100}
+    TLS_DELIVERIES=$((TLS_DELIVERIES / 20))
     REPEAT=1
 fi
 RESULTS=${RESULTS:-$CARGO_TARGET_DIR/compare/$(date -u +%Y%m%dT%H%M%SZ)}
@@ -87,8 +99,11 @@ CEILING_PORT=18999
 
 # --- what the machine needs -----------------------------------------------------------
 need=()
-for t in $TARGETS; do
-    case "$t" in
+all_targets=$TARGETS
+if [[ " $SCENARIOS " == *" tls "* ]]; then all_targets="$TARGETS $TLS_TARGETS"; fi
+command -v openssl >/dev/null || need+=(openssl)
+for t in $all_targets; do
+    case "${t%-tls}" in
         redis) command -v redis-server >/dev/null || need+=(redis-server) ;;
         nats) command -v nats-server >/dev/null || [[ -x /usr/sbin/nats-server ]] || need+=(nats-server) ;;
         mqtt) command -v mosquitto >/dev/null || [[ -x /usr/sbin/mosquitto ]] || need+=(mosquitto) ;;
@@ -112,6 +127,9 @@ fi
 
 max_subs=0
 for n in $SIZES $LAT_SUBS; do if ((n > max_subs)); then max_subs=$n; fi; done
+if [[ " $SCENARIOS " == *" tls "* ]]; then
+    for n in $TLS_SIZES; do if ((n > max_subs)); then max_subs=$n; fi; done
+fi
 if [[ " $SCENARIOS " == *" idle "* ]] && ((IDLE_SUBS > max_subs)); then max_subs=$IDLE_SUBS; fi
 if (($(ulimit -n) < max_subs + 64)); then
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -146,11 +164,68 @@ wait_port() {
     return 1
 }
 
+# The TLS targets' one certificate: ECDSA P-256, for 127.0.0.1 (what aep-load verifies),
+# CA:FALSE (rustls refuses a CA certificate as a server's), made once per results dir.
+tls_cert() {
+    if [[ ! -s "$WORK/cert.pem" ]]; then
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
+            -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+            -addext basicConstraints=critical,CA:FALSE \
+            -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+    fi
+}
+
 # start_server TARGET: starts the server for TARGET pinned to SERVER_CPU; sets SERVER_PID,
-# PORT, LOAD_TARGET and SERVER_LOG.
+# PORT, LOAD_TARGET, LOAD_TLS (aep-load's TLS arguments) and SERVER_LOG.
 start_server() {
     SERVER_LOG="$WORK/server.log"
+    LOAD_TLS=()
     case "$1" in
+        relay-wss | relay-https)
+            tls_cert
+            AEP_LOG=warn taskset -c "$SERVER_CPU" "$BIN/aep-relay" \
+                --listen "127.0.0.1:$RELAY_PORT" --tls-cert "$WORK/cert.pem" \
+                --tls-key "$WORK/key.pem" >"$SERVER_LOG" 2>&1 &
+            SERVER_PID=$!
+            PORT=$RELAY_PORT
+            LOAD_TARGET=ws
+            if [[ "$1" == relay-https ]]; then LOAD_TARGET=sse; fi
+            LOAD_TLS=(--tls --cacert "$WORK/cert.pem")
+            ;;
+        redis-tls)
+            # As `redis` below, TLS only (--port 0), TLS 1.3, no client certificates.
+            tls_cert
+            taskset -c "$SERVER_CPU" redis-server --port 0 --tls-port "$REDIS_PORT" \
+                --tls-cert-file "$WORK/cert.pem" --tls-key-file "$WORK/key.pem" \
+                --tls-auth-clients no --tls-protocols TLSv1.3 --bind 127.0.0.1 \
+                --save '' --appendonly no --daemonize no --loglevel notice \
+                --maxclients 20000 --client-output-buffer-limit 'pubsub 0 0 0' \
+                >"$SERVER_LOG" 2>&1 &
+            SERVER_PID=$!
+            PORT=$REDIS_PORT
+            LOAD_TARGET=redis
+            LOAD_TLS=(--tls --cacert "$WORK/cert.pem")
+            ;;
+        nats-tls)
+            # As `nats` below, with TLS required (INFO in plaintext, then the upgrade).
+            tls_cert
+            cat >"$WORK/nats-tls.conf" <<EOF
+max_connections: 100000
+max_pending: 1GB
+write_deadline: "60s"
+tls {
+  cert_file: "$WORK/cert.pem"
+  key_file: "$WORK/key.pem"
+  timeout: 10
+}
+EOF
+            taskset -c "$SERVER_CPU" "$NATS" -a 127.0.0.1 -p "$NATS_PORT" \
+                -c "$WORK/nats-tls.conf" >"$SERVER_LOG" 2>&1 &
+            SERVER_PID=$!
+            PORT=$NATS_PORT
+            LOAD_TARGET=nats
+            LOAD_TLS=(--tls --cacert "$WORK/cert.pem")
+            ;;
         relay-sse | relay-ws)
             AEP_LOG=warn taskset -c "$SERVER_CPU" "$BIN/aep-relay" \
                 --listen "127.0.0.1:$RELAY_PORT" >"$SERVER_LOG" 2>&1 &
@@ -234,7 +309,8 @@ load() {
     start_server "$target"
     local rc=0
     taskset -c "$LOAD_CPU" "$BIN/aep-load" --target "$LOAD_TARGET" \
-        --addr "127.0.0.1:$PORT" --server-pid "$SERVER_PID" --json "${extra[@]}" "${args[@]}" \
+        --addr "127.0.0.1:$PORT" --server-pid "$SERVER_PID" --json "${extra[@]}" \
+        "${LOAD_TLS[@]}" "${args[@]}" \
         >"$out.json" 2>"$out.err" || rc=$?
     local alive=1
     kill -0 "$SERVER_PID" 2>/dev/null || alive=0
@@ -248,6 +324,10 @@ load() {
 }
 
 targets_for() { # the scenario's targets, with the ceiling row where it applies
+    if [[ "$1" == tls ]]; then
+        echo "$TLS_TARGETS"
+        return
+    fi
     echo "$TARGETS"
     if ((CEILING)) && [[ "$1" == fanout ]]; then echo ceiling ceiling-open; fi
 }
@@ -282,6 +362,9 @@ PIPE_SIZES="$PIPE_SIZES"
 PIPE_WINDOW=$PIPE_WINDOW
 PIPE_EVENTS=$PIPE_EVENTS
 IDLE_SUBS=$IDLE_SUBS
+TLS_SIZES="$TLS_SIZES"
+TLS_DELIVERIES=$TLS_DELIVERIES
+TLS_TARGETS="$TLS_TARGETS"
 REPEAT=$REPEAT
 CEILING=$CEILING
 SYSCALLS=$SYSCALLS
@@ -331,6 +414,15 @@ for s in $SCENARIOS; do
                     scenario "pipe.$batch-$size" --subscribers 1 --events "$events" --size "$size" \
                         --batch "$batch" --window "$PIPE_WINDOW" --timeout 600
                 done
+            done
+            ;;
+        tls)
+            for n in $TLS_SIZES; do
+                events=$((TLS_DELIVERIES / n))
+                if ((events < 100)); then events=100; fi
+                echo "== fan-out over TLS: $n subscribers, $events Events of $SIZE B, batch $BATCH, window $WINDOW" >&2
+                scenario "tls.$n" --subscribers "$n" --events "$events" --size "$SIZE" \
+                    --batch "$BATCH" --window "$WINDOW" --timeout 600
             done
             ;;
         idle)

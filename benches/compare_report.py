@@ -20,9 +20,16 @@ import sys
 from collections import defaultdict
 
 RELAY = ("relay-ws", "relay-sse")
+RELAY_TLS = ("relay-wss", "relay-https")
+# The plaintext relay row each TLS relay row is divided by (same round).
+PLAIN_OF = {"relay-wss": "relay-ws", "relay-https": "relay-sse"}
 NAMES = {
     "relay-ws": "relay, WS",
     "relay-sse": "relay, SSE",
+    "relay-wss": "relay, WSS",
+    "relay-https": "relay, HTTPS SSE",
+    "redis-tls": "Redis-TLS",
+    "nats-tls": "NATS-TLS",
     "redis": "Redis",
     "nats": "NATS",
     "mqtt": "Mosquitto",
@@ -137,7 +144,9 @@ class Scenario:
         return [self.value(target, r, key) for r in self.rounds]
 
     def peers(self):
-        return [t for t in self.targets if t not in RELAY and t not in CEILINGS]
+        return [
+            t for t in self.targets if t not in RELAY + RELAY_TLS and t not in CEILINGS
+        ]
 
     def best_peer(self, rnd, key, higher):
         """The better peer's figure in round `rnd`; None unless every peer's run of that
@@ -231,6 +240,49 @@ def fanout_table(sc, n, st):
                     spread(sc.values(t, "server_busy"), fixed(".2f")),
                     spread(sc.values(t, "client_busy"), fixed(".2f")),
                     spread(sc.values(t, "server_peak_rss_mib"), fixed(".1f")),
+                    spread(sc.values(t, "seconds"), fixed(".2f")),
+                    sc.invalid(t),
+                ]
+            )
+            + " |"
+        )
+
+
+def tls_table(sc, n, st):
+    events = first(sc, "events")
+    print()
+    print(
+        f"### Fan-out over TLS: {n} subscribers, {events} Events × {st['SIZE']} B, "
+        f"batch {st['BATCH']}, window {st['WINDOW']}"
+    )
+    print()
+    print(
+        "| server | TLS | deliveries/s | vs better TLS peer | deliveries per server CPU-s "
+        "| vs better TLS peer | TLS ÷ plaintext, per server CPU-s | server core busy "
+        "| load CPU-s | load core busy | peak RSS MiB | vs Redis-TLS RSS | run s | invalid runs |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for t in sc.targets:
+        tls = first(Scenario({t: sc.runs[t]}, [t]), "tls") or "plaintext"
+        plain = PLAIN_OF.get(t)
+        print(
+            "| "
+            + " | ".join(
+                [
+                    NAMES.get(t, t),
+                    f"`{tls}`" if tls != "plaintext" else tls,
+                    spread(sc.values(t, "deliveries_per_s")),
+                    spread(sc.ratios(t, "deliveries_per_s"), ratio_fmt),
+                    spread(sc.values(t, "deliveries_per_server_cpu_s")),
+                    spread(sc.ratios(t, "deliveries_per_server_cpu_s"), ratio_fmt),
+                    spread(sc.of(t, plain, "deliveries_per_server_cpu_s"), ratio_fmt)
+                    if plain
+                    else "-",
+                    spread(sc.values(t, "server_busy"), fixed(".2f")),
+                    spread(sc.values(t, "client_cpu_s"), fixed(".2f")),
+                    spread(sc.values(t, "client_busy"), fixed(".2f")),
+                    spread(sc.values(t, "server_peak_rss_mib"), fixed(".1f")),
+                    spread(sc.of(t, "redis-tls", "server_peak_rss_mib"), ratio_fmt),
                     spread(sc.values(t, "seconds"), fixed(".2f")),
                     sc.invalid(t),
                 ]
@@ -425,7 +477,7 @@ def main():
         "(tracing costs each syscall a little, for every server alike). A run that lost an "
         "Event or a subscriber is invalid and left out."
     )
-    fan, lat = [], []
+    fan, lat, tls = [], [], []
     for name in sorted(runs, key=lambda k: (k.split(".")[0], int(k.split(".")[1]) if k.split(".")[1].isdigit() else 0)):
         kind, _, arg = name.partition(".")
         sc = Scenario(runs[name], targets)
@@ -433,12 +485,17 @@ def main():
             fan.append((arg, sc))
         elif kind == "latency":
             lat.append((arg, sc))
+        elif kind == "tls":
+            tls.append((arg, Scenario(runs[name], st.get("TLS_TARGETS", "").split())))
     fan.sort(key=lambda x: int(x[0]))
     lat.sort(key=lambda x: int(x[0]))
     for n, sc in fan:
         fanout_table(sc, n, st)
     for rate, sc in lat:
         latency_table(sc, rate, st)
+    tls.sort(key=lambda x: int(x[0]))
+    for n, sc in tls:
+        tls_table(sc, n, st)
     for name in runs:
         kind, _, arg = name.partition(".")
         if kind == "ingest":

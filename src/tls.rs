@@ -59,6 +59,13 @@ pub fn server_config_from_pem(
         .with_single_cert(certs, key)
         .map_err(|e| TlsError(format!("certificate and key do not work together: {e}")))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Stateless session tickets (RFC 8446 §4.6.1; ChaCha20-Poly1305 under keys rotated
+    // every 6 h, ring's `Ticketer`): any number of subscribers can resume after a
+    // reconnection storm, where the default stateful cache of 256 sessions would make
+    // almost every reconnection a full handshake at thousands of subscribers. Resumption
+    // still runs a fresh ECDHE (rustls offers psk_dhe_ke only), so forward secrecy holds.
+    config.ticketer = rustls::crypto::ring::Ticketer::new()
+        .map_err(|e| TlsError(format!("session tickets: {e}")))?;
     Ok(Arc::new(config))
 }
 

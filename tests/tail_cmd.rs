@@ -178,10 +178,11 @@ fn a_refused_request_exits_2_with_the_relays_answer() {
     drop(relay);
     let mut gone = Tail::spawn(&[&format!("http://{addr}"), "--live=0"]);
     assert_eq!(gone.child.wait().unwrap().code(), Some(1));
-    let mut bad = Tail::spawn(&["https://example.invalid"]);
+    let mut bad = Tail::spawn(&["ftp://example.invalid"]);
     assert_eq!(bad.child.wait().unwrap().code(), Some(2));
-    bad.err
-        .wait("the reason", |l| l.contains("only http:// URLs"));
+    bad.err.wait("the reason", |l| {
+        l.contains("expected an http:// or https:// URL")
+    });
 }
 
 /// A sequenced Event in a hostile `session` (serde_json escapes it in the JSON text).

@@ -1,17 +1,50 @@
 #![cfg(feature = "tls")]
 //! Native TLS: HTTPS POST and SSE over TLS with a certificate generated in the test, and
-//! the start-up refusal of an insecure off-host binding (AEP-0003 §8.1).
+//! the start-up refusal of an insecure off-host binding (AEP-0003 §8.1). Then the
+//! relay's own clients over TLS, the real binary against the real binary started with
+//! `--tls-cert`/`--tls-key`: `aep-relay tail` (SSE over HTTPS) and `aep-relay check`
+//! (HTTPS and WSS) with `--cacert`, and their one-line refusals (exit 2) of an untrusted
+//! certificate, a hostname the certificate does not list, and a `--cacert` that is not
+//! PEM.
 
 mod support;
 use rustls::pki_types::ServerName;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use support::*;
 
 struct Tls {
     relay: TestRelay,
     client: Arc<rustls::ClientConfig>,
+}
+
+/// A client configuration trusting exactly `cert`.
+fn trusting(cert: &rcgen::Certificate) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(client)
+}
+
+/// A TLS connection to `addr`, verifying the name `localhost`.
+fn tls_connect(
+    client: &Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let conn =
+        rustls::ClientConnection::new(client.clone(), ServerName::try_from("localhost").unwrap())
+            .unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(WAIT)).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
 }
 
 fn tls_relay() -> Tls {
@@ -22,30 +55,15 @@ fn tls_relay() -> Tls {
     )
     .unwrap();
     let relay = TestRelay::with(|c| c.tls = Some(server));
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ck.cert.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let client = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     Tls {
         relay,
-        client: Arc::new(client),
+        client: trusting(&ck.cert),
     }
 }
 
 impl Tls {
     fn connect(&self) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-        let conn = rustls::ClientConnection::new(
-            self.client.clone(),
-            ServerName::try_from("localhost").unwrap(),
-        )
-        .unwrap();
-        let tcp = TcpStream::connect(self.relay.addr).unwrap();
-        tcp.set_read_timeout(Some(WAIT)).unwrap();
-        rustls::StreamOwned::new(conn, tcp)
+        tls_connect(&self.client, self.relay.addr)
     }
 }
 
@@ -153,4 +171,274 @@ fn wss_hello_subscribe_and_delivery() {
         ev,
         "the Event's original bytes over WSS"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The relay's own clients over TLS: `aep-relay tail` and `aep-relay check`.
+
+/// The real relay serving TLS with a fresh self-signed ECDSA P-256 certificate for
+/// `names`, its certificate file (the `--cacert` that trusts it) and a client config
+/// trusting it (for the test's own POSTs).
+struct TlsProcess {
+    relay: RelayProcess,
+    cacert: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+    dir: PathBuf,
+}
+
+impl TlsProcess {
+    fn start(tag: &str, names: &[&str]) -> TlsProcess {
+        let dir = temp_dir(&format!("tls-{tag}"));
+        let ck = rcgen::generate_simple_self_signed(
+            names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let (cacert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&cacert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+        let relay = RelayProcess::spawn(&[
+            "--tls-cert",
+            cacert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ]);
+        TlsProcess {
+            relay,
+            cacert,
+            client: trusting(&ck.cert),
+            dir,
+        }
+    }
+
+    /// `https://localhost:PORT`.
+    fn url(&self) -> String {
+        format!("https://localhost:{}", self.relay.addr.port())
+    }
+
+    /// POSTs `ev` over TLS and asserts the 202.
+    fn post(&self, ev: &str) {
+        let mut post = tls_connect(&self.client, self.relay.addr);
+        write!(
+            post,
+            "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
+            ev.len()
+        )
+        .unwrap();
+        let (status, _, body) = read_response(&mut post);
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    }
+
+    /// A certificate file that does not trust this relay: another self-signed one.
+    fn other_cacert(&self) -> PathBuf {
+        let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let p = self.dir.join("other.pem");
+        std::fs::write(&p, other.cert.pem()).unwrap();
+        p
+    }
+
+    /// A `--cacert` that is not PEM: the certificate in DER.
+    fn der_cacert(&self) -> PathBuf {
+        let pem = std::fs::read(&self.cacert).unwrap();
+        use rustls::pki_types::{pem::PemObject, CertificateDer};
+        let der = CertificateDer::from_pem_slice(&pem).unwrap();
+        let p = self.dir.join("cert.der");
+        std::fs::write(&p, der.as_ref()).unwrap();
+        p
+    }
+}
+
+impl Drop for TlsProcess {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `aep-relay {args}` to its end (a refusal exits at once) with `envs`, standard
+/// input closed.
+fn run(args: &[&str], envs: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .env_remove("AEP_TOKEN")
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("SSL_CERT_DIR")
+        .stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// Asserts a refusal: exit status 2, nothing on standard output, and exactly one line
+/// on standard error, containing `want`; returns that line.
+fn assert_refused(out: &Output, want: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains(want), "{want:?} in {err}");
+    err
+}
+
+#[test]
+fn tail_follows_sse_over_https_trusting_cacert() {
+    let tls = TlsProcess::start("tail", &["localhost"]);
+    let cacert = tls.cacert.to_str().unwrap();
+    let mut child = Command::new(bin())
+        .args(["tail", &tls.url(), "--cacert", cacert])
+        .env_remove("AEP_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Lines::collect(child.stdout.take().unwrap(), "");
+    let err = Lines::collect(child.stderr.take().unwrap(), "tail");
+    err.wait("the subscription over TLS", |l| {
+        l.starts_with("aep-relay tail: following https://localhost:")
+    });
+    let evs: Vec<String> = (0..3).map(|i| ev("a", "tls-tail", i)).collect();
+    for e in &evs {
+        tls.post(e);
+    }
+    assert_eq!(
+        out.wait_count(3, "the Events over HTTPS"),
+        evs,
+        "byte-identical"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// An untrusted certificate ends `tail` and `check` at once with one line and exit 2,
+/// whether the roots are a `--cacert` that does not sign it or the system's
+/// (`SSL_CERT_FILE`, which the system store reads first, pointing at the same other
+/// certificate, so the test does not depend on this machine's bundle).
+#[test]
+fn an_untrusted_certificate_is_refused_in_one_line() {
+    let tls = TlsProcess::start("untrusted", &["localhost"]);
+    let url = tls.url();
+    let other = tls.other_cacert();
+    let other_s = other.to_str().unwrap();
+    for cmd in ["tail", "check"] {
+        let e = assert_refused(
+            &run(&[cmd, &url, "--cacert", other_s], &[]),
+            "is not trusted",
+        );
+        assert!(e.contains("--cacert"), "{e}");
+        let e = assert_refused(
+            &run(&[cmd, &url], &[("SSL_CERT_FILE", &other)]),
+            "is not trusted",
+        );
+        assert!(
+            e.contains("pass --cacert FILE"),
+            "the hint for system roots: {e}"
+        );
+    }
+    // The same relay, trusted: no refusal (the run is against the same listener).
+    tls.post(&ev("a", "tls-untrusted", 0));
+}
+
+/// A certificate for `localhost` reached as `127.0.0.1`: the name is not one it lists.
+#[test]
+fn a_hostname_mismatch_is_refused_in_one_line() {
+    let tls = TlsProcess::start("mismatch", &["localhost"]);
+    let url = format!("https://127.0.0.1:{}", tls.relay.addr.port());
+    let cacert = tls.cacert.to_str().unwrap();
+    for cmd in ["tail", "check"] {
+        assert_refused(
+            &run(&[cmd, &url, "--cacert", cacert], &[]),
+            "hostname mismatch",
+        );
+    }
+}
+
+#[test]
+fn a_cacert_that_is_not_pem_is_refused_in_one_line() {
+    let tls = TlsProcess::start("der", &["localhost"]);
+    let url = tls.url();
+    let der = tls.der_cacert();
+    for cmd in ["tail", "check"] {
+        let e = assert_refused(
+            &run(&[cmd, &url, "--cacert", der.to_str().unwrap()], &[]),
+            "not a PEM certificate file",
+        );
+        assert!(e.contains("cert.der"), "names the file: {e}");
+        assert_refused(
+            &run(&[cmd, &url, "--cacert", "/nonexistent/ca.pem"], &[]),
+            "cannot read it",
+        );
+    }
+}
+
+/// The whole conformance run over HTTPS and WSS (AEP-0003 §10), against a relay that
+/// listens only with TLS: nothing fails; the control checks that need a token skip.
+#[test]
+fn check_passes_over_https_and_wss_trusting_cacert() {
+    let tls = TlsProcess::start("check", &["localhost", "127.0.0.1"]);
+    let cacert = tls.cacert.to_str().unwrap();
+    for url in [
+        tls.url(),
+        format!("https://127.0.0.1:{}", tls.relay.addr.port()),
+    ] {
+        let out = run(&["check", &url, "--cacert", cacert, "--timeout", "10"], &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for id in [
+            "discovery",
+            "batch-filtered-delivery",
+            "ws-hello-reply",
+            "ws-resume",
+        ] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(&format!("PASS {id} "))),
+                "{id} over TLS:\n{stdout}"
+            );
+        }
+        let summary = stdout.lines().last().unwrap();
+        assert!(summary.contains(" passed, 0 failed, "), "{summary}");
+    }
+}
+
+/// After a reconnection storm every subscriber resumes its session (RFC 8446 §2.2):
+/// more clients than a stateful server cache holds (rustls' default, 256 sessions),
+/// each with its own session cache as real clients have, reconnect and all resume.
+#[test]
+fn every_client_resumes_after_a_reconnection_storm() {
+    let tls = tls_relay();
+    const CLIENTS: usize = 300;
+    let configs: Vec<Arc<rustls::ClientConfig>> = (0..CLIENTS)
+        .map(|_| {
+            let mut c = (*tls.client).clone();
+            c.resumption = rustls::client::Resumption::in_memory_sessions(4);
+            Arc::new(c)
+        })
+        .collect();
+    // One request per connection: reading its answer also takes in the tickets the
+    // relay sends after the handshake.
+    let get = |config: &Arc<rustls::ClientConfig>| {
+        let mut s = tls_connect(config, tls.relay.addr);
+        s.write_all(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut s).0, 200);
+        s.conn.handshake_kind()
+    };
+    for c in &configs {
+        assert_eq!(get(c), Some(rustls::HandshakeKind::Full));
+    }
+    let resumed = configs
+        .iter()
+        .filter(|c| get(c) == Some(rustls::HandshakeKind::Resumed))
+        .count();
+    assert_eq!(resumed, CLIENTS, "every reconnection resumes its session");
 }

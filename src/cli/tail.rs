@@ -42,7 +42,17 @@
 //! brings nothing new and still ends without it exits 2), or when standard output is closed;
 //! 1 when `--live=0` cannot reach the relay at all (a live `tail` keeps trying, like
 //! `tail -F`); 2 for a refused request (400 `invalid-filter`, 401, 403, 404, …: retrying
-//! would not help) or bad arguments. Everything else is retried.
+//! would not help), a failed TLS handshake of the same kind (the relay's certificate is
+//! not trusted, or not valid for the URL's host; no TLS there) or bad arguments
+//! (including a `--cacert` that is not a PEM certificate file). Everything else is
+//! retried.
+//!
+//! # TLS
+//!
+//! An `https://` URL is followed over TLS with rustls (`aep_check::tls`, the client
+//! `aep-relay check` uses too): the system's root certificates, or with `--cacert FILE`
+//! exactly the certificates of that PEM file (a private CA, or the relay's self-signed
+//! certificate).
 
 use aep_relay::envelope::{Capture, Event, Scope};
 use aep_relay::sse;
@@ -73,9 +83,13 @@ fn parse_live(v: &str) -> Result<bool, String> {
 /// `aep-relay tail` arguments.
 #[derive(Args, Debug)]
 pub struct TailArgs {
-    /// The relay, `http://HOST:PORT` (its `/stream` is used), or the full URL of an SSE
-    /// stream.
+    /// The relay, `http://HOST:PORT` or `https://HOST:PORT` (its `/stream` is used), or
+    /// the full URL of an SSE stream.
     url: String,
+    /// For an https:// URL: trust exactly the certificates of this PEM file (a private
+    /// CA, or the relay's self-signed certificate) instead of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    cacert: Option<std::path::PathBuf>,
     /// An attr-match filter, as JSON (AEP-0003 §6), e.g. '{"type":["attention.*"]}'.
     #[arg(long, value_name = "JSON")]
     filter: Option<String>,
@@ -390,11 +404,20 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 
 /// Runs `tail`.
 pub fn run(args: TailArgs) -> ExitCode {
-    let Some(rest) = args.url.strip_prefix("http://") else {
-        return fail(format!(
-            "{}: only http:// URLs are supported by this build (put a TLS-terminating proxy's plain endpoint, or run tail on the relay's host)",
-            args.url
-        ));
+    let (rest, https) = if let Some(r) = args.url.strip_prefix("http://") {
+        (r, false)
+    } else if let Some(r) = args.url.strip_prefix("https://") {
+        (r, true)
+    } else {
+        return fail(format!("{}: expected an http:// or https:// URL", args.url));
+    };
+    let tls = match (https, &args.cacert) {
+        (true, cacert) => match aep_check::tls::Client::new(cacert.as_deref()) {
+            Ok(c) => Some(c),
+            Err(e) => return fail(e),
+        },
+        (false, Some(_)) => return fail("--cacert is for https:// URLs"),
+        (false, None) => None,
     };
     let stream_url = match rest.find('/') {
         None => format!("{}/stream", args.url),
@@ -430,10 +453,13 @@ pub fn run(args: TailArgs) -> ExitCode {
     let Ok(idle) = Duration::try_from_secs_f64(args.idle_timeout_secs) else {
         return fail("--idle-timeout-secs must be a positive number of seconds");
     };
-    let agent = ureq::AgentBuilder::new()
+    let mut agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(10))
-        .timeout_read(idle.max(Duration::from_millis(100)))
-        .build();
+        .timeout_read(idle.max(Duration::from_millis(100)));
+    if let Some(c) = tls {
+        agent = agent.tls_connector(std::sync::Arc::new(aep_check::tls::UreqConnector(c)));
+    }
+    let agent = agent.build();
     let mut tail = Tail {
         stream_url,
         filter: args.filter,
@@ -501,6 +527,13 @@ pub fn run(args: TailArgs) -> ExitCode {
                     let _ = out.flush();
                     return fail(format!("{url}: HTTP {code}: {}", body.trim()));
                 }
+            }
+            // An untrusted or mismatched certificate, or no TLS at that address: the
+            // same on every attempt.
+            Err(e) if aep_check::tls::failure(&e).is_some() => {
+                let _ = out.flush();
+                let why = aep_check::tls::failure(&e).map(ToString::to_string);
+                return fail(format!("{url}: {}", why.unwrap_or_default()));
             }
             Err(e) if !tail.live && !ever_connected => {
                 eprintln!("aep-relay tail: {url}: {e}");

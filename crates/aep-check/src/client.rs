@@ -1,28 +1,32 @@
 //! The checker's HTTP side: the target URL, plain requests and an SSE reader, all over
-//! `ureq` with a deadline on every request (connect, head and body included), so no wait
+//! `ureq` (HTTPS through [`crate::tls`]) with a deadline on every request (connect, head and body included), so no wait
 //! outlives [`super::Options::timeout`].
 
 use std::io::{BufRead, BufReader};
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::tls::{Client, UreqConnector};
 
 use serde_json::Value;
 
-/// A relay's base URL, split for the two schemes the checker speaks (`http://` for
-/// HTTP and SSE, `ws://` for the WebSocket binding).
+/// A relay's base URL, split for the schemes the checker speaks (`http://` and
+/// `https://` for HTTP and SSE, `ws://` and `wss://` for the WebSocket binding).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
-    /// `host:port` (port 80 when the URL names none).
+    /// `host:port` (port 80, or 443 over TLS, when the URL names none).
     pub authority: String,
     /// The base path without a trailing `/` (empty at the origin root).
     pub base_path: String,
+    /// Whether the URL is `https://`: every request and WebSocket goes over TLS.
+    pub tls: bool,
 }
 
 impl Target {
-    /// Parses `http://HOST[:PORT][/BASE]` (a trailing `/` is ignored).
+    /// Parses `http://HOST[:PORT][/BASE]` or `https://…` (a trailing `/` is ignored).
     ///
     /// # Errors
-    /// A message for any other scheme (`https://`: the checker carries no TLS client),
-    /// a missing host, a query or a fragment.
+    /// A message for any other scheme, a missing host, a query or a fragment.
     ///
     /// ```
     /// use aep_check::Target;
@@ -30,17 +34,16 @@ impl Target {
     /// assert_eq!((t.authority.as_str(), t.base_path.as_str()), ("127.0.0.1:8787", "/aep"));
     /// assert_eq!(t.http("/events"), "http://127.0.0.1:8787/aep/events");
     /// assert_eq!(t.ws("/socket"), "ws://127.0.0.1:8787/aep/socket");
-    /// assert!(Target::parse("https://relay.example").is_err());
+    /// let t = Target::parse("https://relay.example").unwrap();
+    /// assert_eq!(t.ws("/socket"), "wss://relay.example:443/socket");
+    /// assert!(Target::parse("ftp://relay.example").is_err());
     /// ```
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = match url.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-                return Err(format!(
-                    "{url}: the checker speaks plain http:// only (it carries no TLS client); check a TLS relay through a loopback listener or a local TLS-terminating tunnel"
-                ))
-            }
-            _ => return Err(format!("{url}: expected http://HOST[:PORT][/BASE]")),
+        let usage = || format!("{url}: expected http://HOST[:PORT][/BASE] or https://…");
+        let (tls, rest) = match url.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (false, rest),
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (true, rest),
+            _ => return Err(usage()),
         };
         if rest.contains(['?', '#']) {
             return Err(format!("{url}: a base URL has no query or fragment"));
@@ -50,7 +53,7 @@ impl Target {
             None => (rest, ""),
         };
         if authority.is_empty() || authority.contains('@') {
-            return Err(format!("{url}: expected http://HOST[:PORT][/BASE]"));
+            return Err(usage());
         }
         let has_port = match authority.rfind(':') {
             Some(i) => !authority[i..].contains(']'),
@@ -59,12 +62,21 @@ impl Target {
         let authority = if has_port {
             authority.to_string()
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{}", if tls { 443 } else { 80 })
         };
         Ok(Target {
             authority,
             base_path: path.trim_end_matches('/').to_string(),
+            tls,
         })
+    }
+
+    /// The host part of the authority (what a TLS certificate must name).
+    pub fn host(&self) -> &str {
+        match self.authority.rfind(':') {
+            Some(i) => &self.authority[..i],
+            None => &self.authority,
+        }
     }
 
     fn join(&self, scheme: &str, endpoint: &str) -> String {
@@ -78,15 +90,15 @@ impl Target {
         )
     }
 
-    /// The `http://` URL of an advertised endpoint (a path relative to the base, or an
-    /// absolute URL, kept as it is).
+    /// The `http://` (`https://`) URL of an advertised endpoint (a path relative to
+    /// the base, or an absolute URL, kept as it is).
     pub fn http(&self, endpoint: &str) -> String {
-        self.join("http", endpoint)
+        self.join(if self.tls { "https" } else { "http" }, endpoint)
     }
 
-    /// The `ws://` URL of an advertised endpoint.
+    /// The `ws://` (`wss://`) URL of an advertised endpoint.
     pub fn ws(&self, endpoint: &str) -> String {
-        self.join("ws", endpoint)
+        self.join(if self.tls { "wss" } else { "ws" }, endpoint)
     }
 }
 
@@ -146,12 +158,16 @@ pub(crate) struct Http {
 }
 
 impl Http {
-    pub fn new(token: Option<String>, timeout: Duration) -> Http {
-        let agent = ureq::AgentBuilder::new()
+    /// `tls`: the client for `https://` URLs (without it they fail).
+    pub fn new(token: Option<String>, timeout: Duration, tls: Option<Client>) -> Http {
+        let mut agent = ureq::AgentBuilder::new()
             .timeout_connect(timeout)
             .timeout(timeout)
-            .redirects(0)
-            .build();
+            .redirects(0);
+        if let Some(c) = tls {
+            agent = agent.tls_connector(Arc::new(UreqConnector(c)));
+        }
+        let agent = agent.build();
         Http {
             agent,
             token,
@@ -348,9 +364,15 @@ mod tests {
         let t = Target::parse("http://[::1]").unwrap();
         assert_eq!(t.authority, "[::1]:80");
         assert_eq!(t.ws("ws://elsewhere/s"), "ws://elsewhere/s");
+        let t = Target::parse("https://[::1]/base/").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.host(), t.tls),
+            ("[::1]:443", "[::1]", true)
+        );
+        assert_eq!(t.http("/e"), "https://[::1]:443/base/e");
         for bad in [
             "127.0.0.1:8787",
-            "https://x",
+            "ftp://x",
             "http://",
             "http://x/?a=1",
             "ws://x",

@@ -15,6 +15,7 @@
 //!
 //! ```text
 //! aep-relay check http://127.0.0.1:8787 [--token T] [--evict] [--json PATH|-] [--timeout SECS]
+//! aep-relay check https://relay.example:8443 [--cacert FILE] …
 //! ```
 //!
 //! # What it checks
@@ -41,12 +42,17 @@
 //! `--json PATH` the report also goes to `PATH` as one JSON object ([`Report::to_json`]);
 //! with `--json -` it goes to standard output and the lines to standard error. The exit
 //! status is 0 only when no check failed; 2 for a usage error (a URL the checker cannot
-//! use, a report it cannot write).
+//! use, a `--cacert` that is not a PEM certificate file, a report it cannot write) and
+//! for an `https://` relay whose TLS handshake fails for a reason no retry fixes (its
+//! certificate is not trusted or not valid for the name, it does not speak TLS): one
+//! line, and no check runs.
 //!
-//! # Limits
+//! # TLS
 //!
-//! Plain `http://` targets only: the checker carries no TLS client. Check a TLS relay
-//! through a loopback listener or a local TLS-terminating tunnel.
+//! An `https://` URL is checked over HTTPS and WSS with rustls ([`tls`]): the system's
+//! root certificates by default, or exactly those of `--cacert FILE` (a private CA, or
+//! the relay's self-signed certificate). The name in the URL must be one the
+//! certificate lists.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -59,6 +65,7 @@ use serde_json::{json, Value};
 
 mod client;
 mod suite;
+pub mod tls;
 mod ws;
 
 pub use client::Target;
@@ -164,6 +171,9 @@ pub struct Options {
     /// The longest any single wait may take: a response, a whole SSE read, an expected
     /// WebSocket frame.
     pub timeout: Duration,
+    /// For an `https://` target: trust exactly the certificates of this PEM file
+    /// instead of the system's roots.
+    pub cacert: Option<std::path::PathBuf>,
 }
 
 impl Options {
@@ -174,6 +184,7 @@ impl Options {
             token: None,
             evict: false,
             timeout: Duration::from_secs(5),
+            cacert: None,
         }
     }
 }
@@ -251,15 +262,26 @@ impl Report {
 /// progress output), and returns the report.
 ///
 /// # Errors
-/// A message when the target URL cannot be used (not `http://`, no host); no request
-/// has been made then. Everything the relay does wrong is a FAIL in the report instead.
+/// A message when the target URL cannot be used (neither `http://` nor `https://`, no
+/// host), when `--cacert` is not a PEM certificate file, or when an `https://` relay's
+/// TLS handshake fails with a [`tls::Failure`] (untrusted certificate, a name it does
+/// not list, no TLS there); no check has run then. Everything else the relay does wrong
+/// (including not answering at all) is a FAIL in the report instead.
 ///
 /// # Panics
 /// Never on anything the relay sends.
 pub fn run_with(opts: &Options, each: impl FnMut(&CheckResult)) -> Result<Report, String> {
     let target = Target::parse(&opts.target)?;
+    let tls = match (target.tls, &opts.cacert) {
+        (true, cacert) => Some(tls::Client::new(cacert.as_deref())?),
+        (false, Some(_)) => return Err(format!("{}: --cacert is for https:// URLs", opts.target)),
+        (false, None) => None,
+    };
+    if let Some(c) = &tls {
+        preflight(&target, c, opts.timeout)?;
+    }
     let started = SystemTime::now();
-    let checks = suite::run(opts, target, each);
+    let checks = suite::run(opts, target, tls, each);
     Ok(Report {
         target: opts.target.clone(),
         token: opts.token.is_some(),
@@ -268,6 +290,34 @@ pub fn run_with(opts: &Options, each: impl FnMut(&CheckResult)) -> Result<Report
         finished: SystemTime::now(),
         checks,
     })
+}
+
+/// One TLS handshake with the target before any check: a [`tls::Failure`] is the run's
+/// error (every check would fail with it); a transport error is left to the checks.
+fn preflight(target: &Target, tls: &tls::Client, timeout: Duration) -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    let Ok(addrs) = target.authority.to_socket_addrs() else {
+        return Ok(());
+    };
+    for a in addrs {
+        let Ok(tcp) = std::net::TcpStream::connect_timeout(&a, timeout) else {
+            continue;
+        };
+        let _ = tcp.set_read_timeout(Some(timeout));
+        let _ = tcp.set_write_timeout(Some(timeout));
+        return match tls.handshake(target.host(), tcp) {
+            Err(e) => match tls::failure(&e) {
+                Some(f) => Err(f.to_string()),
+                None => Ok(()),
+            },
+            Ok(mut s) => {
+                s.conn.send_close_notify();
+                let _ = s.conn.complete_io(&mut s.sock);
+                Ok(())
+            }
+        };
+    }
+    Ok(())
 }
 
 /// [`run_with`] without progress output.
@@ -300,6 +350,10 @@ pub struct CheckArgs {
     /// Seconds any single wait may take (a response, a whole SSE read, an expected frame).
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub timeout: f64,
+    /// For an https:// URL: trust exactly the certificates of this PEM file (a private
+    /// CA, or the relay's self-signed certificate) instead of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<std::path::PathBuf>,
 }
 
 /// Runs the `check` subcommand: prints each check and the summary line, writes the JSON
@@ -321,6 +375,7 @@ pub fn main_as(prog: &str, args: CheckArgs) -> ExitCode {
         token: args.token.clone(),
         evict: args.evict,
         timeout: timeout.max(Duration::from_millis(100)),
+        cacert: args.cacert.clone(),
     };
     let json_stdout = args.json.as_deref() == Some("-");
     let mut out: Box<dyn Write> = if json_stdout {

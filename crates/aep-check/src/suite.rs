@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 use super::client::{query, Ended, Http, SseItem, Target};
+use super::tls::Client;
 use super::ws::{ConnectError, Incoming, Ws};
 use super::{rfc3339, CheckResult, Options, Status, CHECKS};
 
@@ -62,9 +63,10 @@ const MAX_FLOOD: u64 = 100_000;
 pub(super) fn run(
     opts: &Options,
     target: Target,
+    tls: Option<Client>,
     mut each: impl FnMut(&CheckResult),
 ) -> Vec<CheckResult> {
-    let mut cx = Ctx::new(opts, target);
+    let mut cx = Ctx::new(opts, target, tls);
     let mut out = Vec::with_capacity(CHECKS.len());
     for &(id, section, title) in CHECKS {
         let started = Instant::now();
@@ -373,6 +375,8 @@ struct Ctx {
     opts: Options,
     target: Target,
     http: Http,
+    /// The TLS client of an `https://` target (for `wss://` too).
+    tls: Option<Client>,
     /// `live-{unix-ms}-{pid}`: the prefix of every session this run writes.
     run: String,
     events_ep: String,
@@ -391,14 +395,15 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn new(opts: &Options, target: Target) -> Ctx {
+    fn new(opts: &Options, target: Target, tls: Option<Client>) -> Ctx {
         let ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
         Ctx {
             opts: opts.clone(),
             target,
-            http: Http::new(opts.token.clone(), opts.timeout),
+            http: Http::new(opts.token.clone(), opts.timeout, tls.clone()),
+            tls,
             run: format!("live-{ms}-{}", std::process::id()),
             events_ep: "/events".into(),
             stream_ep: Some("/stream".into()),
@@ -542,8 +547,13 @@ impl Ctx {
 
     fn ws(&self) -> Result<Ws, Verdict> {
         let url = self.socket_url()?;
-        Ws::connect(&url, self.opts.token.as_deref(), self.opts.timeout)
-            .map_err(|e| Verdict::Fail(format!("cannot open {url}: {e}")))
+        Ws::connect(
+            &url,
+            self.opts.token.as_deref(),
+            self.opts.timeout,
+            self.tls.as_ref(),
+        )
+        .map_err(|e| Verdict::Fail(format!("cannot open {url}: {e}")))
     }
 
     /// A connection that has completed the `hello` exchange as `role`.
@@ -1484,7 +1494,7 @@ impl Ctx {
     fn control_unauthenticated(&mut self) -> Outcome {
         let url = self.socket_url()?;
         let k = self.session("ctl-open");
-        let mut sender = match Ws::connect(&url, None, self.opts.timeout) {
+        let mut sender = match Ws::connect(&url, None, self.opts.timeout, self.tls.as_ref()) {
             Err(ConnectError::Refused(status)) => {
                 return Ok(format!(
                     "the duplex binding refuses a connection without credentials ({status}), so no command can flow on one"

@@ -1,11 +1,12 @@
-//! The checker's WebSocket side: tungstenite's blocking client over a `TcpStream` whose
-//! read timeout is re-armed before every read, so each wait ends at its deadline.
+//! The checker's WebSocket side: tungstenite's blocking client over a `TcpStream` (or
+//! TLS over one, for `wss://`) whose read timeout is re-armed before every read, so each
+//! wait ends at its deadline.
 //!
 //! Received text frames are classified as AEP-0003 §2 says: an object whose `type`
 //! contains a dot is an Event, any other object a frame. The raw text is kept, because
 //! byte identity is what several checks assert.
 
-use std::io::ErrorKind;
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,49 @@ use tungstenite::client::IntoClientRequest;
 use tungstenite::handshake::HandshakeError;
 use tungstenite::http::HeaderValue;
 use tungstenite::{Message, WebSocket};
+
+use crate::tls::{self, Client};
+
+/// The socket under a WebSocket: TCP, or TLS over TCP (`wss://`).
+pub(crate) enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Conn {
+    /// The TCP socket (for its timeouts).
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => tls::read_tls(s, buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
 
 /// One message from the endpoint.
 #[derive(Debug, Clone)]
@@ -71,14 +115,20 @@ impl std::fmt::Display for ConnectError {
 
 /// A WebSocket client connection.
 pub(crate) struct Ws {
-    sock: WebSocket<TcpStream>,
+    sock: WebSocket<Conn>,
     timeout: Duration,
     closed: bool,
 }
 
 impl Ws {
-    /// Connects to `url` (`ws://…`), with `Authorization: Bearer` when `token` is given.
-    pub fn connect(url: &str, token: Option<&str>, timeout: Duration) -> Result<Ws, ConnectError> {
+    /// Connects to `url` (`ws://…`, or `wss://…` with `tls`), with `Authorization:
+    /// Bearer` when `token` is given.
+    pub fn connect(
+        url: &str,
+        token: Option<&str>,
+        timeout: Duration,
+        tls: Option<&Client>,
+    ) -> Result<Ws, ConnectError> {
         let mut req = url
             .into_client_request()
             .map_err(|e| ConnectError::Other(format!("{url}: {e}")))?;
@@ -87,8 +137,12 @@ impl Ws {
                 .map_err(|_| ConnectError::Other("the token is not a header value".into()))?;
             req.headers_mut().insert("Authorization", v);
         }
+        let secure = req.uri().scheme_str() == Some("wss");
         let host = req.uri().host().unwrap_or_default().to_string();
-        let port = req.uri().port_u16().unwrap_or(80);
+        let port = req
+            .uri()
+            .port_u16()
+            .unwrap_or(if secure { 443 } else { 80 });
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let addrs: Vec<_> = (host, port)
             .to_socket_addrs()
@@ -106,11 +160,23 @@ impl Ws {
             }
         }
         let stream = stream.ok_or(ConnectError::Other(last))?;
-        let io = |e: std::io::Error| ConnectError::Other(e.to_string());
+        let io = |e: io::Error| ConnectError::Other(e.to_string());
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
-        match tungstenite::client::client(req, stream) {
+        let conn = match (secure, tls) {
+            (false, _) => Conn::Plain(stream),
+            (true, Some(c)) => Conn::Tls(Box::new(
+                c.handshake(host, stream)
+                    .map_err(|e| ConnectError::Other(format!("TLS: {e}")))?,
+            )),
+            (true, None) => {
+                return Err(ConnectError::Other(format!(
+                    "{url}: wss:// needs an https:// target"
+                )))
+            }
+        };
+        match tungstenite::client::client(req, conn) {
             Ok((sock, _)) => Ok(Ws {
                 sock,
                 timeout,
@@ -149,6 +215,7 @@ impl Ws {
             let _ = self
                 .sock
                 .get_ref()
+                .tcp()
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))));
             match self.sock.read() {
                 Ok(Message::Text(t)) => {
@@ -317,6 +384,7 @@ impl Ws {
             let _ = self
                 .sock
                 .get_ref()
+                .tcp()
                 .set_read_timeout(Some(Duration::from_millis(200)));
             let deadline = Instant::now() + Duration::from_millis(500);
             while Instant::now() < deadline {

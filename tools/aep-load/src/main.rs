@@ -24,6 +24,19 @@
 //! `--target ceiling` reaches against it is about the most this reader can absorb on
 //! this machine under the same publisher, window and framing-agnostic scan.
 //!
+//! `--tls` (with `--cacert FILE`, or the system's roots) runs every target but MQTT and
+//! the ceiling over TLS with rustls: HTTPS SSE and WSS subscribers and publishers for
+//! the relay, Redis with TLS from the first byte (`--tls-port`), NATS reading the
+//! plaintext `INFO` and then upgrading (NATS 2.9's `tls_required`). The reader decrypts
+//! with one rustls connection per subscriber on the same poll.
+//!
+//! `--reconnect-storm` measures handshakes instead of fan-out: N subscribers connect and
+//! subscribe (`--storm-threads` at a time), all drop at once, and all reconnect at once,
+//! twice: with each subscriber's own TLS session cache (TLS 1.3 resumption, when the
+//! server offers tickets) and with a fresh one (full handshakes). It reports per round
+//! the time until every subscriber is subscribed again, handshakes per second, how many
+//! handshakes were resumptions, and the server's CPU seconds.
+//!
 //! Targets are loopback addresses only; counts and durations are bounded and the tool
 //! always stops by itself (`--timeout`).
 
@@ -141,6 +154,27 @@ struct Args {
     /// Print one JSON line instead of text.
     #[arg(long)]
     json: bool,
+    /// Speak TLS to the server (not for mqtt and ceiling): rustls, TLS 1.2 or 1.3.
+    #[arg(long)]
+    tls: bool,
+    /// With --tls: trust exactly the certificates of this PEM file (else the system's).
+    #[arg(long, value_name = "FILE")]
+    cacert: Option<std::path::PathBuf>,
+    /// With --tls: the name the server's certificate must list (default: the address's
+    /// IP).
+    #[arg(long, value_name = "NAME")]
+    tls_name: Option<String>,
+    /// With --tls: offer only this TLS 1.3 cipher suite (aes128: TLS13_AES_128_GCM_SHA256,
+    /// aes256: TLS13_AES_256_GCM_SHA384, chacha20: TLS13_CHACHA20_POLY1305_SHA256), so
+    /// every server negotiates the same; `any` offers rustls' list (TLS 1.2 too).
+    #[arg(long, default_value = "aes128", value_name = "SUITE")]
+    tls_suite: String,
+    /// Measure a reconnection storm instead of a fan-out (see the module docs).
+    #[arg(long)]
+    reconnect_storm: bool,
+    /// With --reconnect-storm: subscribers connecting at the same time (threads).
+    #[arg(long, default_value_t = 64)]
+    storm_threads: usize,
 }
 
 /// `"loadts":` followed by exactly this many digits.
@@ -202,6 +236,127 @@ fn check(args: &Args) {
     }
     if args.window != 0 && args.window < args.batch as u64 {
         fail("--window must be 0 or at least --batch");
+    }
+    let plain_only = |t: Target| matches!(t, Target::Mqtt | Target::Ceiling);
+    if args.tls && (plain_only(args.target) || args.publisher.is_some_and(plain_only)) {
+        fail("--tls is for the sse, ws, redis and nats targets");
+    }
+    if !args.tls && (args.cacert.is_some() || args.tls_name.is_some()) {
+        fail("--cacert and --tls-name need --tls");
+    }
+    if args.reconnect_storm && (args.subscribers == 0 || !(1..=1024).contains(&args.storm_threads))
+    {
+        fail("--reconnect-storm needs --subscribers >= 1 and --storm-threads 1..=1024");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TLS (`--tls`): a rustls client over the same sockets.
+
+/// The TLS client of `--tls`, set once in `main`.
+static TLS: OnceLock<Option<aep_check::tls::Client>> = OnceLock::new();
+
+fn tls_client() -> Option<&'static aep_check::tls::Client> {
+    TLS.get().and_then(Option::as_ref)
+}
+
+/// The name to verify: `--tls-name`, else the address's IP.
+static TLS_NAME: OnceLock<String> = OnceLock::new();
+
+/// What the first TLS handshake negotiated: `TLSv1_3 TLS13_AES_256_GCM_SHA384`.
+static TLS_SEEN: OnceLock<String> = OnceLock::new();
+
+fn tls_seen() -> &'static str {
+    TLS_SEEN.get().map_or("", String::as_str)
+}
+
+type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A connection while it is set up (blocking): TCP, or TLS over it.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Conn {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => &s.sock,
+        }
+    }
+
+    /// The TLS handshake over `tcp` with `config` (blocking).
+    fn upgrade(tcp: TcpStream, config: &Arc<rustls::ClientConfig>) -> Conn {
+        let client = aep_check::tls::Client {
+            config: config.clone(),
+            from_file: tls_client().is_some_and(|c| c.from_file),
+        };
+        let name = TLS_NAME.get().map_or("localhost", String::as_str);
+        match client.handshake(name, tcp) {
+            Ok(s) => {
+                TLS_SEEN.get_or_init(|| {
+                    let v = s
+                        .conn
+                        .protocol_version()
+                        .map_or("?".into(), |v| format!("{v:?}"));
+                    let c = s
+                        .conn
+                        .negotiated_cipher_suite()
+                        .map_or("?".into(), |c| format!("{:?}", c.suite()));
+                    format!("{v} {c}")
+                });
+                Conn::Tls(Box::new(s))
+            }
+            Err(e) => match aep_check::tls::failure(&e) {
+                Some(f) => fail(f),
+                None => fail(format!("TLS handshake: {e}")),
+            },
+        }
+    }
+
+    /// The socket and, over TLS, the session (which may hold bytes already received).
+    fn into_parts(self) -> (TcpStream, Option<rustls::ClientConnection>) {
+        match self {
+            Conn::Plain(s) => (s, None),
+            Conn::Tls(s) => {
+                let s = *s;
+                (s.sock, Some(s.conn))
+            }
+        }
+    }
+
+    /// Whether the handshake resumed a session (TLS 1.3 ticket or TLS 1.2 session id).
+    fn resumed(&self) -> bool {
+        match self {
+            Conn::Plain(_) => false,
+            Conn::Tls(s) => s.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
     }
 }
 
@@ -328,7 +483,7 @@ impl Hist {
 // ---------------------------------------------------------------------------------------
 // Protocol handshakes (blocking, before the measurement).
 
-fn read_until(s: &mut TcpStream, done: impl Fn(&[u8]) -> bool, what: &str) -> Vec<u8> {
+fn read_until(s: &mut impl Read, done: impl Fn(&[u8]) -> bool, what: &str) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while !done(&got) {
@@ -363,7 +518,7 @@ fn mqtt_str(s: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(s);
 }
 
-fn mqtt_connect(s: &mut TcpStream, client_id: &str) {
+fn mqtt_connect(s: &mut impl ReadWrite, client_id: &str) {
     let mut body = Vec::new();
     mqtt_str(b"MQTT", &mut body);
     body.push(4); // protocol level 3.1.1
@@ -402,19 +557,35 @@ fn nats_subject(topic: &str) -> String {
     topic.replace('/', ".")
 }
 
-/// Reads the server's `INFO` line and sends `CONNECT` (NATS client protocol; `verbose`
-/// off, so no `+OK` per command).
-fn nats_connect(s: &mut TcpStream) {
-    let info = read_until(s, |b| b.ends_with(b"\r\n"), "nats info");
+/// Reads the server's `INFO` line (always in plaintext), upgrades to TLS with `tls`
+/// (NATS 2.9: the client starts the handshake after `INFO`), and sends `CONNECT` (NATS
+/// client protocol; `verbose` off, so no `+OK` per command).
+fn nats_connect(mut s: TcpStream, tls: Option<&Arc<rustls::ClientConfig>>) -> Conn {
+    let info = read_until(&mut s, |b| b.ends_with(b"\r\n"), "nats info");
     if !info.starts_with(b"INFO ") {
         fail(format!(
             "nats: expected INFO, got {}",
             String::from_utf8_lossy(&info)
         ));
     }
-    s.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n")
+    let required = memmem::find(&info, b"\"tls_required\":true").is_some();
+    let mut c = match tls {
+        Some(config) => Conn::upgrade(s, config),
+        None if required => fail("nats: the server requires TLS (--tls)"),
+        None => Conn::Plain(s),
+    };
+    let connect = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"tls_required\":{}}}\r\n",
+        tls.is_some()
+    );
+    c.write_all(connect.as_bytes())
         .unwrap_or_else(|e| fail(format!("nats connect: {e}")));
+    c
 }
+
+/// What the set-up code reads and writes: a [`Conn`] (or a plain socket).
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
 
 fn nats_publish(subject: &[u8], payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(b"PUB ");
@@ -444,7 +615,7 @@ fn ws_frame(payload: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The upgrade to `GET /socket` and the `hello` exchange (AEP-0003 §3.5).
-fn ws_open(s: &mut TcpStream, addr: SocketAddr, role: &str) {
+fn ws_open(s: &mut impl ReadWrite, addr: SocketAddr, role: &str) {
     let req = format!(
         "GET /socket HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     );
@@ -483,10 +654,21 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
-/// Opens one subscriber and returns it subscribed.
-fn subscribe(args: &Args, i: usize) -> TcpStream {
-    let mut s = connect(args.addr);
+/// Connects to `addr` for `via`: over TLS with `tls` from the first byte, except NATS
+/// (TLS after `INFO`) whose whole opening this does.
+fn open(addr: SocketAddr, via: Target, tls: Option<&Arc<rustls::ClientConfig>>) -> Conn {
+    let s = connect(addr);
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    match (via, tls) {
+        (Target::Nats, _) => nats_connect(s, tls),
+        (_, Some(config)) => Conn::upgrade(s, config),
+        (_, None) => Conn::Plain(s),
+    }
+}
+
+/// Opens one subscriber and returns it subscribed (TLS with `tls`).
+fn subscribe(args: &Args, i: usize, tls: Option<&Arc<rustls::ClientConfig>>) -> Conn {
+    let mut s = open(args.addr, args.target, tls);
     match args.target {
         Target::Sse => {
             let req = format!("GET /stream HTTP/1.1\r\nHost: {}\r\n\r\n", args.addr);
@@ -548,7 +730,6 @@ fn subscribe(args: &Args, i: usize) -> TcpStream {
             read_until(&mut s, |b| b.ends_with(b":1\r\n"), "redis subscribe");
         }
         Target::Nats => {
-            nats_connect(&mut s);
             // The PONG to this PING says the SUB before it is in place.
             let p = format!("SUB {} {}\r\nPING\r\n", nats_subject(&args.topic), i + 1);
             s.write_all(p.as_bytes())
@@ -571,7 +752,7 @@ fn subscribe(args: &Args, i: usize) -> TcpStream {
             read_until(&mut s, |b| b.ends_with(b"OK\n"), "ceiling subscribe");
         }
     }
-    s.set_read_timeout(None).ok();
+    s.tcp().set_read_timeout(None).ok();
     s
 }
 
@@ -580,12 +761,53 @@ fn subscribe(args: &Args, i: usize) -> TcpStream {
 
 struct Sub {
     sock: mio::net::TcpStream,
+    /// Over TLS: the session; reads decrypt through it.
+    tls: Option<rustls::ClientConnection>,
     /// The unscanned end of the stream (a record cut by a read boundary).
     carry: Vec<u8>,
     received: u64,
     open: bool,
     /// NATS: the last bytes read, for a `PING` cut by a read boundary.
     tail: Vec<u8>,
+}
+
+impl Sub {
+    /// Reads plaintext: from the socket, or over TLS what the session decrypts (reading
+    /// the socket when it holds none). `Ok(0)` is the end of the stream.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(c) = &mut self.tls else {
+            return self.sock.read(buf);
+        };
+        loop {
+            match c.reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) => return Err(e),
+            }
+            if c.read_tls(&mut self.sock)? == 0 {
+                return Ok(0);
+            }
+            c.process_new_packets().map_err(io::Error::other)?;
+        }
+    }
+
+    /// Writes `data` (a NATS `PONG`), sealed over TLS; best effort.
+    fn write(&mut self, data: &[u8]) {
+        match &mut self.tls {
+            None => {
+                let _ = self.sock.write(data);
+            }
+            Some(c) => {
+                let _ = c.writer().write_all(data);
+                while c.wants_write() {
+                    if c.write_tls(&mut self.sock).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
 }
 
 struct Shared {
@@ -678,7 +900,7 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>, nats: bool) -> ReaderResult {
         for ev in events.iter() {
             let s = &mut subs[ev.token().0];
             while s.open {
-                let n = match s.sock.read(&mut buf) {
+                let n = match s.read(&mut buf) {
                     Ok(0) => {
                         s.open = false;
                         break;
@@ -695,12 +917,13 @@ fn reader(mut subs: Vec<Sub>, shared: Arc<Shared>, nats: bool) -> ReaderResult {
                 if nats {
                     // Keep-alive: an unanswered PING gets the subscriber dropped.
                     for _ in 0..nats_pings(&mut s.tail, &buf[..n]) {
-                        let _ = s.sock.write(b"PONG\r\n");
+                        s.write(b"PONG\r\n");
                     }
                 }
                 // A short read emptied the socket: a later arrival raises a new edge, so
-                // skip the read that would only say WouldBlock (half the syscalls).
-                let drained = n < buf.len();
+                // skip the read that would only say WouldBlock (half the syscalls). Not
+                // over TLS: a short plaintext read says nothing of the socket.
+                let drained = s.tls.is_none() && n < buf.len();
                 let data = &buf[..n];
                 let mut from = 0;
                 if !s.carry.is_empty() {
@@ -763,8 +986,118 @@ struct Answers {
     answer_ns: std::sync::Mutex<Vec<u64>>,
 }
 
+/// The publisher's connection, shared by the thread that writes Events and the one that
+/// reads answers. Over TLS the session sits behind a lock: each write seals and sends
+/// under it (records go out in sequence order), each read takes what the socket gave
+/// (outside the lock) and decrypts it under the lock.
+struct PubConn {
+    tcp: TcpStream,
+    tls: Option<Arc<std::sync::Mutex<rustls::ClientConnection>>>,
+    /// Decrypted bytes not yet returned by `read`.
+    pending: Vec<u8>,
+    raw: Vec<u8>,
+    eof: bool,
+}
+
+impl PubConn {
+    fn new(c: Conn) -> PubConn {
+        let (tcp, tls) = c.into_parts();
+        PubConn {
+            tcp,
+            tls: tls.map(|c| Arc::new(std::sync::Mutex::new(c))),
+            pending: Vec::new(),
+            raw: Vec::new(),
+            eof: false,
+        }
+    }
+
+    fn try_clone(&self) -> PubConn {
+        PubConn {
+            tcp: self.tcp.try_clone().unwrap_or_else(|e| fail(e)),
+            tls: self.tls.clone(),
+            pending: Vec::new(),
+            raw: vec![0; 64 * 1024],
+            eof: false,
+        }
+    }
+
+    fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        let Some(tls) = &self.tls else {
+            return (&self.tcp).write_all(data);
+        };
+        let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut off = 0;
+        let mut tcp = &self.tcp;
+        loop {
+            // rustls takes what fits under its buffer limit: send, then seal the rest.
+            off += c.writer().write(&data[off..])?;
+            while c.wants_write() {
+                c.write_tls(&mut tcp)?;
+            }
+            if off == data.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads plaintext (`Ok(0)`: the end); the socket's read timeout applies.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(tls) = &self.tls else {
+            return (&self.tcp).read(buf);
+        };
+        loop {
+            if !self.pending.is_empty() {
+                let n = buf.len().min(self.pending.len());
+                buf[..n].copy_from_slice(&self.pending[..n]);
+                self.pending.drain(..n);
+                return Ok(n);
+            }
+            if self.eof {
+                return Ok(0);
+            }
+            let n = (&self.tcp).read(&mut self.raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rd = &self.raw[..n];
+            let mut chunk = [0u8; 16 * 1024];
+            while !rd.is_empty() {
+                c.read_tls(&mut rd)?;
+                c.process_new_packets().map_err(io::Error::other)?;
+                loop {
+                    match c.reader().read(&mut chunk) {
+                        Ok(0) => {
+                            self.eof = true;
+                            break;
+                        }
+                        Ok(k) => self.pending.extend_from_slice(&chunk[..k]),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            let mut tcp = &self.tcp;
+            while c.wants_write() {
+                c.write_tls(&mut tcp)?;
+            }
+        }
+    }
+
+    /// Ends the sending side (`close_notify` first over TLS).
+    fn shutdown_write(&self) {
+        if let Some(tls) = &self.tls {
+            let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
+            c.send_close_notify();
+            let mut tcp = &self.tcp;
+            while c.wants_write() && c.write_tls(&mut tcp).is_ok() {}
+        }
+        let _ = self.tcp.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 fn answers(
-    mut s: TcpStream,
+    mut s: PubConn,
     target: Target,
     state: Arc<Answers>,
     stop: Arc<AtomicBool>,
@@ -772,7 +1105,7 @@ fn answers(
     thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         let mut carry: Vec<u8> = Vec::new();
-        s.set_read_timeout(Some(Duration::from_millis(20))).ok();
+        s.tcp.set_read_timeout(Some(Duration::from_millis(20))).ok();
         loop {
             match s.read(&mut buf) {
                 Ok(0) => break,
@@ -874,24 +1207,21 @@ struct Published {
 fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) -> Published {
     let via = args.publisher.unwrap_or(args.target);
     let addr = args.publish_addr.unwrap_or(args.addr);
-    let mut s = connect(addr);
+    let tls = tls_client().map(|c| c.config.clone());
+    let mut c = open(addr, via, tls.as_ref());
     match via {
-        Target::Mqtt => mqtt_connect(&mut s, "aepload-pub"),
-        Target::Ws => ws_open(&mut s, addr, "emitter"),
-        Target::Nats => nats_connect(&mut s),
-        Target::Ceiling => s
+        Target::Mqtt => mqtt_connect(&mut c, "aepload-pub"),
+        Target::Ws => ws_open(&mut c, addr, "emitter"),
+        Target::Ceiling => c
             .write_all(b"PUB\n")
             .unwrap_or_else(|e| fail(format!("ceiling publisher: {e}"))),
-        Target::Sse | Target::Redis => {}
+        Target::Sse | Target::Redis | Target::Nats => {}
     }
+    c.tcp().set_read_timeout(None).ok();
+    let s = PubConn::new(c);
     let stop = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Answers::default());
-    let reader = answers(
-        s.try_clone().unwrap_or_else(|e| fail(e)),
-        via,
-        state.clone(),
-        stop.clone(),
-    );
+    let reader = answers(s.try_clone(), via, state.clone(), stop.clone());
     let tpl = Template::new(args.size);
     let topic = args.topic.as_bytes();
     let subject = nats_subject(&args.topic);
@@ -1016,7 +1346,7 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
         let _ = s.write_all(&[0xE0, 0x00]); // DISCONNECT
     }
     stop.store(true, Ordering::Relaxed);
-    let _ = s.shutdown(std::net::Shutdown::Write);
+    s.shutdown_write();
     let _ = reader.join();
     let (mut ok, bad) = (
         state.ok.load(Ordering::Relaxed),
@@ -1350,18 +1680,220 @@ fn serve(addr: SocketAddr, timeout: u64) -> ! {
     fail("accept failed")
 }
 
+// ---------------------------------------------------------------------------------------
+// `--reconnect-storm`: handshakes per second and time to all-resumed.
+
+/// One storm round: every subscriber connects and subscribes, `threads` at a time.
+struct Round {
+    conns: Vec<Conn>,
+    seconds: f64,
+    resumed: usize,
+    /// Per subscriber, connect to subscribed, µs: p50, p99, max.
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    server_cpu_s: f64,
+    client_cpu_s: f64,
+}
+
+fn storm_round(args: &Args, configs: &[Option<Arc<rustls::ClientConfig>>]) -> Round {
+    let threads = args.storm_threads.min(configs.len());
+    let cpu0 = args.server_pid.and_then(cpu_seconds);
+    let self0 = cpu_seconds(std::process::id());
+    let t = Instant::now();
+    let mut got: Vec<(usize, Conn, u64)> = thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                sc.spawn(move || {
+                    (k..configs.len())
+                        .step_by(threads)
+                        .map(|i| {
+                            let t = Instant::now();
+                            let c = subscribe(args, i, configs[i].as_ref());
+                            (i, c, t.elapsed().as_micros() as u64)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|_| fail("a storm thread panicked")))
+            .collect()
+    });
+    let seconds = t.elapsed().as_secs_f64();
+    let cpu = match (cpu0, args.server_pid.and_then(cpu_seconds)) {
+        (Some(a), Some(b)) => b - a,
+        _ => f64::NAN,
+    };
+    let client = match (self0, cpu_seconds(std::process::id())) {
+        (Some(a), Some(b)) => b - a,
+        _ => f64::NAN,
+    };
+    got.sort_by_key(|g| g.0);
+    let mut lat: Vec<u64> = got.iter().map(|g| g.2).collect();
+    lat.sort_unstable();
+    let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64;
+    Round {
+        resumed: got.iter().filter(|g| g.1.resumed()).count(),
+        p50_us: q(0.5),
+        p99_us: q(0.99),
+        max_us: lat.last().copied().unwrap_or(0) as f64,
+        conns: got.into_iter().map(|g| g.1).collect(),
+        seconds,
+        server_cpu_s: cpu,
+        client_cpu_s: client,
+    }
+}
+
+/// Connects every subscriber (first handshakes), drops them all at once and reconnects
+/// them all at once with their session caches (resumption), then again with fresh caches
+/// (full handshakes under the same storm); prints one line per round (`--json`: one
+/// object).
+fn storm(args: &Args) {
+    let n = args.subscribers;
+    // One session cache per subscriber, as each real client has its own: a shared cache
+    // keeps at most 8 TLS 1.3 tickets per server name.
+    let own = || -> Vec<Option<Arc<rustls::ClientConfig>>> {
+        (0..n)
+            .map(|_| {
+                tls_client().map(|c| {
+                    let mut cfg = (*c.config).clone();
+                    cfg.resumption = rustls::client::Resumption::in_memory_sessions(4);
+                    Arc::new(cfg)
+                })
+            })
+            .collect()
+    };
+    let mine = own();
+    let mut rounds = Vec::new();
+    let first = storm_round(args, &mine);
+    let rss_first = args.server_pid.and_then(rss_kib);
+    drop(first.conns);
+    rounds.push((
+        "first",
+        first.seconds,
+        first.resumed,
+        first.p50_us,
+        first.p99_us,
+        first.max_us,
+        first.server_cpu_s,
+        first.client_cpu_s,
+    ));
+    let again = storm_round(args, &mine);
+    drop(again.conns);
+    rounds.push((
+        "resume",
+        again.seconds,
+        again.resumed,
+        again.p50_us,
+        again.p99_us,
+        again.max_us,
+        again.server_cpu_s,
+        again.client_cpu_s,
+    ));
+    let fresh = storm_round(args, &own());
+    drop(fresh.conns);
+    rounds.push((
+        "full",
+        fresh.seconds,
+        fresh.resumed,
+        fresh.p50_us,
+        fresh.p99_us,
+        fresh.max_us,
+        fresh.server_cpu_s,
+        fresh.client_cpu_s,
+    ));
+    let rss_mib = rss_first.map_or(f64::NAN, |k| k as f64 / 1024.0);
+    let peak_mib = args
+        .server_pid
+        .and_then(|p| status_kib(p, "VmHWM:"))
+        .map_or(f64::NAN, |k| k as f64 / 1024.0);
+    let per_s = |secs: f64| n as f64 / secs;
+    if args.json {
+        let rs: Vec<String> = rounds
+            .iter()
+            .map(|(name, secs, resumed, p50, p99, max, cpu, client)| {
+                format!(
+                    "{{\"round\":\"{name}\",\"seconds\":{secs:.3},\"handshakes_per_s\":{:.0},\"resumed\":{resumed},\"p50_us\":{p50:.0},\"p99_us\":{p99:.0},\"max_us\":{max:.0},\"server_cpu_s\":{cpu:.2},\"server_cpu_ms_per_handshake\":{:.3},\"client_cpu_s\":{client:.2}}}",
+                    per_s(*secs),
+                    cpu * 1000.0 / n as f64
+                )
+            })
+            .collect();
+        println!(
+            "{{\"target\":\"{}\",\"mode\":\"reconnect-storm\",\"tls\":\"{}\",\"subscribers\":{n},\"threads\":{},\"server_rss_mib\":{rss_mib:.1},\"server_peak_rss_mib\":{peak_mib:.1},\"rounds\":[{}]}}",
+            args.target.name(),
+            tls_seen(),
+            args.storm_threads,
+            rs.join(",")
+        );
+    } else {
+        println!(
+            "{} reconnect storm: {n} subscribers{}, {} at a time; server RSS {rss_mib:.1} MiB connected (peak {peak_mib:.1})",
+            args.target.name(),
+            if args.tls { " over TLS" } else { "" },
+            args.storm_threads
+        );
+        for (name, secs, resumed, p50, p99, max, cpu, client) in &rounds {
+            println!(
+                "  {name:>6}: all subscribed in {secs:.3} s ({:.0} handshakes/s), {resumed} resumed; per subscriber p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs; server {cpu:.2} CPU s ({:.3} ms per handshake), load tool {client:.2} CPU s",
+                per_s(*secs),
+                cpu * 1000.0 / n as f64
+            );
+        }
+    }
+}
+
 fn main() {
     let args = Args::parse();
     check(&args);
     if args.serve {
         serve(args.addr, args.timeout);
     }
+    if args.tls {
+        use rustls::crypto::ring::cipher_suite as cs;
+        let suite = match args.tls_suite.as_str() {
+            "aes128" => Some(cs::TLS13_AES_128_GCM_SHA256),
+            "aes256" => Some(cs::TLS13_AES_256_GCM_SHA384),
+            "chacha20" => Some(cs::TLS13_CHACHA20_POLY1305_SHA256),
+            "any" => None,
+            other => fail(format!(
+                "--tls-suite takes aes128, aes256, chacha20 or any, got {other:?}"
+            )),
+        };
+        match aep_check::tls::Client::with_suites(args.cacert.as_deref(), suite.map(|s| vec![s])) {
+            Ok(c) => {
+                let _ = TLS.set(Some(c));
+            }
+            Err(e) => fail(e),
+        }
+        let name = args
+            .tls_name
+            .clone()
+            .unwrap_or_else(|| args.addr.ip().to_string());
+        let _ = TLS_NAME.set(name);
+    }
     clock();
+    if args.reconnect_storm {
+        // Bounded like every run: the watchdog ends a storm that outlives --timeout.
+        let limit = args.timeout;
+        thread::spawn(move || {
+            thread::sleep(Duration::from_secs(limit));
+            fail(format!(
+                "--reconnect-storm: not done within --timeout {limit} s"
+            ))
+        });
+        storm(&args);
+        return;
+    }
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let rss_before = args.server_pid.and_then(rss_kib);
 
     let t = Instant::now();
-    let socks: Vec<TcpStream> = (0..args.subscribers).map(|i| subscribe(&args, i)).collect();
+    let tls = tls_client().map(|c| c.config.clone());
+    let socks: Vec<Conn> = (0..args.subscribers)
+        .map(|i| subscribe(&args, i, tls.as_ref()))
+        .collect();
     let connect_s = t.elapsed().as_secs_f64();
 
     if let Some(hold) = args.idle {
@@ -1392,11 +1924,13 @@ fn main() {
 
     let subs: Vec<Sub> = socks
         .into_iter()
-        .map(|s| {
+        .map(|c| {
+            let (s, tls) = c.into_parts();
             s.set_nonblocking(true)
                 .unwrap_or_else(|e| fail(format!("nonblocking: {e}")));
             Sub {
                 sock: mio::net::TcpStream::from_std(s),
+                tls,
                 carry: Vec::new(),
                 received: 0,
                 open: true,
@@ -1561,13 +2095,14 @@ fn main() {
     let write_s = (published.written - published.started) as f64 / 1e9;
     if args.json {
         println!(
-            "{{\"target\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\
+            "{{\"target\":\"{}\",\"tls\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
              \"connect_s\":{connect_s:.3},\"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
              \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\"post_p50_us\":{:.1},\"post_p99_us\":{:.1},\
              \"dropped_subscribers\":{dropped},\"client_cpu_s\":{client_cpu:.2},\"client_busy\":{client_busy:.2},\
              \"server_cpu_s\":{cpu:.2},\"server_busy\":{server_busy:.2},\"deliveries_per_server_cpu_s\":{per_cpu:.0},\"events_per_server_cpu_s\":{events_per_cpu:.0},\"server_preempted\":{preemptions},\"server_rss_mib\":{rss_mib:.1},\"server_peak_rss_mib\":{peak_mib:.1},{syscall_json}}}",
             args.target.name(),
+            tls_seen(),
             n_subs,
             args.events,
             args.size,
@@ -1581,8 +2116,13 @@ fn main() {
         );
     } else {
         println!(
-            "{}: {} subscribers, {} Events of {} bytes (batch {}, rate {}, window {})",
+            "{}{}: {} subscribers, {} Events of {} bytes (batch {}, rate {}, window {})",
             args.target.name(),
+            if args.tls {
+                format!(" over {}", tls_seen())
+            } else {
+                String::new()
+            },
             n_subs,
             args.events,
             args.size,
