@@ -22,6 +22,7 @@
 //! last delivered position per subscription (shutdown, backpressure, idle peer).
 
 pub mod aep;
+pub mod deflate;
 pub mod handshake;
 pub mod rfc6455;
 
@@ -251,10 +252,16 @@ pub(crate) struct WsState {
 }
 
 impl WsState {
-    pub(crate) fn new(grant: Grant, max_message: usize, now: Instant) -> WsState {
+    /// `deflate`: the `permessage-deflate` parameters agreed in the handshake, if any.
+    pub(crate) fn new(
+        grant: Grant,
+        max_message: usize,
+        deflate: Option<deflate::Agreed>,
+        now: Instant,
+    ) -> WsState {
         WsState {
             grant,
-            decoder: rfc6455::Decoder::new(max_message),
+            decoder: rfc6455::Decoder::with_deflate(max_message, deflate),
             hello: None,
             subs: Vec::new(),
             claims: Vec::new(),
