@@ -175,6 +175,34 @@ fn report_bytes() {
     }
 }
 
+/// Per compression level: the golden corpus's bytes saved and the CPU time of one
+/// shared compression per Event, averaged over the corpus (what picks [`deflate::LEVEL`]).
+fn report_levels() {
+    let Some(lines) = support::golden_lines() else {
+        return;
+    };
+    let plain: usize = lines.iter().map(|e| rfc6455::text(e).len()).sum();
+    let rounds = 200;
+    let mut line = String::from("deflate/levels (golden corpus, shared):");
+    for level in 1..=9 {
+        let mut d = Deflater::new(level);
+        let z: usize = lines.iter().map(|e| shared_frame(&mut d, e)).sum();
+        let t = support::thread_cpu();
+        for _ in 0..rounds {
+            for e in &lines {
+                std::hint::black_box(d.message(e).map(<[u8]>::len));
+            }
+        }
+        let ns = (support::thread_cpu() - t).as_nanos() as f64 / (rounds * lines.len()) as f64;
+        line += &format!(
+            " {level}: {:.1}% fewer, {:.1} µs/Event;",
+            100.0 * (1.0 - z as f64 / plain as f64),
+            ns / 1000.0
+        );
+    }
+    println!("{line}");
+}
+
 fn report_allocations() {
     let n = 128;
     let mut none = Bench::new(0, true);
@@ -195,6 +223,7 @@ fn report_allocations() {
 
 fn benches(c: &mut Criterion<support::CpuTime>) {
     report_bytes();
+    report_levels();
     report_allocations();
     let mut g = c.benchmark_group("deflate");
     g.throughput(Throughput::Elements(SUBSCRIBERS as u64));
