@@ -60,10 +60,18 @@ fn ws_subscriber(relay: &mut Sim, offer: bool) -> ConnId {
     let mut frames = Vec::new();
     let hello = br#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#;
     client_frame(0x81, hello, Some([1, 2, 3, 4]), &mut frames);
-    client_frame(0x81, br#"{"type":"subscribe","id":"all"}"#, Some([5, 6, 7, 8]), &mut frames);
+    client_frame(
+        0x81,
+        br#"{"type":"subscribe","id":"all"}"#,
+        Some([5, 6, 7, 8]),
+        &mut frames,
+    );
     relay.feed(k, &frames, false);
     let out = relay.take_output(k).expect("hello and subscribed");
-    assert!(out.windows(10).any(|w| w == b"subscribed"), "subscribe failed");
+    assert!(
+        out.windows(10).any(|w| w == b"subscribed"),
+        "subscribe failed"
+    );
     k
 }
 
@@ -133,8 +141,13 @@ fn stream_bytes(events: &[Vec<u8>], level: u32) -> usize {
     for e in events {
         out.clear();
         let before = c.total_in();
-        c.compress_vec(e, &mut out, FlushCompress::Sync).expect("deflate");
-        assert_eq!(c.total_in() - before, e.len() as u64, "one call per message");
+        c.compress_vec(e, &mut out, FlushCompress::Sync)
+            .expect("deflate");
+        assert_eq!(
+            c.total_in() - before,
+            e.len() as u64,
+            "one call per message"
+        );
         let n = out.len() - 4;
         total += n + rfc6455::text(&vec![0; n]).len() - n;
     }

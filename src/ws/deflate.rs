@@ -218,6 +218,8 @@ pub fn negotiate<'a>(values: impl IntoIterator<Item = &'a str>) -> Option<Agreed
 pub struct Deflater {
     compress: Compress,
     scratch: Vec<u8>,
+    /// Messages compressed so far.
+    messages: u64,
 }
 
 impl std::fmt::Debug for Deflater {
@@ -238,7 +240,15 @@ impl Deflater {
         Deflater {
             compress: Compress::new_with_window_bits(Compression::new(level), false, 15),
             scratch: Vec::new(),
+            messages: 0,
         }
+    }
+
+    /// How many payloads [`Deflater::message`] compressed so far (those under
+    /// [`MIN_COMPRESS`] not counted): fan-out compresses once per Event and capture
+    /// level, whatever the number of subscribers.
+    pub fn messages(&self) -> u64 {
+        self.messages
     }
 
     /// Compresses `payload` as one message with no context (RFC 7692 §7.2.1: DEFLATE,
@@ -250,6 +260,7 @@ impl Deflater {
         if payload.len() < MIN_COMPRESS {
             return None;
         }
+        self.messages += 1;
         self.compress.reset();
         self.scratch.clear();
         // Worth sending only when smaller: room for that and the tail, no more.
