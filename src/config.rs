@@ -96,6 +96,13 @@ pub struct Config {
     /// a larger one closes the socket with 1009 as soon as its header announces it, so
     /// a peer cannot make the relay buffer more than this per connection.
     pub max_ws_message_bytes: usize,
+    /// Negotiate `permessage-deflate` (RFC 7692) with WebSocket clients that offer it
+    /// (`--ws-deflate on|off`, `AEP_WS_DEFLATE`; on by default): Events are then sent
+    /// compressed, each compressed once per capture level and shared by every such
+    /// subscriber (`ws::deflate`), and compressed messages from clients are inflated
+    /// within `max_ws_message_bytes`. Off: every offer is declined and RSV1 is a
+    /// protocol error (1002).
+    pub ws_deflate: bool,
     /// Most concurrent subscriptions on one WebSocket (`AEP_MAX_SUBSCRIPTIONS`); one more
     /// is answered `limit-exceeded` and the others keep running (AEP-0003 §6.5).
     pub max_subscriptions_per_conn: usize,
@@ -148,6 +155,7 @@ impl Default for Config {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_output_bytes: DEFAULT_MAX_OUTPUT,
             max_ws_message_bytes: DEFAULT_MAX_WS_MESSAGE,
+            ws_deflate: true,
             max_subscriptions_per_conn: DEFAULT_MAX_SUBSCRIPTIONS,
             ws_idle_timeout: DEFAULT_WS_IDLE_TIMEOUT,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,

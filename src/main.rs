@@ -14,6 +14,7 @@ use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
 use aep_relay::{Relay, StopHandle};
+use clap::builder::TypedValueParser as _;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -66,6 +67,13 @@ struct Cli {
     /// Largest WebSocket message in bytes, fragments reassembled (close 1009 above).
     #[arg(long, env = "AEP_MAX_WS_MESSAGE", default_value_t = config::DEFAULT_MAX_WS_MESSAGE)]
     max_ws_message: usize,
+    /// WebSocket compression (permessage-deflate, RFC 7692) for clients that offer it:
+    /// each Event compressed once and shared by every compressing subscriber.
+    #[arg(long, env = "AEP_WS_DEFLATE", value_name = "on|off", default_value = "on",
+          action = clap::ArgAction::Set,
+          value_parser = clap::builder::PossibleValuesParser::new(["on", "off"])
+              .map(|s| s == "on"))]
+    ws_deflate: bool,
     /// Most concurrent subscriptions on one WebSocket (`limit-exceeded` above).
     #[arg(long, env = "AEP_MAX_SUBSCRIPTIONS", default_value_t = config::DEFAULT_MAX_SUBSCRIPTIONS)]
     max_subscriptions: usize,
@@ -128,6 +136,7 @@ impl Cli {
             max_connections: self.max_connections,
             max_output_bytes: self.max_output,
             max_ws_message_bytes: self.max_ws_message,
+            ws_deflate: self.ws_deflate,
             max_subscriptions_per_conn: self.max_subscriptions,
             ws_idle_timeout: secs(self.ws_idle_timeout_secs, "--ws-idle-timeout-secs")?,
             shutdown_deadline: secs(self.shutdown_deadline_secs, "--shutdown-deadline-secs")?,

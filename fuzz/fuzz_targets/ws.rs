@@ -11,7 +11,8 @@
 //! - byte 0: flags. bit 0: raw mode, the payload is the client's byte stream as is
 //!   (else framed mode, below); bit 1: framed mode starts with a valid `hello` (role
 //!   `both`), so the fuzzer reaches the frames after it; bit 2: the connection stops
-//!   reading its output (write limit from byte 1); bits 3-7: unused.
+//!   reading its output (write limit from byte 1); bit 3: the upgrade offers
+//!   `permessage-deflate` (RFC 7692), as browsers do; bits 4-7: unused.
 //! - byte 1: the write limit (bit 2).
 //! - byte 2: `n` (0..=15) chunk lengths follow, used in turn to split the client bytes
 //!   (after 64 chunks the rest goes whole).
@@ -19,7 +20,10 @@
 //!   client frame: a line starting with a byte below 0x20 takes its opcode from that
 //!   byte's low nibble and FIN from bit 4 being clear (0x01 text, 0x11 a first text
 //!   fragment, 0x00 the last continuation, 0x09 ping, 0x08 close, 0x02 binary), the rest
-//!   is the payload; any other line is one complete text frame. A line starting with
+//!   is the payload; a line starting with 0x1D is one text message compressed as a
+//!   client compresses it (raw DEFLATE, sync flush, tail cut, its window kept from one
+//!   message to the next; RFC 7692 §7.2.1) and sent with RSV1 set (a protocol error,
+//!   1002, when bit 3 is clear); any other line is one complete text frame. A line starting with
 //!   0x1F is no frame but a clock step: the virtual clock moves by its second byte times
 //!   100 ms (none or 0: a jump past every timeout, `harness::delta`), which reaches the
 //!   relay's `ping`s and the idle close (heartbeat 4 s, idle 6 s, `harness::timeouts`).
@@ -35,8 +39,10 @@
 //!    AEP-0003 §8.4), `3 * max_output_bytes` plus one answer in all.
 //! 3. What the relay sends (when the peer reads) is well-formed RFC 6455 server framing:
 //!    unmasked, unfragmented, opcode text, close, ping or pong; every text frame is one
-//!    JSON object (an AEP frame or an Event, AEP-0003 §2); nothing follows a close frame
-//!    (not even a replay page).
+//!    JSON object (an AEP frame or an Event, AEP-0003 §2), after inflating it on its own
+//!    when RSV1 is set, which happens only on text frames of a connection that
+//!    negotiated `permessage-deflate` (RFC 7692 §6, §7.1.1.1); nothing follows a close
+//!    frame (not even a replay page).
 //! 4. Hello first (AEP-0003 §3.5 #1): in framed mode without the automatic hello, when
 //!    the first complete client frame is a text message that is not a JSON object with
 //!    `"type": "hello"`, the relay's first frame is an `error` with code
@@ -50,6 +56,8 @@
 use std::time::Duration;
 
 use aep_relay::ws::rfc6455::client_frame;
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
+use std::borrow::Cow;
 use aep_relay::{Config, ConnId};
 use aep_relay_fuzz::harness;
 use aep_sim::Sim;
@@ -64,6 +72,7 @@ const MAX_WS_MESSAGE: usize = 4096;
 const ONE_ANSWER: usize = 4 * MAX_WS_MESSAGE + 1024;
 
 const HANDSHAKE: &[u8] = b"GET /socket HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+const OFFER: &[u8] = b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
 const HELLO: &[u8] =
     br#"{"type":"hello","versions":["0.1"],"role":"both","identity":{"agent":"fuzz"}}"#;
 
@@ -94,6 +103,8 @@ type Framed = (Vec<u8>, Vec<(usize, Duration)>, Option<Vec<u8>>);
 /// and its payload.
 fn framed(payload: &[u8], hello: bool) -> Framed {
     let mut out = Vec::new();
+    // The client's compressor, with context takeover (RFC 7692 §7.1.1.2 not offered).
+    let mut zip = Compress::new(Compression::fast(), false);
     let mut steps = Vec::new();
     if hello {
         masked_frame(0x81, HELLO, &mut out);
@@ -103,6 +114,15 @@ fn framed(payload: &[u8], hello: bool) -> Framed {
     for line in payload.split(|b| *b == b'\n') {
         if line.first() == Some(&0x1F) {
             steps.push((out.len(), harness::delta(line.get(1).copied().unwrap_or(0))));
+            continue;
+        }
+        if line.first() == Some(&0x1D) {
+            let mut z = Vec::with_capacity(line.len() + 64);
+            zip.compress_vec(&line[1..], &mut z, FlushCompress::Sync)
+                .expect("deflate");
+            z.truncate(z.len().saturating_sub(4));
+            frames += 1;
+            masked_frame(0xC1, &z, &mut out);
             continue;
         }
         let (first, body) = match line.first() {
@@ -124,11 +144,19 @@ fn framed(payload: &[u8], hello: bool) -> Framed {
 }
 
 /// The relay's frames (RFC 6455 §5.2 server side), as far as they are complete:
-/// `(fin, opcode, payload)`. Panics on a masked frame.
-fn server_frames(mut b: &[u8]) -> Vec<(bool, u8, &[u8])> {
+/// `(fin, opcode, payload)`, a payload with RSV1 set inflated (RFC 7692 §7.2.2, on its
+/// own: `server_no_context_takeover`). Panics on a masked frame, on RSV1 where
+/// `deflate` was not negotiated or on a frame other than text, on RSV2 and RSV3.
+fn server_frames(mut b: &[u8], deflate: bool) -> Vec<(bool, u8, Cow<'_, [u8]>)> {
     let mut frames = Vec::new();
     while b.len() >= 2 {
         let (fin, opcode) = (b[0] & 0x80 != 0, b[0] & 0x0F);
+        let rsv1 = b[0] & 0x40 != 0;
+        assert_eq!(b[0] & 0x30, 0, "RSV2 and RSV3 are never set");
+        assert!(
+            !rsv1 || (deflate && opcode == 0x1),
+            "RSV1 only on text frames of a connection that negotiated permessage-deflate"
+        );
         assert_eq!(
             b[1] & 0x80,
             0,
@@ -147,7 +175,20 @@ fn server_frames(mut b: &[u8]) -> Vec<(bool, u8, &[u8])> {
         if b.len() < head + len {
             break;
         }
-        frames.push((fin, opcode, &b[head..head + len]));
+        let body = &b[head..head + len];
+        let body = if rsv1 {
+            let mut input = body.to_vec();
+            input.extend_from_slice(&[0, 0, 0xff, 0xff]);
+            let mut text = Vec::with_capacity(4 * ONE_ANSWER);
+            let mut d = Decompress::new(false);
+            d.decompress_vec(&input, &mut text, FlushDecompress::Sync)
+                .expect("the relay's compressed frames are valid DEFLATE");
+            assert_eq!(d.total_in() as usize, input.len(), "inflated whole, alone");
+            Cow::Owned(text)
+        } else {
+            Cow::Borrowed(body)
+        };
+        frames.push((fin, opcode, body));
         b = &b[head + len..];
     }
     frames
@@ -180,12 +221,18 @@ fn play(data: &[u8]) -> Vec<u8> {
     let raw = flags & 1 != 0;
     let hello = flags & 2 != 0;
     let stalled = flags & 4 != 0;
+    let deflate = flags & 8 != 0;
 
     let mut relay = Sim::new(config()).expect("config");
     // A stalled peer reads the upgrade answer (in pieces of at most `limit` bytes), then
     // nothing more: the pipe keeps `limit` bytes and the rest stays in the relay's queue.
     let key = relay.connect(stalled.then(|| usize::from(*limit).max(1)));
-    relay.feed(key, HANDSHAKE, false);
+    if deflate {
+        relay.feed(key, &HANDSHAKE[..HANDSHAKE.len() - 2], false);
+        relay.feed(key, OFFER, false);
+    } else {
+        relay.feed(key, HANDSHAKE, false);
+    }
     let mut answer = Vec::new();
     while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
         let more = relay.take_output(key).unwrap_or_default();
@@ -201,6 +248,10 @@ fn play(data: &[u8]) -> Vec<u8> {
         "{:?}",
         String::from_utf8_lossy(&answer)
     );
+    let agreed = answer
+        .windows(b"permessage-deflate".len())
+        .any(|w| w == b"permessage-deflate");
+    assert_eq!(agreed, deflate, "the offer browsers make is accepted");
     let (stream, steps, first_text) = if raw {
         (payload.to_vec(), Vec::new(), None)
     } else {
@@ -257,7 +308,7 @@ fn play(data: &[u8]) -> Vec<u8> {
     }
     out.extend(relay.take_output(key).unwrap_or_default());
 
-    let frames = server_frames(&out);
+    let frames = server_frames(&out, deflate);
     let mut closed = false;
     for (fin, opcode, body) in &frames {
         assert!(*fin, "server frames are not fragmented");

@@ -155,6 +155,11 @@ ws_seed("first-frame-not-hello", [golden[0]])
 ws_seed("fragmented-text-and-ping", [hello, b"\x11" + sub("s1").encode()[:10], b"\x09ping", b"\x00" + sub("s1").encode()[10:]])
 ws_seed("binary-frame-refused", [hello, b"\x02\x00\x01"])
 ws_seed("close-with-reason", [hello, b"\x08\x03\xe8bye"], splits=(3, 1))
+# permessage-deflate (flag 0x08, RFC 7692): compressed messages (0x1D lines) from a
+# compressing emitter, and Events fanned out compressed to its own subscription.
+z = lambda l: b"\x1D" + (l.encode() if isinstance(l, str) else l)
+ws_seed("deflate-hello-subscribe-emit-compressed", [z(hello), z(sub("s1", **{"from": "all"})), z(golden[3]), golden[4], z(compact({"type": "ping", "t": 1}))], flags=0x08)
+ws_seed("deflate-offer-declined-rsv1-refused", [hello, z(golden[3])])
 raw = bytes([0x81, 0x85, 1, 2, 3, 4]) + bytes(b ^ k for b, k in zip(b"hello", [1, 2, 3, 4, 1]))
 write("ws", "raw-masked-text", bytes([0x01, 0, 0]) + raw)
 write("ws", "raw-unmasked-text", bytes([0x01, 0, 0, 0x81, 0x05]) + b"hello")

@@ -301,6 +301,10 @@ pub(crate) struct Conn {
     pub(crate) unit_run: usize,
     /// Bytes of frames pending in the open unit (not yet in `out` or `backlog`).
     pub(crate) unit_pending: usize,
+    /// `permessage-deflate` on this WebSocket (RFC 7692): 0 when not negotiated, else
+    /// the relay's window limit in bits (`ws::deflate::Agreed::server_window_bits`).
+    /// Fan-out reads it here, beside `mark`, to pick the shared compressed frame.
+    pub(crate) deflate_window: u8,
     /// Events not delivered because of backpressure (AEP-0003 §8.4).
     pub(crate) dropped: u64,
     /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
@@ -363,6 +367,7 @@ impl Conn {
             unit_generation: u64::MAX,
             unit_run: 0,
             unit_pending: 0,
+            deflate_window: 0,
             dropped: 0,
             doomed: false,
             write_shut: false,

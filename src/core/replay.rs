@@ -90,10 +90,14 @@ impl Core {
             let mut room = self.config.max_output_bytes.saturating_sub(conn.out.len());
             held.clear();
             frames.clear();
+            // A compressing WebSocket (RFC 7692) gets its replay compressed too, one
+            // frame per Event as replay frames are built per connection.
+            let window = conn.deflate_window;
+            let deflater = &mut self.hub.deflater;
             let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
                 if filter.matches(&**ev) {
                     let frame = if ws {
-                        Frames::default().ws(ev, ceiling)
+                        Frames::default().ws_for(ev, ceiling, window, deflater)
                     } else {
                         Frames::default().sse(ev, ceiling)
                     };

@@ -42,7 +42,7 @@ impl Core {
     /// the per-frame scope checks. Bytes the client sent after its request head stay in
     /// the read buffer and are decoded as frames.
     pub(super) fn begin_ws(&mut self, key: usize, head: RequestHead, grant: Grant) {
-        let resp = match handshake::accept(&head) {
+        let (resp, deflate) = match handshake::accept(&head, self.config.ws_deflate) {
             Ok(r) => r,
             Err(e) => {
                 let extra: &[(&str, &str)] = if e.code == Code::UpgradeRequired {
@@ -61,7 +61,8 @@ impl Core {
         conn.send(resp);
         conn.last_write = now;
         conn.since = now;
-        conn.phase = Phase::Ws(Box::new(WsState::new(grant, max, now)));
+        conn.deflate_window = deflate.map_or(0, |a| a.server_window_bits);
+        conn.phase = Phase::Ws(Box::new(WsState::new(grant, max, deflate, now)));
         self.mark_dirty(key);
     }
 

@@ -15,6 +15,14 @@
 //! selection does (a frame it does not take sits between two it does). The bytes are
 //! those ingested. Nothing is held back to wait for more: a unit ends when its input is
 //! consumed.
+//!
+//! **Compression.** A WebSocket that negotiated `permessage-deflate` (RFC 7692, with
+//! `server_no_context_takeover`: `ws::deflate`) takes an Event's frame compressed, RSV1
+//! set. That frame too is built at most once per Event and capture level, lazily (only
+//! when a compressing target takes the Event), by the hub's one [`Deflater`], into an
+//! arena of its own; every compressing subscriber gets the same bytes, by reference. An
+//! Event that does not shrink (or is short, `ws::deflate::MIN_COMPRESS`) goes to them as
+//! the plain frame, from the plain arena (RFC 7692 §6: compression is per message).
 
 pub mod index;
 
@@ -26,6 +34,7 @@ use crate::envelope::{Capture, Event, Severity};
 use crate::filter::Filter;
 use crate::sse;
 use crate::store::StreamId;
+use crate::ws::deflate::{self, Deflater};
 use crate::ws::{self, Delivered};
 use bytes::{Bytes, BytesMut};
 use index::SubscriptionIndex;
@@ -75,15 +84,33 @@ pub(crate) struct Frames {
     sse: [Option<Bytes>; 5],
     ws: [Option<Bytes>; 5],
     payload: [Option<Bytes>; 4],
+    /// Per payload slot, what compressing it gave: [`Zip::Unknown`] until a compressing
+    /// target asks, then whether the compressed frame is in the deflate arena.
+    zip: [Zip; 5],
+    /// Per payload slot, the payload's length, once `zip` is known (a client that
+    /// limits the relay's window takes the compressed frame only up to that length).
+    zip_len: [usize; 5],
     /// Where this Event's frames lie in the unit's arenas (index: [`Unit::arena`]), valid
     /// while the unit's generation is `generation`.
     placed: [Option<(usize, usize)>; ARENAS],
     generation: u64,
 }
 
-/// Arenas of a unit: one per binding (SSE, WS) and payload slot (as received, or one of
-/// the four capture levels).
-const ARENAS: usize = 10;
+/// Whether one payload slot's compressed frame exists (see [`Frames::zip`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Zip {
+    #[default]
+    Unknown,
+    /// It does not shrink (or is too short to try): compressing targets take the plain
+    /// frame.
+    Plain,
+    /// Placed in the deflate arena of this slot.
+    Compressed,
+}
+
+/// Arenas of a unit: one per frame kind (SSE, WS, compressed WS) and payload slot (as
+/// received, or one of the four capture levels).
+const ARENAS: usize = 15;
 /// The capacity an arena starts with, and grows by at least: frames of many small
 /// units share one allocation.
 const ARENA_CHUNK: usize = 64 * 1024;
@@ -122,6 +149,11 @@ pub(crate) struct Unit {
 impl Unit {
     fn arena(ws: bool, slot: usize) -> usize {
         usize::from(ws) * 5 + slot
+    }
+
+    /// The arena of compressed WS frames (RFC 7692) for payload `slot`.
+    fn deflate_arena(slot: usize) -> usize {
+        10 + slot
     }
 
     /// Queues the pending runs and starts a new arena generation.
@@ -212,23 +244,114 @@ impl Frames {
         self.ws[slot] = Some(f.clone());
         f
     }
+
+    /// The WebSocket frame for a subscriber with `ceiling` on a connection with
+    /// `permessage-deflate` window `window` (0: not negotiated, see `Conn::deflate_window`):
+    /// the compressed frame (RSV1, RFC 7692 §7.2.1) when compressing pays and the
+    /// message fits the window, else [`Frames::ws`]. For replay, which frames per
+    /// connection; live fan-out places frames with [`Frames::place`].
+    pub(crate) fn ws_for(
+        &mut self,
+        ev: &Event,
+        ceiling: Option<Capture>,
+        window: u8,
+        deflater: &mut Option<Box<Deflater>>,
+    ) -> Bytes {
+        if window > 0 {
+            let slot = Self::payload_slot(ev, ceiling);
+            let payload = self.payload(ev, slot);
+            if fits_window(payload.len(), window) {
+                let d = deflater.get_or_insert_with(Box::default);
+                if let Some(z) = d.message(&payload) {
+                    let mut f = BytesMut::new();
+                    deflate::write_compressed_text(z, &mut f);
+                    return f.freeze();
+                }
+            }
+        }
+        self.ws(ev, ceiling)
+    }
+
+    /// Places the compressed WS frame for payload `slot` in `unit`'s deflate arena (once
+    /// per Event, slot and unit generation) for a target with window `window`; `None`
+    /// when that target takes the plain frame instead (it does not shrink, or does not
+    /// fit the window the client allowed, RFC 7692 §7.1.2.1).
+    fn place_deflated(
+        &mut self,
+        unit: &mut Unit,
+        ev: &Event,
+        slot: usize,
+        window: u8,
+        deflater: &mut Option<Box<Deflater>>,
+    ) -> Option<(usize, usize, usize)> {
+        let a = Unit::deflate_arena(slot);
+        match self.zip[slot] {
+            Zip::Plain => return None,
+            Zip::Compressed => {
+                if !fits_window(self.zip_len[slot], window) {
+                    return None;
+                }
+                if let Some((start, end)) = self.placed[a] {
+                    return Some((a, start, end));
+                }
+            }
+            Zip::Unknown => {}
+        }
+        let payload = self.payload(ev, slot);
+        self.zip_len[slot] = payload.len();
+        if !fits_window(payload.len(), window) {
+            // Another target, with a wider window, may still take it compressed.
+            return None;
+        }
+        let d = deflater.get_or_insert_with(Box::default);
+        let Some(z) = d.message(&payload) else {
+            self.zip[slot] = Zip::Plain;
+            return None;
+        };
+        let arena = &mut unit.arenas[a];
+        if arena.capacity() - arena.len() < z.len() + 16 {
+            arena.reserve(ARENA_CHUNK.max(z.len() + 16));
+        }
+        let start = arena.len();
+        deflate::write_compressed_text(z, arena);
+        let end = arena.len();
+        self.zip[slot] = Zip::Compressed;
+        self.placed[a] = Some((start, end));
+        Some((a, start, end))
+    }
+}
+
+/// Whether a message of `len` bytes, compressed without context, may go to a client
+/// that allowed the relay a window of `window` bits: it never refers further back than
+/// its own length (see `ws::deflate`).
+fn fits_window(len: usize, window: u8) -> bool {
+    window >= 15 || len <= 1usize << window
 }
 
 impl Frames {
     /// Places the frame for a subscriber with `ceiling` on `ws` or SSE in `unit`'s arena
-    /// (once per Event, arena and unit generation); returns `(arena, start, end)`.
+    /// (once per Event, arena and unit generation); returns `(arena, start, end)`. A WS
+    /// target with `deflate` (its `Conn::deflate_window`, 0 for none) gets the shared
+    /// compressed frame when there is one for it ([`Frames::place_deflated`]).
     fn place(
         &mut self,
         unit: &mut Unit,
         ev: &Event,
         ws: bool,
         ceiling: Option<Capture>,
+        deflate: u8,
+        deflater: &mut Option<Box<Deflater>>,
     ) -> (usize, usize, usize) {
         if self.generation != unit.generation {
             self.generation = unit.generation;
             self.placed = [None; ARENAS];
         }
         let slot = Self::payload_slot(ev, ceiling);
+        if ws && deflate > 0 {
+            if let Some(placed) = self.place_deflated(unit, ev, slot, deflate, deflater) {
+                return placed;
+            }
+        }
         let a = Unit::arena(ws, slot);
         if let Some((start, end)) = self.placed[a] {
             return (a, start, end);
@@ -264,6 +387,8 @@ fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
 struct Target {
     conn: ConnId,
     ws: bool,
+    /// The connection's `permessage-deflate` window (`Conn::deflate_window`).
+    deflate: u8,
     ceiling: Option<Capture>,
     queued: bool,
 }
@@ -295,6 +420,9 @@ pub struct Hub {
     pub(crate) except: Option<ConnId>,
     /// The ingest unit being laid out (frames and pending runs).
     unit: Unit,
+    /// The one `permessage-deflate` compressor (RFC 7692, `server_no_context_takeover`),
+    /// created when a compressing subscriber first takes an Event; replay uses it too.
+    pub(crate) deflater: Option<Box<Deflater>>,
     /// Counters.
     pub stats: FanoutStats,
 }
@@ -454,6 +582,7 @@ impl Hub {
             self.targets.push(Target {
                 conn: sub.conn,
                 ws,
+                deflate: conn.deflate_window,
                 ceiling: sub.ceiling,
                 queued: false,
             });
@@ -465,7 +594,14 @@ impl Hub {
             let Some(conn) = conns.get_mut(t.conn.0) else {
                 continue;
             };
-            let (arena, start, end) = frames.place(&mut self.unit, ev, t.ws, t.ceiling);
+            let (arena, start, end) = frames.place(
+                &mut self.unit,
+                ev,
+                t.ws,
+                t.ceiling,
+                t.deflate,
+                &mut self.deflater,
+            );
             let len = end - start;
             let pending = if conn.unit_generation == self.unit.generation {
                 conn.unit_pending

@@ -248,3 +248,88 @@ fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
         .collect();
     assert_eq!(got_a, want_a, "each Event once, in order");
 }
+
+/// RFC 7692 and issue 25: each Event is compressed at most once per capture level,
+/// however many subscribers negotiated `permessage-deflate`; they all get the same bytes
+/// (RSV1 set), which inflate to the plain subscribers' payloads; a plain WS subscriber
+/// in the same fan-out gets plain frames; with no compressing target nothing is
+/// compressed at all.
+#[test]
+fn compressed_frames_are_built_once_per_event_and_capture_level() {
+    let mut s = Setup::new();
+    let plain = s.subscribe("{}", None, true);
+    let zipped: Vec<usize> = (0..3).map(|_| s.subscribe("{}", None, true)).collect();
+    let low: Vec<usize> = (0..2)
+        .map(|_| s.subscribe("{}", Some(Capture::Metadata), true))
+        .collect();
+    let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
+    s.unit(&events[..1], 1 << 20);
+    assert_eq!(
+        s.hub.deflater.as_ref().map(|d| d.messages()),
+        None,
+        "no compressing target"
+    );
+    for &k in zipped.iter().chain(&low) {
+        s.conns[k].deflate_window = 15;
+    }
+    for (_, c) in s.conns.iter_mut() {
+        c.out = OutQueue::default();
+    }
+    s.unit(&events[1..], 1 << 20);
+    let d = s
+        .hub
+        .deflater
+        .as_ref()
+        .expect("created for the compressing targets");
+    assert_eq!(
+        d.messages(),
+        9 * 2,
+        "once per Event and capture level, not per subscriber"
+    );
+    let inflate = |bytes: &[u8]| -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut b = bytes;
+        while !b.is_empty() {
+            assert_eq!(b[0], 0xC1, "FIN, RSV1, text");
+            let (len, head) = match b[1] {
+                126 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
+                n => (usize::from(n), 2),
+            };
+            let mut input = b[head..head + len].to_vec();
+            input.extend_from_slice(&[0, 0, 0xff, 0xff]);
+            let mut text = Vec::with_capacity(4096);
+            flate2::Decompress::new(false)
+                .decompress_vec(&input, &mut text, flate2::FlushDecompress::Sync)
+                .unwrap();
+            out.push(text);
+            b = &b[head + len..];
+        }
+        out
+    };
+    let (_, first) = s.queued(zipped[0]);
+    for &k in &zipped[1..] {
+        assert_eq!(
+            s.queued(k).1,
+            first,
+            "the same bytes for every compressing subscriber"
+        );
+    }
+    let want: Vec<Vec<u8>> = events[1..].iter().map(|e| e.bytes().to_vec()).collect();
+    assert_eq!(inflate(&first), want);
+    let (_, lows) = s.queued(low[0]);
+    assert_eq!(s.queued(low[1]).1, lows);
+    let want: Vec<Vec<u8>> = events[1..]
+        .iter()
+        .map(|e| {
+            crate::capture::downlevel(e, Capture::Metadata)
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(inflate(&lows), want, "the down-leveled copy, compressed");
+    let plain_want: Vec<u8> = events[1..]
+        .iter()
+        .flat_map(|e| ws::rfc6455::text(e.bytes()).to_vec())
+        .collect();
+    assert_eq!(s.queued(plain).1, plain_want, "plain frames beside them");
+}

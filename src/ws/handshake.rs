@@ -1,9 +1,13 @@
 //! The opening handshake (RFC 6455 §4.2): checks an upgrade request head and builds the
 //! `101 Switching Protocols` answer. The accept key comes from tungstenite.
 //!
-//! The relay negotiates no extension (a client offering `permessage-deflate` gets plain
-//! frames, and compressed ones are refused as reserved bits) and no subprotocol.
+//! The one extension negotiated is `permessage-deflate` (RFC 7692, see
+//! [`super::deflate`]), when enabled (`--ws-deflate`): a client offering it in a form the
+//! relay can accept is answered `Sec-WebSocket-Extensions: permessage-deflate;
+//! server_no_context_takeover…`; any other offer is declined by not answering it, and
+//! the handshake succeeds without the extension (RFC 7692 §5). No subprotocol.
 
+use super::deflate::{self, Agreed};
 use crate::http::RequestHead;
 use crate::refusal::Code;
 
@@ -26,7 +30,9 @@ fn has_token(value: Option<&str>, token: &str) -> bool {
 }
 
 /// Checks `head` (a `GET /socket` request) and returns the `101` response that completes
-/// the handshake.
+/// the handshake, with the `permessage-deflate` parameters agreed when `deflate` is on
+/// and the client offered the extension acceptably (RFC 7692 §5, §7.1; never an error
+/// otherwise: the connection goes on uncompressed).
 ///
 /// # Errors
 /// [`UpgradeError`]: 426 `upgrade-required` without `Upgrade: websocket` and
@@ -34,8 +40,11 @@ fn has_token(value: Option<&str>, token: &str) -> bool {
 /// `bad-request` for HTTP/1.0 or a missing or malformed `Sec-WebSocket-Key`.
 ///
 /// # Spec
-/// RFC 6455 §4.2.1, §4.2.2; AEP-0003 §3.5 #1.
-pub fn accept(head: &RequestHead) -> Result<Vec<u8>, UpgradeError> {
+/// RFC 6455 §4.2.1, §4.2.2, §9.1; RFC 7692 §5; AEP-0003 §3.5 #1.
+pub fn accept(
+    head: &RequestHead,
+    deflate: bool,
+) -> Result<(Vec<u8>, Option<Agreed>), UpgradeError> {
     let upgrade_required = |detail| UpgradeError {
         code: Code::UpgradeRequired,
         detail,
@@ -75,10 +84,24 @@ pub fn accept(head: &RequestHead) -> Result<Vec<u8>, UpgradeError> {
         ));
     }
     let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
-    Ok(format!(
-        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
-    )
-    .into_bytes())
+    // Every `Sec-WebSocket-Extensions` line, in order (RFC 6455 §9.1: they combine).
+    let agreed = deflate
+        .then(|| {
+            deflate::negotiate(
+                head.headers
+                    .iter()
+                    .filter(|(n, _)| n == "sec-websocket-extensions")
+                    .map(|(_, v)| v.as_str()),
+            )
+        })
+        .flatten();
+    let extensions = agreed
+        .map(|a| format!("Sec-WebSocket-Extensions: {}\r\n", a.response()))
+        .unwrap_or_default();
+    let resp = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n{extensions}\r\n"
+    );
+    Ok((resp.into_bytes(), agreed))
 }
 
 #[cfg(test)]
@@ -106,26 +129,66 @@ mod tests {
             ("sec-websocket-version", "13"),
             ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
         ]);
-        let resp = String::from_utf8(accept(&h).unwrap()).unwrap();
+        let (resp, agreed) = accept(&h, true).unwrap();
+        let resp = String::from_utf8(resp).unwrap();
         assert!(resp.starts_with("HTTP/1.1 101 "));
         assert!(resp.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"));
+        assert!(
+            !resp.contains("Extensions"),
+            "nothing offered, nothing answered"
+        );
+        assert_eq!(agreed, None);
+    }
+
+    /// RFC 7692 §5: the first acceptable offer, over several header lines, is answered;
+    /// with `--ws-deflate off` none is; a hostile offer alone leaves the handshake as is.
+    #[test]
+    fn negotiates_permessage_deflate_across_header_lines() {
+        let mut h = head(&[
+            ("upgrade", "websocket"),
+            ("connection", "Upgrade"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            (
+                "sec-websocket-extensions",
+                "permessage-deflate; client_max_window_bits=7",
+            ),
+            (
+                "sec-websocket-extensions",
+                "permessage-deflate; client_no_context_takeover",
+            ),
+        ]);
+        let (resp, agreed) = accept(&h, true).unwrap();
+        let resp = String::from_utf8(resp).unwrap();
+        assert!(resp.contains("\r\nSec-WebSocket-Extensions: permessage-deflate; server_no_context_takeover; client_no_context_takeover\r\n\r\n"), "{resp}");
+        assert!(!agreed.unwrap().client_context_takeover);
+        let (resp, agreed) = accept(&h, false).unwrap();
+        assert!(!String::from_utf8(resp).unwrap().contains("Extensions"));
+        assert_eq!(agreed, None);
+        h.headers.pop();
+        let (resp, agreed) = accept(&h, true).unwrap();
+        assert!(!String::from_utf8(resp).unwrap().contains("Extensions"));
+        assert_eq!(agreed, None);
     }
 
     #[test]
     fn refuses_what_is_not_an_upgrade() {
-        assert_eq!(accept(&head(&[])).unwrap_err().code.http_status(), 426);
+        assert_eq!(
+            accept(&head(&[]), true).unwrap_err().code.http_status(),
+            426
+        );
         let v8 = head(&[
             ("upgrade", "websocket"),
             ("connection", "Upgrade"),
             ("sec-websocket-version", "8"),
             ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
         ]);
-        assert_eq!(accept(&v8).unwrap_err().code.http_status(), 426);
+        assert_eq!(accept(&v8, true).unwrap_err().code.http_status(), 426);
         let nokey = head(&[
             ("upgrade", "websocket"),
             ("connection", "Upgrade"),
             ("sec-websocket-version", "13"),
         ]);
-        assert_eq!(accept(&nokey).unwrap_err().code.http_status(), 400);
+        assert_eq!(accept(&nokey, true).unwrap_err().code.http_status(), 400);
     }
 }

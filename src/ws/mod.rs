@@ -8,11 +8,13 @@
 //!                                             ├─ Event ─► Event::parse ─► publish (as HTTP)
 //!                                             │          └─ command ─► control::route ─► one claimant
 //!                                             └─ frame ─► subscribe / unsubscribe / roster / ping
-//! fan-out ─► Frames::ws (header + original bytes, built once per Event and ceiling)
+//! fan-out ─► Frames::ws (header + original bytes, built once per Event and ceiling;
+//!            compressed, RSV1, once more for connections with permessage-deflate)
 //!        ─► every matching connection's queue (shared Bytes, no copy)
 //! ```
 //!
 //! The pieces here are sans-IO: [`rfc6455`] (the RFC 6455 frame codec), [`handshake`] (the upgrade),
+//! [`deflate`] (RFC 7692 `permessage-deflate`: negotiation, the shared compressor, bounded inflating),
 //! [`aep`] (the AEP frame vocabulary: `hello`, `subscribe`, `error`…). The reactor glue, which owns sockets, the
 //! subscription hub, the store and the session claims, is `relay::socket`.
 //!
@@ -22,6 +24,7 @@
 //! last delivered position per subscription (shutdown, backpressure, idle peer).
 
 pub mod aep;
+pub mod deflate;
 pub mod handshake;
 pub mod rfc6455;
 
@@ -251,10 +254,16 @@ pub(crate) struct WsState {
 }
 
 impl WsState {
-    pub(crate) fn new(grant: Grant, max_message: usize, now: Instant) -> WsState {
+    /// `deflate`: the `permessage-deflate` parameters agreed in the handshake, if any.
+    pub(crate) fn new(
+        grant: Grant,
+        max_message: usize,
+        deflate: Option<deflate::Agreed>,
+        now: Instant,
+    ) -> WsState {
         WsState {
             grant,
-            decoder: rfc6455::Decoder::new(max_message),
+            decoder: rfc6455::Decoder::with_deflate(max_message, deflate),
             hello: None,
             subs: Vec::new(),
             claims: Vec::new(),

@@ -10,6 +10,7 @@
 //! Server frames are never masked (RFC 6455 §5.1), so a text frame carrying an Event is
 //! the same bytes for every subscriber: [`text`] builds it once and fan-out shares it.
 
+use super::deflate::{Agreed, InflateError, Inflater};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::io::Cursor;
 use tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
@@ -88,15 +89,60 @@ pub struct Decoder {
     max_message: usize,
     partial: Vec<u8>,
     in_message: bool,
+    /// `permessage-deflate` as negotiated (RFC 7692): RSV1 on a message's first frame
+    /// then means compressed; without it RSV1 stays a protocol error.
+    deflate: Option<Agreed>,
+    /// Created at the first compressed message (most connections never send one).
+    inflater: Option<Box<Inflater>>,
+    /// The fragmented message being received is compressed (RSV1 on its first frame).
+    compressed: bool,
 }
 
 impl Decoder {
     /// A decoder refusing messages longer than `max_message` bytes (after reassembly).
     pub fn new(max_message: usize) -> Decoder {
+        Decoder::with_deflate(max_message, None)
+    }
+
+    /// A decoder for a connection that negotiated `permessage-deflate` with `deflate`
+    /// (RFC 7692 §7.1), or none: compressed messages are inflated, bounded by
+    /// `max_message` bytes of output (RFC 7692 §7.2.2; past it, close 1009).
+    pub fn with_deflate(max_message: usize, deflate: Option<Agreed>) -> Decoder {
         Decoder {
             max_message,
             partial: Vec::new(),
             in_message: false,
+            deflate,
+            inflater: None,
+            compressed: false,
+        }
+    }
+
+    /// Inflates a compressed message's payload and checks it is UTF-8 text.
+    fn inflate(&mut self, payload: &[u8]) -> Result<Incoming, Violation> {
+        let agreed = self
+            .deflate
+            .as_ref()
+            .expect("RSV1 is refused without the extension");
+        let inflater = self
+            .inflater
+            .get_or_insert_with(|| Box::new(Inflater::new(agreed)));
+        match inflater.message(payload, self.max_message) {
+            Ok(text) => match String::from_utf8(text) {
+                // Exact size, as for a reassembled message (see `Incoming::Text`).
+                Ok(s) => Ok(Incoming::Text(Bytes::from(
+                    s.into_bytes().into_boxed_slice(),
+                ))),
+                Err(_) => Err(invalid_utf8()),
+            },
+            Err(InflateError::TooBig) => Err(violation(
+                close_code::TOO_BIG,
+                "message inflates past the relay's limit (RFC 7692 §7.2.2)",
+            )),
+            Err(InflateError::Corrupt) => Err(violation(
+                close_code::INVALID_PAYLOAD,
+                "compressed message is not valid DEFLATE data (RFC 7692 §7.2.2)",
+            )),
         }
     }
 
@@ -136,10 +182,16 @@ impl Decoder {
                     "client frames must be masked",
                 ));
             };
-            if header.rsv1 || header.rsv2 || header.rsv3 {
+            let control = matches!(header.opcode, OpCode::Control(_));
+            // RFC 7692 §6: RSV1 marks a compressed message, on its first frame only and
+            // only once the extension was negotiated; control frames and continuations
+            // never carry it (§6.1). Anything else reserved is a protocol error.
+            let compressed_start = header.rsv1
+                && self.deflate.is_some()
+                && matches!(header.opcode, OpCode::Data(Data::Text | Data::Binary));
+            if (header.rsv1 && !compressed_start) || header.rsv2 || header.rsv3 {
                 return Err(violation(close_code::PROTOCOL, "reserved bits set"));
             }
-            let control = matches!(header.opcode, OpCode::Control(_));
             if control && (len > MAX_CONTROL_PAYLOAD || !header.is_final) {
                 return Err(violation(
                     close_code::PROTOCOL,
@@ -194,14 +246,23 @@ impl Decoder {
                 OpCode::Data(Data::Binary) => unreachable!("refused above"),
                 OpCode::Data(Data::Text) | OpCode::Data(Data::Continue) => {
                     if header.is_final && !self.in_message {
+                        if compressed_start {
+                            return self.inflate(payload).map(Some);
+                        }
                         // The common case: one frame, one message, one copy out of the
                         // read buffer into the Bytes the Event will keep.
                         return text_message(payload).map(Some);
+                    }
+                    if !self.in_message {
+                        self.compressed = compressed_start;
                     }
                     self.partial.extend_from_slice(payload);
                     self.in_message = !header.is_final;
                     if header.is_final {
                         let msg = std::mem::take(&mut self.partial);
+                        if std::mem::take(&mut self.compressed) {
+                            return self.inflate(&msg).map(Some);
+                        }
                         return match String::from_utf8(msg) {
                             // Exact size (the buffer grew by doubling): an Event
                             // held from this message must not keep the slack alive.

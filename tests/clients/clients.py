@@ -13,6 +13,11 @@ unmodified client:
 - python-websockets-consumer / -emitter: the `websockets` package on /socket, as a
   consumer with two subscriptions (replay, filters, single delivery) and as an emitter
   whose Events arrive on SSE byte-identical.
+- python-websockets-deflate: `websockets` with compression on and off on one relay
+  (permessage-deflate, RFC 7692): the same Events byte-identical, live and replayed; a
+  compressing emitter's Events arrive intact.
+- browser-websocket-deflate: Chromium's WebSocket negotiates permessage-deflate and
+  receives byte-identical Events, replayed and live.
 - curl-readme: the curl commands of README.md (and the docs pages that read what it
   posts), run as the pages show them.
 - status-page: GET /?access_token= in headless Chromium: the numbers, the session table
@@ -682,6 +687,133 @@ def test_python_websockets_emitter():
         relay.stop()
 
 
+def deflate_corpus():
+    """Events for the compression checks: the golden corpus's sequenced Events that are
+    fanned out (commands are routed, AEP-0004 §4) when ../shared is there, and generated
+    Events of several sizes (around the compression threshold and past 16 KiB)."""
+    lines = []
+    golden = ROOT.parent / "shared" / "aep-fixtures" / "golden" / "golden.jsonl"
+    if golden.exists():
+        lines = [l for l in golden.read_text().splitlines()
+                 if l.strip() and '"type":"control.' not in l]
+    lines += [ev("z-gen", i + 1, "tool.completed", pad=p)
+              for i, p in enumerate([0, 100, 600, 3000, 20000])]
+    return lines
+
+
+def test_python_websockets_deflate():
+    """`websockets` with compression on (its default offer, `permessage-deflate;
+    client_max_window_bits`) and off, side by side on one relay: the first negotiates
+    the extension with server_no_context_takeover (RFC 7692 §7.1.1.1), both receive the
+    same Events byte-identical (after inflation), live and replayed with `from`; and a
+    compressing emitter (context takeover on its side) sends Events that arrive intact."""
+    relay = Relay("ws-deflate")
+    try:
+        lines = deflate_corpus()
+        replayed = [l for l in lines if '"session":"z-gen"' in l]
+        relay.post_ok(replayed[:2])
+        url = f"ws://{relay.addr}/socket"
+        with ws_connect(url, open_timeout=WAIT, max_size=None) as zws, \
+                ws_connect(url, open_timeout=WAIT, max_size=None, compression=None) as pws:
+            answer = zws.response.headers.get("Sec-WebSocket-Extensions", "")
+            check(answer.startswith("permessage-deflate; server_no_context_takeover"),
+                  f"the compressing client was answered {answer!r}")
+            exts = zws.protocol.extensions
+            check(len(exts) == 1 and exts[0].name == "permessage-deflate"
+                  and exts[0].remote_no_context_takeover,
+                  f"websockets agreed {exts}")
+            check("Sec-WebSocket-Extensions" not in pws.response.headers
+                  and pws.protocol.extensions == [],
+                  f"the plain client got {pws.response.headers}")
+            for ws in (zws, pws):
+                ws_hello(ws, "consumer")
+                ws.send(json.dumps({"type": "subscribe", "id": "live"}))
+                ws_frames(ws, lambda t: json.loads(t).get("type") == "subscribed", "subscribed")
+            relay.post_ok(lines)
+            for name, ws in (("compressed", zws), ("plain", pws)):
+                got = ws_frames(ws, lambda t: t == lines[-1], f"the live Events ({name})")
+                check(got == lines, f"{name}: live Events byte-identical, in order "
+                      f"({len(got)} of {len(lines)})")
+            for name, ws in (("compressed", zws), ("plain", pws)):
+                ws.send(json.dumps({"type": "subscribe", "id": "again", "from": "all",
+                                    "filter": {"session": ["z-gen"]}}))
+                got = ws_frames(ws, lambda t: t == replayed[-1], f"the replay ({name})")
+                check(json.loads(got[0]) == {"type": "subscribed", "id": "again"}, got[0])
+                check(got[1:] == replayed, f"{name}: replayed Events byte-identical "
+                      f"({len(got) - 1} of {len(replayed)})")
+        # A compressing emitter: websockets keeps its context across messages unless
+        # told otherwise, so the relay inflates with one window per connection.
+        sse = Sse(relay.base, "filter=" + urllib.parse.quote('{"agent":["py-zip"]}'))
+        try:
+            sent = [ev("z-emit", i, "tool.completed", agent="py-zip", pad=200 * i)
+                    for i in range(6)]
+            with ws_connect(url, open_timeout=WAIT) as ws:
+                check(ws.protocol.extensions != [], "the emitter negotiated compression")
+                ws_hello(ws, "emitter", agent="py-zip")
+                for e in sent:
+                    ws.send(e)
+                for e in sent:
+                    m = sse.next()
+                    check(m["data"] == e.encode(), f"SSE data byte-identical: {m['data']!r}")
+        finally:
+            sse.close()
+        log(f"{len(lines)} live and {len(replayed)} replayed Events byte-identical with "
+            "and without permessage-deflate; a compressing emitter's "
+            f"{len(sent)} Events arrived intact")
+    finally:
+        relay.stop()
+
+
+BROWSER_WS_JS = r"""
+(async () => {
+  const ws = new WebSocket(%(url)s);
+  window.got = [];
+  window.sock = ws;
+  await new Promise((ok, fail) => { ws.onopen = ok; ws.onerror = fail; });
+  ws.onmessage = (m) => {
+    if (JSON.parse(m.data).type !== "ping") window.got.push(m.data);
+  };
+  ws.send(JSON.stringify({type: "hello", versions: ["0.1"], role: "consumer"}));
+  ws.send(JSON.stringify({type: "subscribe", id: "b", from: "all"}));
+  return ws.extensions;
+})()
+"""
+
+
+def test_browser_websocket_deflate():
+    """Chromium's WebSocket offers permessage-deflate; the relay's answer is agreed
+    (WebSocket.extensions), and the Events it receives (replayed with `from: "all"`, then
+    live) are byte-identical to those posted, after Chromium inflated them."""
+    relay = Relay("ws-browser")
+    browser = None
+    try:
+        lines = deflate_corpus()
+        history = [l for l in lines if '"session":"z-gen"' in l]
+        relay.post_ok(history)
+        browser = Browser("websocket")
+        ext = browser.eval(BROWSER_WS_JS % {"url": json.dumps(f"ws://{relay.addr}/socket")})
+        check(ext.startswith("permessage-deflate") and "server_no_context_takeover" in ext,
+              f"Chromium agreed {ext!r}")
+        wait_until(lambda: browser.eval("window.got.length") >= 2 + len(history),
+                   "the replay in Chromium")
+        got = browser.eval("window.got")
+        check(json.loads(got[0]).get("type") == "hello", got[0])
+        check(json.loads(got[1]) == {"type": "subscribed", "id": "b"}, got[1])
+        check(got[2:] == history, f"replayed in Chromium byte-identical: {got[2:]}")
+        live = [l for l in lines if l not in history]
+        relay.post_ok(live)
+        wait_until(lambda: browser.eval("window.got.length") >= 2 + len(lines),
+                   "the live Events in Chromium")
+        got = browser.eval("window.got")[2 + len(history):]
+        check(got == live, f"live in Chromium byte-identical ({len(got)} of {len(live)})")
+        log(f"Chromium agreed {ext!r}; {len(history)} replayed and {len(live)} live "
+            "Events byte-identical")
+    finally:
+        if browser:
+            browser.close()
+        relay.stop()
+
+
 def console_commands(text):
     """The `$ ` commands of a page's ```console blocks, continuation lines joined."""
     cmds = []
@@ -1140,6 +1272,8 @@ TESTS = {
     "browser-eventsource-hostile": test_browser_eventsource_hostile_sessions,
     "python-websockets-consumer": test_python_websockets_consumer,
     "python-websockets-emitter": test_python_websockets_emitter,
+    "python-websockets-deflate": test_python_websockets_deflate,
+    "browser-websocket-deflate": test_browser_websocket_deflate,
     "curl-readme": test_curl_readme,
     "status-page": test_status_page,
     "status-page-cluster": test_status_page_cluster,

@@ -5,7 +5,8 @@
 #   - an EventSource page in headless Chromium (another origin, ?access_token=, a filter,
 #     Last-Event-ID resume across a SIGTERM and a SIGKILL restart with --history; and
 #     against hostile sessions: LF, CR, NUL, %, non-ASCII, 1 KiB),
-#   - Python `websockets` as a consumer (two subscriptions) and as an emitter,
+#   - Python `websockets` as a consumer (two subscriptions) and as an emitter, and with
+#     permessage-deflate on and off; Chromium's WebSocket with permessage-deflate,
 #   - the README's curl commands as the README shows them,
 #   - the status page (GET /) in headless Chromium, with screenshots before and after:
 #     its counters, sparklines, sessions table and live tail on one relay, and its relays
