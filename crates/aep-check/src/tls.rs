@@ -270,6 +270,51 @@ impl ureq::ReadWrite for UreqStream {
     }
 }
 
+/// A client's socket: TCP, or TLS over TCP (`https://`, `wss://`). Reads and writes go
+/// through TLS when there is TLS; the peer closing the TCP connection without a
+/// `close_notify` alert reads as an end of stream ([`read_tls`]).
+pub enum Stream {
+    /// Plain TCP (`http://`, `ws://`).
+    Plain(TcpStream),
+    /// TLS over TCP, the handshake done ([`Client::handshake`]).
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    /// The TCP socket (for its timeouts, or to shut it down).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => read_tls(s, buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// Reads plaintext; the peer closing the TCP connection without a `close_notify` alert
 /// is an end of stream, as the relay's server side treats it.
 pub(crate) fn read_tls<S: Read + Write>(

@@ -6,7 +6,7 @@
 //! contains a dot is an Event, any other object a frame. The raw text is kept, because
 //! byte identity is what several checks assert.
 
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -19,45 +19,7 @@ use tungstenite::{Message, WebSocket};
 use crate::tls::{self, Client};
 
 /// The socket under a WebSocket: TCP, or TLS over TCP (`wss://`).
-pub(crate) enum Conn {
-    Plain(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
-}
-
-impl Conn {
-    /// The TCP socket (for its timeouts).
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => &s.sock,
-        }
-    }
-}
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.read(buf),
-            Conn::Tls(s) => tls::read_tls(s, buf),
-        }
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.write(buf),
-            Conn::Tls(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Conn::Plain(s) => s.flush(),
-            Conn::Tls(s) => s.flush(),
-        }
-    }
-}
+pub(crate) type Conn = tls::Stream;
 
 /// One message from the endpoint.
 #[derive(Debug, Clone)]
@@ -165,8 +127,8 @@ impl Ws {
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         let conn = match (secure, tls) {
-            (false, _) => Conn::Plain(stream),
-            (true, Some(c)) => Conn::Tls(Box::new(
+            (false, _) => tls::Stream::Plain(stream),
+            (true, Some(c)) => tls::Stream::Tls(Box::new(
                 c.handshake(host, stream)
                     .map_err(|e| ConnectError::Other(format!("TLS: {e}")))?,
             )),

@@ -270,22 +270,17 @@ fn tls_seen() -> &'static str {
     TLS_SEEN.get().map_or("", String::as_str)
 }
 
-type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+/// A connection while it is set up (blocking): TCP, or TLS over it (the checker's type).
+type Conn = aep_check::tls::Stream;
 
-/// A connection while it is set up (blocking): TCP, or TLS over it.
-enum Conn {
-    Plain(TcpStream),
-    Tls(Box<TlsStream>),
+/// What the load tool asks of a [`Conn`] beyond reading and writing.
+trait ConnExt: Sized {
+    fn upgrade(tcp: TcpStream, config: &Arc<rustls::ClientConfig>) -> Conn;
+    fn into_parts(self) -> (TcpStream, Option<rustls::ClientConnection>);
+    fn resumed(&self) -> bool;
 }
 
-impl Conn {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => &s.sock,
-        }
-    }
-
+impl ConnExt for Conn {
     /// The TLS handshake over `tcp` with `config` (blocking).
     fn upgrade(tcp: TcpStream, config: &Arc<rustls::ClientConfig>) -> Conn {
         let client = aep_check::tls::Client {
@@ -331,31 +326,6 @@ impl Conn {
         match self {
             Conn::Plain(_) => false,
             Conn::Tls(s) => s.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-        }
-    }
-}
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.read(buf),
-            Conn::Tls(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.write(buf),
-            Conn::Tls(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Conn::Plain(s) => s.flush(),
-            Conn::Tls(s) => s.flush(),
         }
     }
 }
