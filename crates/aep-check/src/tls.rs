@@ -272,7 +272,7 @@ impl ureq::ReadWrite for UreqStream {
 
 /// A client's socket: TCP, or TLS over TCP (`https://`, `wss://`). Reads and writes go
 /// through TLS when there is TLS; the peer closing the TCP connection without a
-/// `close_notify` alert reads as an end of stream ([`read_tls`]).
+/// `close_notify` alert reads as an end of stream.
 pub enum Stream {
     /// Plain TCP (`http://`, `ws://`).
     Plain(TcpStream),
