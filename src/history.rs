@@ -104,6 +104,7 @@
 //! come after the sequenced Events, where live they came at their arrival point. The
 //! sequenced tail and its `replay-exhausted` answers are exactly as before the restart.
 
+pub use crate::config::{Fsync, HistoryConfig, DEFAULT_FSYNC, DEFAULT_MAX_OPEN_FILES};
 use crate::envelope::{Event, Scope};
 use crate::store::Store;
 use sha2::{Digest, Sha256};
@@ -113,84 +114,18 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 /// Longest encoded component, in bytes, before the `{prefix}~{sha256}` form is used:
 /// 240, so `{component}.jsonl` fits `NAME_MAX` (255 bytes).
 pub const MAX_COMPONENT: usize = 240;
-/// Default most history files held open at once (`AEP_HISTORY_MAX_OPEN`): 256 (well
-/// under the usual 1024 soft limit on descriptors, which the relay's sockets share).
-pub const DEFAULT_MAX_OPEN_FILES: usize = 256;
-/// Default durability policy (`AEP_FSYNC`): [`Fsync::Never`] (see the module docs for
-/// why and for the measured cost of the others).
-pub const DEFAULT_FSYNC: Fsync = Fsync::Never;
 /// The file name suffix of a session log.
 pub const SUFFIX: &str = ".jsonl";
 /// The lock file in the history root: held with an exclusive `flock` for as long as the
 /// relay runs (the kernel drops it when the process ends, `kill -9` included) and holding
 /// the holder's PID in decimal and `\n`. A leading `.`, so never read as a session.
 pub const LOCK_FILE: &str = ".aep-relay.lock";
-
-/// When appended Events are forced to stable storage (`--fsync`, `AEP_FSYNC`). See the
-/// [module docs](self#durability-fsync) for what each survives.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Fsync {
-    /// Never `fdatasync`; the kernel writes back when it likes.
-    Never,
-    /// `fdatasync` each touched file once per batch, before the batch is answered.
-    Batch,
-    /// `fdatasync` after every Event.
-    Always,
-}
-
-impl FromStr for Fsync {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Fsync, String> {
-        match s {
-            "never" => Ok(Fsync::Never),
-            "batch" => Ok(Fsync::Batch),
-            "always" => Ok(Fsync::Always),
-            _ => Err(format!(
-                "fsync policy must be never, batch or always, got {s:?}"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for Fsync {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Fsync::Never => "never",
-            Fsync::Batch => "batch",
-            Fsync::Always => "always",
-        })
-    }
-}
-
-/// Where and how the history is kept (`--history`, `--fsync`, `--history-max-open`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HistoryConfig {
-    /// The history root (`--history`, `AEP_HISTORY`); created (mode `0700`) when absent.
-    pub dir: PathBuf,
-    /// Durability policy (`--fsync`, `AEP_FSYNC`); default [`DEFAULT_FSYNC`].
-    pub fsync: Fsync,
-    /// Most session files held open at once (`--history-max-open`,
-    /// `AEP_HISTORY_MAX_OPEN`); the least recently used is closed beyond it. At least 1.
-    pub max_open_files: usize,
-}
-
-impl HistoryConfig {
-    /// A configuration for `dir` with the default policy and file cap.
-    pub fn new(dir: impl Into<PathBuf>) -> HistoryConfig {
-        HistoryConfig {
-            dir: dir.into(),
-            fsync: DEFAULT_FSYNC,
-            max_open_files: DEFAULT_MAX_OPEN_FILES,
-        }
-    }
-}
 
 /// Why the history could not be opened or written.
 #[derive(Debug, thiserror::Error)]

@@ -114,6 +114,7 @@ pub mod fanout;
 pub mod filter;
 pub mod history;
 pub mod http;
+mod ids;
 pub mod jsonl;
 pub mod metrics;
 pub mod outbox;
@@ -127,7 +128,8 @@ pub mod tls;
 pub(crate) mod transport;
 pub mod ws;
 
-pub use crate::core::{ConnId, Core, Output, Refusal};
+pub use crate::core::{Core, Output, Refusal};
+pub use ids::ConnId;
 pub use config::Config;
 pub use reactor::{Relay, StartError, StopHandle};
 pub use refusal::Code;
