@@ -800,23 +800,29 @@ impl Core {
         self.check_drained();
     }
 
-    /// Bytes queued for output on `id` (`None`: no such connection). Each connection
+    /// Probe (feature `test-probes`, for the tests, benches and fuzz targets; not for
+    /// driving the core): bytes queued for output on `id` (`None`: no such
+    /// connection). Each connection
     /// stays within `max_output_bytes` plus one frame (AEP-0003 §8.4), replay pages
     /// included; when a stream ends, the live frames held behind its replay
     /// ([`Core::backlog`]) join the queue before the last frame. An invariant the fuzz
     /// targets check.
+    #[cfg(feature = "test-probes")]
     pub fn queued(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id.0).map(|c| c.out.len())
     }
 
-    /// Bytes of live frames held back on `id` behind a replay in progress, not yet in
-    /// its output queue; bounded like the queue.
+    /// Probe (feature `test-probes`): bytes of live frames held back on `id` behind a
+    /// replay in progress, not yet in its output queue; bounded like the queue.
+    #[cfg(feature = "test-probes")]
     pub fn backlog(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id.0).map(|c| c.backlog.len())
     }
 
-    /// Deadlines held in the timer, stale entries included (for invariant checks: after
-    /// every connection closed and the clock passed every timeout, none remains).
+    /// Probe (feature `test-probes`): deadlines held in the timer, stale entries
+    /// included (for invariant checks: after every connection closed and the clock
+    /// passed every timeout, none remains).
+    #[cfg(feature = "test-probes")]
     pub fn armed_deadlines(&self) -> usize {
         self.timers.len()
     }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// What [`History::open`] found while rebuilding the replay store.
+/// What [`History::open`](super::History::open) found while rebuilding the replay store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RebuildStats {
     /// Session files found.
