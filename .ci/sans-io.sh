@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The core cannot do I/O by construction (issue 14): the sans-IO module tree names no
 # socket, poller, clock or file system. Only the reactor (src/reactor, src/transport.rs,
-# src/tls.rs), the JSONL readers (src/jsonl.rs), the history files (src/history.rs) and
+# src/tls.rs), the JSONL readers (src/jsonl.rs), the history files (src/history) and
 # the binary touch them. Unit-test files (`tests.rs`) may read the clock to get an
 # `Instant` to start from; they are not the core's code.
 set -euo pipefail

@@ -16,7 +16,7 @@
 //! gate on the sender (`unauthorized`: an unauthenticated connection or a token without
 //! the `control` scope) is checked before routing, by the caller.
 
-use crate::core::ConnId;
+use crate::ids::ConnId;
 use smallvec::SmallVec;
 use std::collections::HashMap;
 

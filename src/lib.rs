@@ -98,6 +98,10 @@
 //!   [`Config::cluster`]) needs; the core's cluster logic and the [`cluster`] boundary
 //!   types are always there.
 //!
+//! - `test-probes`: the core's test probes (`Core::queued`, `Core::backlog`,
+//!   `Core::armed_deadlines`), bounds for the tests, benches and fuzz targets; `aep-sim` enables
+//!   it.
+//!
 //! A small host builds with `default-features = false` (adding `tls` or `status-page` as
 //! it needs).
 #![forbid(unsafe_code)]
@@ -114,11 +118,12 @@ pub mod fanout;
 pub mod filter;
 pub mod history;
 pub mod http;
+mod ids;
 pub mod jsonl;
 pub mod metrics;
-pub mod outbox;
-pub mod reactor;
-pub mod refusal;
+mod outbox;
+mod reactor;
+mod refusal;
 pub mod sse;
 pub mod store;
 pub mod subscription;
@@ -127,7 +132,8 @@ pub mod tls;
 pub(crate) mod transport;
 pub mod ws;
 
-pub use crate::core::{ConnId, Core, Output, Refusal};
+pub use crate::core::{Core, Output, Refusal};
+pub use ids::ConnId;
 pub use config::Config;
 pub use reactor::{Relay, StartError, StopHandle};
 pub use refusal::Code;

@@ -131,11 +131,6 @@ impl OutboxFile {
             kept,
         ))
     }
-
-    /// The file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl OutboxLog for OutboxFile {

@@ -152,7 +152,6 @@ impl Code {
     /// `hello` refusals, RFC 6455 violations), `None` for an in-band `error` frame that
     /// leaves the connection and its subscriptions as they were.
     pub fn ws_close(self) -> Option<u16> {
-        use crate::ws::rfc6455::close_code;
         match self {
             Code::HelloRequired | Code::InvalidHello | Code::VersionUnsupported => {
                 Some(close_code::POLICY)
@@ -170,6 +169,29 @@ impl std::fmt::Display for Code {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Close codes the relay sends (RFC 6455 §7.4.1), also at `ws::rfc6455::close_code`.
+///
+/// Kept here, beside [`Code::ws_close`], so that `refusal` is a leaf that the codec
+/// (`ws`) and the core both use.
+pub mod close_code {
+    /// 1000: normal closure (the close handshake the peer started).
+    pub const NORMAL: u16 = 1000;
+    /// 1001: going away (shutdown, idle peer).
+    pub const GOING_AWAY: u16 = 1001;
+    /// 1002: protocol error (unmasked or malformed frame).
+    pub const PROTOCOL: u16 = 1002;
+    /// 1003: unsupported data (a binary frame: AEP-0003 §3.5 #2 reserves them).
+    pub const UNSUPPORTED: u16 = 1003;
+    /// 1007: invalid payload data (text that is not UTF-8).
+    pub const INVALID_PAYLOAD: u16 = 1007;
+    /// 1008: policy violation (the AEP `hello` exchange failed).
+    pub const POLICY: u16 = 1008;
+    /// 1009: message too big (over `max_ws_message_bytes`).
+    pub const TOO_BIG: u16 = 1009;
+    /// 1013: try again later (backpressure: resume from the `closing` positions).
+    pub const TRY_AGAIN: u16 = 1013;
 }
 
 #[cfg(test)]

@@ -352,9 +352,9 @@ async fn run(
     let js = jetstream::ContextBuilder::new()
         .timeout(config.ack_timeout)
         .build(client.clone());
-    let claims = Claims::start(js.clone(), config.clone());
+    let claims = ClaimWriter::start(js.clone(), config.clone());
     let own_prefix = super::publish_id_prefix(&config.relay_id);
-    let mut bus = Bus {
+    let mut link = Link {
         config,
         client,
         js,
@@ -379,33 +379,33 @@ async fn run(
         responses: JoinSet::new(),
     };
     let ready = Arc::new(AtomicBool::new(false));
-    tokio::spawn(probe(bus.client.clone(), bus.out.clone(), ready.clone()));
+    tokio::spawn(probe(link.client.clone(), link.out.clone(), ready.clone()));
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let r: Result<(), Gone> = async {
         loop {
             // The prober probes only a connection that is set up.
-            ready.store(bus.ready, Ordering::SeqCst);
+            ready.store(link.ready, Ordering::SeqCst);
             // Unbiased: a long catch-up of the stream must not starve requests, acks or
             // the timers.
             tokio::select! {
                 _ = &mut stopped => return Ok(()),
-                Some(ev) = events.recv() => bus.on_event(ev).await?,
-                Some(done) = bus.acks.join_next(), if !bus.acks.is_empty() => {
-                    if let Ok(v) = done { bus.out.send(v).await? }
+                Some(ev) = events.recv() => link.on_event(ev).await?,
+                Some(done) = link.acks.join_next(), if !link.acks.is_empty() => {
+                    if let Ok(v) = done { link.out.send(v).await? }
                 }
-                Some(done) = bus.responses.join_next(), if !bus.responses.is_empty() => {
-                    if let Ok(v) = done { bus.out.send(v).await? }
+                Some(done) = link.responses.join_next(), if !link.responses.is_empty() => {
+                    if let Ok(v) = done { link.out.send(v).await? }
                 }
-                cmd = inbox.recv(), if bus.acks.len() < MAX_IN_FLIGHT => match cmd {
-                    Some(cmd) => bus.on_command(cmd).await?,
+                cmd = inbox.recv(), if link.acks.len() < MAX_IN_FLIGHT => match cmd {
+                    Some(cmd) => link.on_command(cmd).await?,
                     None => return Ok(()),
                 },
-                m = next_of(&mut bus.consumer), if bus.ready => bus.on_message(m).await?,
-                e = next_of(&mut bus.watch), if bus.ready => bus.on_claim(e).await?,
-                r = next_of(&mut bus.requests) => bus.on_request(r).await?,
-                _ = at(bus.retry_at) => bus.retry().await?,
-                _ = tick.tick() => bus.on_tick().await?,
+                m = next_of(&mut link.consumer), if link.ready => link.on_message(m).await?,
+                e = next_of(&mut link.watch), if link.ready => link.on_claim(e).await?,
+                r = next_of(&mut link.requests) => link.on_request(r).await?,
+                _ = at(link.retry_at) => link.retry().await?,
+                _ = tick.tick() => link.on_tick().await?,
             }
         }
     }
@@ -472,13 +472,15 @@ async fn probe(client: async_nats::Client, out: Out, ready: Arc<AtomicBool>) {
     }
 }
 
-/// The thread's state.
-struct Bus {
+/// The bridge thread's state: its link to the engine (the NATS client, the stream's
+/// consumer, the claims watch, the requests awaiting replies). Not the core's `Bus`,
+/// which is cluster mode's logic inside the core (`core::cluster`).
+struct Link {
     config: ClusterConfig,
     client: async_nats::Client,
     js: jetstream::Context,
     out: Out,
-    claims: Claims,
+    claims: ClaimWriter,
     /// The NATS connection is up (the client said Connected, not Disconnected since).
     nats_up: bool,
     /// Set up on this connection and [`FromBus::Connected`] sent: messages may flow.
@@ -508,7 +510,7 @@ struct Bus {
     responses: JoinSet<FromBus>,
 }
 
-impl Bus {
+impl Link {
     async fn on_event(&mut self, ev: async_nats::Event) -> Result<(), Gone> {
         match ev {
             async_nats::Event::Connected => {
@@ -914,10 +916,11 @@ impl Bus {
     }
 }
 
-/// The claims writer: puts and deletes applied in order, one at a time, by a task of its
-/// own (so a slow or absent engine never holds up the publishes); operations on a key
-/// waiting behind another collapse into the latest.
-struct Claims {
+/// The claims writer (not `control::Claims`, the core's live claims): puts and deletes
+/// applied in order, one at a time, by a task of its own (so a slow or absent engine
+/// never holds up the publishes); operations on a key waiting behind another collapse
+/// into the latest.
+struct ClaimWriter {
     queue: Arc<Mutex<ClaimQueue>>,
     notify: Arc<Notify>,
 }
@@ -928,8 +931,8 @@ struct ClaimQueue {
     latest: HashMap<String, Option<Bytes>>,
 }
 
-impl Claims {
-    fn start(js: jetstream::Context, config: ClusterConfig) -> Claims {
+impl ClaimWriter {
+    fn start(js: jetstream::Context, config: ClusterConfig) -> ClaimWriter {
         let queue = Arc::new(Mutex::new(ClaimQueue::default()));
         let notify = Arc::new(Notify::new());
         let (q, n) = (queue.clone(), notify.clone());
@@ -968,7 +971,7 @@ impl Claims {
                 }
             }
         });
-        Claims { queue, notify }
+        ClaimWriter { queue, notify }
     }
 
     fn push(&self, key: String, value: Option<Bytes>) {

@@ -1367,7 +1367,7 @@ impl Core {
 
     /// Whether the next request read on `key`, which waits for the open group of
     /// `POST`s, may join that group: only a pipelined `POST /events`, read in the same
-    /// turn (its answer then waits in order behind the others, [`super::conn::Conn::answers`]).
+    /// turn (its answer then waits in order behind the others, [`Conn::answers`](super::conn::Conn::answers)).
     pub(super) fn may_join_group(&self, key: usize) -> bool {
         let (Some(bus), Some(conn)) = (self.bus.as_ref(), self.conns.get(key)) else {
             return false;

@@ -2,7 +2,7 @@
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`](super::ConnId).
 
 use crate::envelope::Capture;
-use crate::fanout::SubId;
+use crate::ids::SubId;
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::store::{ReplayFrom, StreamId};
@@ -239,7 +239,7 @@ pub(crate) enum Phase {
     /// Streaming SSE for the subscription with this key.
     Sse { sub: SubId },
     /// Upgraded to the WebSocket binding (`GET /socket`).
-    Ws(Box<crate::ws::WsState>),
+    Ws(Box<super::ws_state::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
     Closing,
 }

@@ -29,7 +29,6 @@
 use crate::config::Config;
 use crate::control::Claims;
 use crate::envelope::{self, Event};
-use crate::fanout::{Fanned, Hub};
 use crate::http;
 use crate::metrics::Metrics;
 use crate::sse;
@@ -38,6 +37,7 @@ use crate::subscription;
 use crate::Code;
 use bytes::Bytes;
 use conn::{Conn, Flush, Phase};
+use fanout::{Fanned, Hub};
 use serde_json::json;
 use slab::Slab;
 use smallvec::SmallVec;
@@ -50,6 +50,7 @@ use timer::Timers;
 
 mod cluster;
 pub(crate) mod conn;
+mod fanout;
 mod journal;
 mod replay;
 mod request;
@@ -57,6 +58,7 @@ mod routes;
 mod status;
 mod timer;
 mod ws;
+mod ws_state;
 
 pub use cluster::ClusterState;
 pub use journal::{Journal, NoJournal, OutboxLog, UnavailableJournal};
@@ -72,23 +74,7 @@ const LINGER: Duration = Duration::from_secs(2);
 /// Replay rounds one `write_to` runs for one connection before others get a turn.
 const REPLAY_ROUNDS: usize = 4;
 
-/// A connection of the core. The reactor keeps its socket under the same id; ids of
-/// closed connections are reused (after [`Output::Close`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub(crate) usize);
-
-impl ConnId {
-    /// The slot number: dense from 0, below the number of connections ever open at once.
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
-
-impl std::fmt::Display for ConnId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
+pub use crate::ids::ConnId;
 
 /// What the core wants from a connection's socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -814,23 +800,29 @@ impl Core {
         self.check_drained();
     }
 
-    /// Bytes queued for output on `id` (`None`: no such connection). Each connection
+    /// Probe (feature `test-probes`, for the tests, benches and fuzz targets; not for
+    /// driving the core): bytes queued for output on `id` (`None`: no such
+    /// connection). Each connection
     /// stays within `max_output_bytes` plus one frame (AEP-0003 §8.4), replay pages
     /// included; when a stream ends, the live frames held behind its replay
     /// ([`Core::backlog`]) join the queue before the last frame. An invariant the fuzz
     /// targets check.
+    #[cfg(feature = "test-probes")]
     pub fn queued(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id.0).map(|c| c.out.len())
     }
 
-    /// Bytes of live frames held back on `id` behind a replay in progress, not yet in
-    /// its output queue; bounded like the queue.
+    /// Probe (feature `test-probes`): bytes of live frames held back on `id` behind a
+    /// replay in progress, not yet in its output queue; bounded like the queue.
+    #[cfg(feature = "test-probes")]
     pub fn backlog(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id.0).map(|c| c.backlog.len())
     }
 
-    /// Deadlines held in the timer, stale entries included (for invariant checks: after
-    /// every connection closed and the clock passed every timeout, none remains).
+    /// Probe (feature `test-probes`): deadlines held in the timer, stale entries
+    /// included (for invariant checks: after every connection closed and the clock
+    /// passed every timeout, none remains).
+    #[cfg(feature = "test-probes")]
     pub fn armed_deadlines(&self) -> usize {
         self.timers.len()
     }

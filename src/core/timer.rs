@@ -50,6 +50,7 @@ impl Timers {
     }
 
     /// Entries held, stale ones included.
+    #[cfg(feature = "test-probes")]
     pub(crate) fn len(&self) -> usize {
         self.heap.len()
     }

@@ -1,5 +1,7 @@
-//! Fan-out: subscriptions, the index that finds the ones an Event matches, and delivery
-//! of shared wire frames into connection queues (AEP-0003 §6, §8.4).
+//! Fan-out's building blocks: subscriptions, the index that finds the ones an Event
+//! matches ([`index`]), and the shared wire frames of an ingest unit (AEP-0003 §6, §8.4).
+//! None of it knows a connection: the delivery of frames into connection queues, which
+//! walks the core's connections, is the core's hub (`core::fanout`).
 //!
 //! Per Event, each wire frame (SSE message, WS text frame) is built at most once per
 //! capture level and shared by every subscriber: fan-out to N subscribers is never N
@@ -9,7 +11,7 @@
 //! messages read in one wake, a JSONL chunk) are laid out back to back in one buffer per
 //! binding and capture level (an *arena*, held by the crate-private `Unit`). A connection
 //! that takes a run of consecutive frames of an arena gets one reference-counted slice
-//! for the whole run, so queue entries, refcounts and iovecs cost per run, not per
+//! for the whole run (a `Run`, queued by the core's hub), so queue entries, refcounts and iovecs cost per run, not per
 //! delivery, and a subscriber that matches everything gets one contiguous write per
 //! batch. Filters and ceilings still select exactly: a run breaks where a subscriber's
 //! selection does (a frame it does not take sits between two it does). The bytes are
@@ -27,18 +29,13 @@
 pub mod index;
 
 use crate::capture;
-use crate::core::conn::{Conn, OutQueue};
-use crate::core::ConnId;
-use crate::envelope::Scope;
-use crate::envelope::{Capture, Event, Severity};
+use crate::envelope::{Capture, Event};
 use crate::filter::Filter;
+use crate::ids::ConnId;
 use crate::sse;
-use crate::store::StreamId;
 use crate::ws::deflate::{self, Deflater};
 use crate::ws::{self, Delivered};
 use bytes::{Bytes, BytesMut};
-use index::SubscriptionIndex;
-use slab::Slab;
 use std::sync::Arc;
 
 /// The binding a subscription delivers on.
@@ -52,17 +49,7 @@ pub enum Binding {
     Ws(Delivered),
 }
 
-/// A live subscription's key in the [`Hub`]: the SSE stream's one subscription, or one
-/// of a WebSocket's (AEP-0003 §6.5). Keys of removed subscriptions are reused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SubId(usize);
-
-impl SubId {
-    /// The slot number (for logs and metrics labels).
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
+pub use crate::ids::SubId;
 
 /// One live subscription.
 #[derive(Debug)]
@@ -117,18 +104,18 @@ const ARENA_CHUNK: usize = 64 * 1024;
 
 /// One connection's run of consecutive frames in one arena, not yet queued.
 #[derive(Debug, Clone, Copy)]
-struct Run {
-    conn: ConnId,
-    arena: usize,
-    start: usize,
-    end: usize,
+pub(crate) struct Run {
+    pub(crate) conn: ConnId,
+    pub(crate) arena: usize,
+    pub(crate) start: usize,
+    pub(crate) end: usize,
     /// Goes to the connection's replay backlog rather than its output queue.
-    backlog: bool,
+    pub(crate) backlog: bool,
 }
 
 /// The frames of one ingest unit and the runs connections take of them (see the module
-/// docs). Runs are queued when the unit ends ([`Hub::end_unit`]), or earlier when a
-/// connection's queue must be offered to its socket.
+/// docs). The core's hub queues the runs when the unit ends (`Hub::end_unit`), or
+/// earlier when a connection's queue must be offered to its socket.
 ///
 /// Memory: arenas keep their spare capacity between units (an allocation of at least
 /// [`ARENA_CHUNK`] bytes is made only when a frame does not fit); `runs` keeps its
@@ -136,14 +123,14 @@ struct Run {
 #[derive(Debug, Default)]
 pub(crate) struct Unit {
     arenas: [BytesMut; ARENAS],
-    runs: Vec<Run>,
+    pub(crate) runs: Vec<Run>,
     /// Bumped each time the unit's runs are queued: frames placed before are no longer
     /// in the (now emptied) arenas, and a connection's `unit_generation` older than
     /// this has no open run.
-    generation: u64,
-    /// Whether a caller opened a unit ([`Hub::begin_unit`]); otherwise each fan-out is a
+    pub(crate) generation: u64,
+    /// Whether a caller opened a unit (`Hub::begin_unit`); otherwise each fan-out is a
     /// unit of its own.
-    open: bool,
+    pub(crate) open: bool,
 }
 
 impl Unit {
@@ -156,39 +143,26 @@ impl Unit {
         10 + slot
     }
 
-    /// Queues the pending runs and starts a new arena generation.
-    fn queue_runs(&mut self, conns: &mut Slab<Conn>) {
+    /// Hands every pending run, in order, to `queue` with the unit's generation and the
+    /// frozen bytes of its arena (`None` when the arena is empty: its frames were dropped
+    /// with a paused fan-out), then starts a new arena generation. `queue` slices the run
+    /// out of the bytes (`start..end`) into its connection's queue.
+    pub(crate) fn drain_runs(&mut self, mut queue: impl FnMut(&Run, u64, Option<&Bytes>)) {
         // Frames placed for an Event whose fan-out paused are dropped with the arena's
         // split; only runs are queued.
-        let unit = self;
-        if unit.runs.is_empty() {
+        if self.runs.is_empty() {
             return;
         }
         let mut frozen: [Option<Bytes>; ARENAS] = Default::default();
-        for (a, arena) in unit.arenas.iter_mut().enumerate() {
+        for (a, arena) in self.arenas.iter_mut().enumerate() {
             if !arena.is_empty() {
                 frozen[a] = Some(arena.split().freeze());
             }
         }
-        for run in unit.runs.drain(..) {
-            let Some(conn) = conns.get_mut(run.conn.0) else {
-                continue;
-            };
-            if conn.unit_generation != unit.generation {
-                continue; // the slot was reused by another connection
-            }
-            conn.unit_pending = 0;
-            let Some(bytes) = &frozen[run.arena] else {
-                continue;
-            };
-            let slice = bytes.slice(run.start..run.end);
-            if run.backlog {
-                conn.backlog.push(slice);
-            } else {
-                conn.out.push(slice);
-            }
+        for run in self.runs.drain(..) {
+            queue(&run, self.generation, frozen[run.arena].as_ref());
         }
-        unit.generation += 1;
+        self.generation += 1;
     }
 }
 
@@ -333,7 +307,7 @@ impl Frames {
     /// (once per Event, arena and unit generation); returns `(arena, start, end)`. A WS
     /// target with `deflate` (its `Conn::deflate_window`, 0 for none) gets the shared
     /// compressed frame when there is one for it ([`Frames::place_deflated`]).
-    fn place(
+    pub(crate) fn place(
         &mut self,
         unit: &mut Unit,
         ev: &Event,
@@ -372,352 +346,3 @@ impl Frames {
         (a, start, end)
     }
 }
-
-/// The wider of two ceilings (`None`, as received, is the widest): a connection whose
-/// subscriptions matched an Event at several ceilings gets it once, at the highest.
-fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(x.max(y)),
-        _ => None,
-    }
-}
-
-/// One connection an Event goes to, during one fan-out.
-#[derive(Debug, Clone, Copy)]
-struct Target {
-    conn: ConnId,
-    ws: bool,
-    /// The connection's `permessage-deflate` window (`Conn::deflate_window`).
-    deflate: u8,
-    ceiling: Option<Capture>,
-    queued: bool,
-}
-
-/// Counters the hub keeps (read by `/metrics`).
-#[derive(Debug, Default, Clone)]
-pub struct FanoutStats {
-    /// Frames queued to subscribers.
-    pub deliveries: u64,
-    /// Of `deliveries`, those to WebSocket connections.
-    pub deliveries_ws: u64,
-    /// `debug`/`info` Events not delivered to a slow consumer (AEP-0003 §8.4).
-    pub dropped: u64,
-    /// Consumers disconnected because a `notice`+ Event could not be queued.
-    pub backpressure_disconnects: u64,
-}
-
-/// Subscriptions and their index.
-#[derive(Debug, Default)]
-pub struct Hub {
-    subs: Slab<Subscription>,
-    index: SubscriptionIndex,
-    matched: Vec<usize>,
-    /// Per fan-out scratch: one entry per connection reached (`Conn::fan_slot` indexes it).
-    targets: Vec<Target>,
-    serial: u64,
-    /// A connection the next fan-outs skip: the claimant a command was just forwarded to
-    /// directly, which must not get it a second time (set and cleared by the caller).
-    pub(crate) except: Option<ConnId>,
-    /// The ingest unit being laid out (frames and pending runs).
-    unit: Unit,
-    /// The one `permessage-deflate` compressor (RFC 7692, `server_no_context_takeover`),
-    /// created when a compressing subscriber first takes an Event; replay uses it too.
-    pub(crate) deflater: Option<Box<Deflater>>,
-    /// Counters.
-    pub stats: FanoutStats,
-}
-
-/// How one Event's fan-out ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub(crate) enum Fanned {
-    /// Delivered (or dropped, or doomed) to every target.
-    Done,
-    /// Nothing was delivered: this connection's queue cannot take the Event and its
-    /// socket was not offered everything queued. The caller lets the reactor write, then
-    /// fans the Event out again (AEP-0003 §8.4: a consumer is slow only when it does not
-    /// read).
-    Paused(ConnId),
-}
-
-/// What happened to one delivery attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Queued {
-    /// The frame is queued.
-    Yes,
-    /// Dropped (`debug`/`info` toward a full queue), counted.
-    Dropped,
-    /// The consumer must be disconnected (`notice`+ toward a full queue).
-    Disconnect,
-}
-
-/// Whether a frame of `len` bytes fits `q` of `conn` under `max_output` (an empty queue
-/// takes anything: one frame larger than the bound still goes).
-fn fits(q: &OutQueue, pending: usize, len: usize, max_output: usize) -> bool {
-    q.len() + pending + len <= max_output || (q.is_empty() && pending == 0)
-}
-
-impl Hub {
-    /// Number of live subscriptions.
-    pub fn len(&self) -> usize {
-        self.subs.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.subs.is_empty()
-    }
-
-    /// Adds a live subscription; returns its key.
-    pub fn insert(&mut self, sub: Subscription) -> SubId {
-        let filter = sub.filter.clone();
-        let key = self.subs.insert(sub);
-        self.index.insert(key, filter);
-        SubId(key)
-    }
-
-    /// Removes a subscription (no-op for an unknown key).
-    pub fn remove(&mut self, key: SubId) {
-        if self.subs.contains(key.0) {
-            self.subs.remove(key.0);
-            self.index.remove(key.0);
-        }
-    }
-
-    /// The subscription with key `key`.
-    pub fn get(&self, key: SubId) -> Option<&Subscription> {
-        self.subs.get(key.0)
-    }
-
-    /// The subscription with key `key`, mutably.
-    pub fn get_mut(&mut self, key: SubId) -> Option<&mut Subscription> {
-        self.subs.get_mut(key.0)
-    }
-
-    /// Opens an ingest unit: the frames of every Event fanned out until
-    /// [`Hub::end_unit`] are coalesced (module docs). While it is open, nothing else may
-    /// be queued on a connection that has frames pending in it (`Conn::send` checks this
-    /// in debug builds); callers end the unit before any other output.
-    pub(crate) fn begin_unit(&mut self) {
-        self.unit.open = true;
-    }
-
-    /// Whether a caller opened an ingest unit that is not ended yet.
-    pub(crate) fn unit_open(&self) -> bool {
-        self.unit.open
-    }
-
-    /// Ends the ingest unit, if any: queues every pending run on its connection, in
-    /// order, as one slice of its arena. Cheap when nothing is pending.
-    pub(crate) fn end_unit(&mut self, conns: &mut Slab<Conn>) {
-        self.unit.open = false;
-        self.unit.queue_runs(conns);
-    }
-
-    /// Fans `ev` out to every matching subscription, at most once per connection,
-    /// placing its frames in the ingest unit (module docs). Connections that received
-    /// output are appended to `dirty`; connections that must be dropped for backpressure
-    /// to `doomed`.
-    ///
-    /// Fan-out never writes to a socket. A target whose queue cannot take the Event and
-    /// got frames since its socket was last offered the queue (`Conn::offered`) pauses
-    /// the fan-out before anything is delivered: [`Fanned::Paused`], with the unit's
-    /// pending runs queued. Once the reactor wrote, the caller fans the same Event out
-    /// again, and a target that still cannot take it is then a slow consumer (dropped
-    /// or disconnected, AEP-0003 §8.4).
-    ///
-    /// Subscriptions are a disjunction (AEP-0003 §6.5): when several subscriptions of
-    /// one connection match, the Event is delivered once, at the widest of their
-    /// ceilings, and every one of them records the position as delivered.
-    ///
-    /// `placed` are the replay streams the store just placed `ev` in
-    /// (`Store::last_placed`): a subscription whose replay still has one of them to go is
-    /// skipped, its replay delivers the Event in order.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fanout(
-        &mut self,
-        ev: &Event,
-        placed: &[StreamId],
-        publication: u64,
-        conns: &mut Slab<Conn>,
-        max_output: usize,
-        dirty: &mut Vec<usize>,
-        doomed: &mut Vec<usize>,
-    ) -> Fanned {
-        self.matched.clear();
-        self.index.matching(ev, &mut self.matched);
-        if self.matched.is_empty() {
-            return Fanned::Done;
-        }
-        self.serial += 1;
-        let serial = self.serial;
-        self.targets.clear();
-        let mut any_ws = false;
-        for &key in &self.matched {
-            let Some(sub) = self.subs.get(key) else {
-                continue;
-            };
-            if self.except == Some(sub.conn) {
-                continue;
-            }
-            let Some(conn) = conns.get_mut(sub.conn.0) else {
-                continue;
-            };
-            if conn.doomed || conn.replay_covers(SubId(key), placed) || conn.decided == publication
-            {
-                // Disconnected for backpressure already; or its replay delivers it; or
-                // a paused attempt at this same Event already decided for this
-                // connection.
-                continue;
-            }
-            if conn.mark == serial {
-                let t = &mut self.targets[conn.fan_slot];
-                t.ceiling = wider(t.ceiling, sub.ceiling);
-                continue;
-            }
-            conn.mark = serial;
-            conn.fan_slot = self.targets.len();
-            let ws = matches!(sub.binding, Binding::Ws(_));
-            any_ws |= ws;
-            self.targets.push(Target {
-                conn: sub.conn,
-                ws,
-                deflate: conn.deflate_window,
-                ceiling: sub.ceiling,
-                queued: false,
-            });
-        }
-        let severity = ev.severity();
-        let mut frames = Frames::default();
-        for ti in 0..self.targets.len() {
-            let t = self.targets[ti];
-            let Some(conn) = conns.get_mut(t.conn.0) else {
-                continue;
-            };
-            let (arena, start, end) = frames.place(
-                &mut self.unit,
-                ev,
-                t.ws,
-                t.ceiling,
-                t.deflate,
-                &mut self.deflater,
-            );
-            let len = end - start;
-            let pending = if conn.unit_generation == self.unit.generation {
-                conn.unit_pending
-            } else {
-                0
-            };
-            // Behind a replay, and until what it held back has all moved on, live frames
-            // wait in the backlog: they never overtake it.
-            let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
-            // A consumer that cannot take the Event, and got frames since its socket was
-            // last offered the queue, pauses the publication here: the targets decided so
-            // far keep what they got (`Conn::decided`), the rest get the Event when it is
-            // fanned out again, once the reactor wrote.
-            let fresh = pending > 0 || conn.offered != conn.out.pushed();
-            if !backlog && fresh && !fits(&conn.out, pending, len, max_output) {
-                let paused = t.conn;
-                self.unit.queue_runs(conns);
-                self.note_positions(ev, placed, conns, serial, any_ws);
-                return Fanned::Paused(paused);
-            }
-            let q = if backlog { &conn.backlog } else { &conn.out };
-            let verdict = if !fits(q, pending, len, max_output) {
-                if severity <= Severity::Info {
-                    conn.dropped += 1;
-                    Queued::Dropped
-                } else {
-                    Queued::Disconnect
-                }
-            } else {
-                Queued::Yes
-            };
-            conn.decided = publication;
-            match verdict {
-                Queued::Yes => {
-                    let unit = &mut self.unit;
-                    let open = conn.unit_generation == unit.generation && pending > 0;
-                    match unit.runs.get_mut(conn.unit_run) {
-                        Some(r)
-                            if open
-                                && r.conn == t.conn
-                                && r.arena == arena
-                                && r.end == start
-                                && r.backlog == backlog =>
-                        {
-                            r.end = end;
-                        }
-                        _ => {
-                            conn.unit_run = unit.runs.len();
-                            unit.runs.push(Run {
-                                conn: t.conn,
-                                arena,
-                                start,
-                                end,
-                                backlog,
-                            });
-                        }
-                    }
-                    conn.unit_generation = unit.generation;
-                    conn.unit_pending = pending + len;
-                    self.targets[ti].queued = true;
-                    self.stats.deliveries += 1;
-                    self.stats.deliveries_ws += u64::from(t.ws);
-                    if !conn.dirty {
-                        conn.dirty = true;
-                        dirty.push(t.conn.0);
-                    }
-                }
-                Queued::Dropped => self.stats.dropped += 1,
-                Queued::Disconnect => {
-                    // Once per consumer (`aep_backpressure_disconnects_total`): the
-                    // connection is skipped by every later fan-out until it is closed.
-                    conn.doomed = true;
-                    self.stats.backpressure_disconnects += 1;
-                    doomed.push(t.conn.0);
-                }
-            }
-        }
-        if !self.unit.open {
-            self.unit.queue_runs(conns);
-        }
-        self.note_positions(ev, placed, conns, serial, any_ws);
-        Fanned::Done
-    }
-
-    /// WS subscriptions remember the last position they delivered (for `closing`): every
-    /// target of fan-out `serial` that had `ev` queued.
-    fn note_positions(
-        &mut self,
-        ev: &Event,
-        placed: &[StreamId],
-        conns: &Slab<Conn>,
-        serial: u64,
-        any_ws: bool,
-    ) {
-        let position = match (ev.scope(), ev.session(), ev.seq()) {
-            (Scope::Sequenced, Some(s), Some(q)) if any_ws => Some((s, (ev.epoch(), q))),
-            _ => None,
-        };
-        if let Some((session, pos)) = position {
-            for &key in &self.matched {
-                let Some(sub) = self.subs.get_mut(key) else {
-                    continue;
-                };
-                let Binding::Ws(delivered) = &mut sub.binding else {
-                    continue;
-                };
-                let queued = conns
-                    .get(sub.conn.0)
-                    .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
-                if queued {
-                    delivered.note(placed.first().copied(), ev.source(), session, pos);
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests;

@@ -16,25 +16,7 @@ use std::io::Cursor;
 use tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tungstenite::protocol::frame::FrameHeader;
 
-/// Close codes the relay sends (RFC 6455 §7.4.1).
-pub mod close_code {
-    /// 1000: normal closure (the close handshake the peer started).
-    pub const NORMAL: u16 = 1000;
-    /// 1001: going away (shutdown, idle peer).
-    pub const GOING_AWAY: u16 = 1001;
-    /// 1002: protocol error (unmasked or malformed frame).
-    pub const PROTOCOL: u16 = 1002;
-    /// 1003: unsupported data (a binary frame: AEP-0003 §3.5 #2 reserves them).
-    pub const UNSUPPORTED: u16 = 1003;
-    /// 1007: invalid payload data (text that is not UTF-8).
-    pub const INVALID_PAYLOAD: u16 = 1007;
-    /// 1008: policy violation (the AEP `hello` exchange failed).
-    pub const POLICY: u16 = 1008;
-    /// 1009: message too big (over `max_ws_message_bytes`).
-    pub const TOO_BIG: u16 = 1009;
-    /// 1013: try again later (backpressure: resume from the `closing` positions).
-    pub const TRY_AGAIN: u16 = 1013;
-}
+pub use crate::refusal::close_code;
 
 /// Largest payload of a control frame (RFC 6455 §5.5).
 const MAX_CONTROL_PAYLOAD: u64 = 125;

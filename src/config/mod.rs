@@ -11,6 +11,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod history;
+
+pub use history::{Fsync, HistoryConfig, DEFAULT_FSYNC, DEFAULT_MAX_OPEN_FILES};
+
 /// Default listen address (`AEP_LISTEN`): loopback, port 8787.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 /// Default replay buffer depth in Events per session (`AEP_BUFFER`), AEP-0003 §5.
@@ -130,7 +134,7 @@ pub struct Config {
     /// JSONL ingest sources (`--stdin`, `--ingest-file`; AEP-0003 §3.1). None by default.
     pub jsonl: crate::jsonl::JsonlConfig,
     /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
-    pub history: Option<crate::history::HistoryConfig>,
+    pub history: Option<HistoryConfig>,
     /// Cluster mode on NATS JetStream (`--cluster URL[,URL]`, issue 15); `None`: a single
     /// relay. The core runs the cluster logic whenever this is set; the bridge thread
     /// that talks to the engine needs the `cluster` feature.

@@ -1,9 +1,14 @@
-//! Coalescing (module docs of `fanout`): the frames of one ingest unit reach each
+//! Coalescing (module docs of `crate::fanout`): the frames of one ingest unit reach each
 //! connection as few slices as its selection allows, byte-identical to the per-Event
 //! frames, in order.
 
 use super::*;
-use crate::core::conn::Conn;
+use crate::envelope::Event;
+use crate::filter::Filter;
+use crate::ws::{self, Delivered};
+use crate::{capture, sse};
+use bytes::Bytes;
+use std::sync::Arc;
 use std::time::Instant;
 
 fn event(i: u64, severity: &str) -> Arc<Event> {

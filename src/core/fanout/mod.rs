@@ -1,0 +1,387 @@
+//! The hub: live subscriptions, and fan-out of each Event into the output queues of the
+//! connections whose subscriptions match (AEP-0003 §6, §8.4).
+//!
+//! It walks the core's connection table and decides per connection (its queue's bound,
+//! its replay, its `permessage-deflate` window), so it is the core's. The parts that know
+//! no connection are building blocks in [`crate::fanout`]: the subscription model, the
+//! [`SubscriptionIndex`] that finds the subscriptions an Event matches, and the frames
+//! of an ingest unit laid out back to back in shared arenas (`Frames`, `Unit`; see that
+//! module's docs for coalescing and compression). Fan-out never writes to a socket.
+
+use super::conn::{Conn, OutQueue};
+use crate::envelope::{Capture, Event, Scope, Severity};
+use crate::fanout::index::SubscriptionIndex;
+use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
+use crate::ids::{ConnId, SubId};
+use crate::store::StreamId;
+use crate::ws::deflate::Deflater;
+use slab::Slab;
+
+/// Queues the pending runs of `unit` on their connections, in order, as slices of its
+/// arenas, and starts a new arena generation. A run whose connection is gone, or whose
+/// slot was reused by another connection since, is dropped.
+fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>) {
+    unit.drain_runs(|run, generation, bytes| {
+        let Some(conn) = conns.get_mut(run.conn.0) else {
+            return;
+        };
+        if conn.unit_generation != generation {
+            return; // the slot was reused by another connection
+        }
+        conn.unit_pending = 0;
+        let Some(bytes) = bytes else {
+            return;
+        };
+        let slice = bytes.slice(run.start..run.end);
+        if run.backlog {
+            conn.backlog.push(slice);
+        } else {
+            conn.out.push(slice);
+        }
+    });
+}
+
+/// The wider of two ceilings (`None`, as received, is the widest): a connection whose
+/// subscriptions matched an Event at several ceilings gets it once, at the highest.
+fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        _ => None,
+    }
+}
+
+/// One connection an Event goes to, during one fan-out.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    conn: ConnId,
+    ws: bool,
+    /// The connection's `permessage-deflate` window (`Conn::deflate_window`).
+    deflate: u8,
+    ceiling: Option<Capture>,
+    queued: bool,
+}
+
+/// Counters the hub keeps (read by `/metrics`).
+#[derive(Debug, Default, Clone)]
+pub struct FanoutStats {
+    /// Frames queued to subscribers.
+    pub deliveries: u64,
+    /// Of `deliveries`, those to WebSocket connections.
+    pub deliveries_ws: u64,
+    /// `debug`/`info` Events not delivered to a slow consumer (AEP-0003 §8.4).
+    pub dropped: u64,
+    /// Consumers disconnected because a `notice`+ Event could not be queued.
+    pub backpressure_disconnects: u64,
+}
+
+/// Subscriptions and their index, and the delivery of an Event's frames into the
+/// queues of the connections they match.
+#[derive(Debug, Default)]
+pub(crate) struct Hub {
+    subs: Slab<Subscription>,
+    index: SubscriptionIndex,
+    matched: Vec<usize>,
+    /// Per fan-out scratch: one entry per connection reached (`Conn::fan_slot` indexes it).
+    targets: Vec<Target>,
+    serial: u64,
+    /// A connection the next fan-outs skip: the claimant a command was just forwarded to
+    /// directly, which must not get it a second time (set and cleared by the caller).
+    pub(crate) except: Option<ConnId>,
+    /// The ingest unit being laid out (frames and pending runs).
+    unit: Unit,
+    /// The one `permessage-deflate` compressor (RFC 7692, `server_no_context_takeover`),
+    /// created when a compressing subscriber first takes an Event; replay uses it too.
+    pub(crate) deflater: Option<Box<Deflater>>,
+    /// Counters.
+    pub stats: FanoutStats,
+}
+
+/// How one Event's fan-out ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Fanned {
+    /// Delivered (or dropped, or doomed) to every target.
+    Done,
+    /// Nothing was delivered: this connection's queue cannot take the Event and its
+    /// socket was not offered everything queued. The caller lets the reactor write, then
+    /// fans the Event out again (AEP-0003 §8.4: a consumer is slow only when it does not
+    /// read).
+    Paused(ConnId),
+}
+
+/// What happened to one delivery attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queued {
+    /// The frame is queued.
+    Yes,
+    /// Dropped (`debug`/`info` toward a full queue), counted.
+    Dropped,
+    /// The consumer must be disconnected (`notice`+ toward a full queue).
+    Disconnect,
+}
+
+/// Whether a frame of `len` bytes fits `q` of `conn` under `max_output` (an empty queue
+/// takes anything: one frame larger than the bound still goes).
+fn fits(q: &OutQueue, pending: usize, len: usize, max_output: usize) -> bool {
+    q.len() + pending + len <= max_output || (q.is_empty() && pending == 0)
+}
+
+impl Hub {
+    /// Number of live subscriptions.
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    /// Adds a live subscription; returns its key.
+    pub fn insert(&mut self, sub: Subscription) -> SubId {
+        let filter = sub.filter.clone();
+        let key = self.subs.insert(sub);
+        self.index.insert(key, filter);
+        SubId(key)
+    }
+
+    /// Removes a subscription (no-op for an unknown key).
+    pub fn remove(&mut self, key: SubId) {
+        if self.subs.contains(key.0) {
+            self.subs.remove(key.0);
+            self.index.remove(key.0);
+        }
+    }
+
+    /// The subscription with key `key`.
+    pub fn get(&self, key: SubId) -> Option<&Subscription> {
+        self.subs.get(key.0)
+    }
+
+    /// The subscription with key `key`, mutably.
+    pub fn get_mut(&mut self, key: SubId) -> Option<&mut Subscription> {
+        self.subs.get_mut(key.0)
+    }
+
+    /// Opens an ingest unit: the frames of every Event fanned out until
+    /// [`Hub::end_unit`] are coalesced (module docs). While it is open, nothing else may
+    /// be queued on a connection that has frames pending in it (`Conn::send` checks this
+    /// in debug builds); callers end the unit before any other output.
+    pub(crate) fn begin_unit(&mut self) {
+        self.unit.open = true;
+    }
+
+    /// Whether a caller opened an ingest unit that is not ended yet.
+    pub(crate) fn unit_open(&self) -> bool {
+        self.unit.open
+    }
+
+    /// Ends the ingest unit, if any: queues every pending run on its connection, in
+    /// order, as one slice of its arena. Cheap when nothing is pending.
+    pub(crate) fn end_unit(&mut self, conns: &mut Slab<Conn>) {
+        self.unit.open = false;
+        queue_runs(&mut self.unit, conns);
+    }
+
+    /// Fans `ev` out to every matching subscription, at most once per connection,
+    /// placing its frames in the ingest unit (module docs). Connections that received
+    /// output are appended to `dirty`; connections that must be dropped for backpressure
+    /// to `doomed`.
+    ///
+    /// Fan-out never writes to a socket. A target whose queue cannot take the Event and
+    /// got frames since its socket was last offered the queue (`Conn::offered`) pauses
+    /// the fan-out before anything is delivered: [`Fanned::Paused`], with the unit's
+    /// pending runs queued. Once the reactor wrote, the caller fans the same Event out
+    /// again, and a target that still cannot take it is then a slow consumer (dropped
+    /// or disconnected, AEP-0003 §8.4).
+    ///
+    /// Subscriptions are a disjunction (AEP-0003 §6.5): when several subscriptions of
+    /// one connection match, the Event is delivered once, at the widest of their
+    /// ceilings, and every one of them records the position as delivered.
+    ///
+    /// `placed` are the replay streams the store just placed `ev` in
+    /// (`Store::last_placed`): a subscription whose replay still has one of them to go is
+    /// skipped, its replay delivers the Event in order.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fanout(
+        &mut self,
+        ev: &Event,
+        placed: &[StreamId],
+        publication: u64,
+        conns: &mut Slab<Conn>,
+        max_output: usize,
+        dirty: &mut Vec<usize>,
+        doomed: &mut Vec<usize>,
+    ) -> Fanned {
+        self.matched.clear();
+        self.index.matching(ev, &mut self.matched);
+        if self.matched.is_empty() {
+            return Fanned::Done;
+        }
+        self.serial += 1;
+        let serial = self.serial;
+        self.targets.clear();
+        let mut any_ws = false;
+        for &key in &self.matched {
+            let Some(sub) = self.subs.get(key) else {
+                continue;
+            };
+            if self.except == Some(sub.conn) {
+                continue;
+            }
+            let Some(conn) = conns.get_mut(sub.conn.0) else {
+                continue;
+            };
+            if conn.doomed || conn.replay_covers(SubId(key), placed) || conn.decided == publication
+            {
+                // Disconnected for backpressure already; or its replay delivers it; or
+                // a paused attempt at this same Event already decided for this
+                // connection.
+                continue;
+            }
+            if conn.mark == serial {
+                let t = &mut self.targets[conn.fan_slot];
+                t.ceiling = wider(t.ceiling, sub.ceiling);
+                continue;
+            }
+            conn.mark = serial;
+            conn.fan_slot = self.targets.len();
+            let ws = matches!(sub.binding, Binding::Ws(_));
+            any_ws |= ws;
+            self.targets.push(Target {
+                conn: sub.conn,
+                ws,
+                deflate: conn.deflate_window,
+                ceiling: sub.ceiling,
+                queued: false,
+            });
+        }
+        let severity = ev.severity();
+        let mut frames = Frames::default();
+        for ti in 0..self.targets.len() {
+            let t = self.targets[ti];
+            let Some(conn) = conns.get_mut(t.conn.0) else {
+                continue;
+            };
+            let (arena, start, end) = frames.place(
+                &mut self.unit,
+                ev,
+                t.ws,
+                t.ceiling,
+                t.deflate,
+                &mut self.deflater,
+            );
+            let len = end - start;
+            let pending = if conn.unit_generation == self.unit.generation {
+                conn.unit_pending
+            } else {
+                0
+            };
+            // Behind a replay, and until what it held back has all moved on, live frames
+            // wait in the backlog: they never overtake it.
+            let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            // A consumer that cannot take the Event, and got frames since its socket was
+            // last offered the queue, pauses the publication here: the targets decided so
+            // far keep what they got (`Conn::decided`), the rest get the Event when it is
+            // fanned out again, once the reactor wrote.
+            let fresh = pending > 0 || conn.offered != conn.out.pushed();
+            if !backlog && fresh && !fits(&conn.out, pending, len, max_output) {
+                let paused = t.conn;
+                queue_runs(&mut self.unit, conns);
+                self.note_positions(ev, placed, conns, serial, any_ws);
+                return Fanned::Paused(paused);
+            }
+            let q = if backlog { &conn.backlog } else { &conn.out };
+            let verdict = if !fits(q, pending, len, max_output) {
+                if severity <= Severity::Info {
+                    conn.dropped += 1;
+                    Queued::Dropped
+                } else {
+                    Queued::Disconnect
+                }
+            } else {
+                Queued::Yes
+            };
+            conn.decided = publication;
+            match verdict {
+                Queued::Yes => {
+                    let unit = &mut self.unit;
+                    let open = conn.unit_generation == unit.generation && pending > 0;
+                    match unit.runs.get_mut(conn.unit_run) {
+                        Some(r)
+                            if open
+                                && r.conn == t.conn
+                                && r.arena == arena
+                                && r.end == start
+                                && r.backlog == backlog =>
+                        {
+                            r.end = end;
+                        }
+                        _ => {
+                            conn.unit_run = unit.runs.len();
+                            unit.runs.push(Run {
+                                conn: t.conn,
+                                arena,
+                                start,
+                                end,
+                                backlog,
+                            });
+                        }
+                    }
+                    conn.unit_generation = unit.generation;
+                    conn.unit_pending = pending + len;
+                    self.targets[ti].queued = true;
+                    self.stats.deliveries += 1;
+                    self.stats.deliveries_ws += u64::from(t.ws);
+                    if !conn.dirty {
+                        conn.dirty = true;
+                        dirty.push(t.conn.0);
+                    }
+                }
+                Queued::Dropped => self.stats.dropped += 1,
+                Queued::Disconnect => {
+                    // Once per consumer (`aep_backpressure_disconnects_total`): the
+                    // connection is skipped by every later fan-out until it is closed.
+                    conn.doomed = true;
+                    self.stats.backpressure_disconnects += 1;
+                    doomed.push(t.conn.0);
+                }
+            }
+        }
+        if !self.unit.open {
+            queue_runs(&mut self.unit, conns);
+        }
+        self.note_positions(ev, placed, conns, serial, any_ws);
+        Fanned::Done
+    }
+
+    /// WS subscriptions remember the last position they delivered (for `closing`): every
+    /// target of fan-out `serial` that had `ev` queued.
+    fn note_positions(
+        &mut self,
+        ev: &Event,
+        placed: &[StreamId],
+        conns: &Slab<Conn>,
+        serial: u64,
+        any_ws: bool,
+    ) {
+        let position = match (ev.scope(), ev.session(), ev.seq()) {
+            (Scope::Sequenced, Some(s), Some(q)) if any_ws => Some((s, (ev.epoch(), q))),
+            _ => None,
+        };
+        if let Some((session, pos)) = position {
+            for &key in &self.matched {
+                let Some(sub) = self.subs.get_mut(key) else {
+                    continue;
+                };
+                let Binding::Ws(delivered) = &mut sub.binding else {
+                    continue;
+                };
+                let queued = conns
+                    .get(sub.conn.0)
+                    .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
+                if queued {
+                    delivered.note(placed.first().copied(), ev.source(), session, pos);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
