@@ -741,3 +741,103 @@ fn sigterm_drains_https_sse_and_wss_with_their_closing_frames() {
     assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
     assert!(stderr.contains("shutdown complete"), "{stderr}");
 }
+
+/// An HTTPS SSE consumer far behind on reading when SIGTERM comes (its socket full,
+/// records sealed for it waiting in rustls) still gets every Event queued for it, then
+/// `: shutting-down`, then the TLS `close_notify`: the relay half-closes only once the
+/// sealed records are all written, never with some left in rustls.
+#[test]
+fn sigterm_drains_an_https_consumer_behind_on_reading_to_its_last_record() {
+    let dir = temp_dir("tls-drain");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let relay = RelayProcess::spawn(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--max-output",
+        "33554432",
+    ]);
+    let client = trusting(&ck.cert);
+    let mut sse = tls_connect(&client, relay.addr);
+    sse.write_all(
+        b"GET /stream?filter=%7B%22session%22%3A%22d%22%7D HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    let mut sse = BufReader::new(sse);
+    let mut line = String::new();
+    while line != ": aep-relay stream open\n" {
+        line.clear();
+        assert!(sse.read_line(&mut line).unwrap() > 0);
+    }
+    // ~12 MB toward a consumer that reads nothing meanwhile: more than the kernel's
+    // socket buffers take (up to 4 MiB of send buffer here), under the 32 MiB bound.
+    let pad = "p".repeat(1000);
+    let (batches, per) = (120u64, 100u64);
+    for b in 0..batches {
+        let body: String = (0..per)
+            .map(|i| {
+                event(
+                    "d",
+                    0,
+                    b * per + i + 1,
+                    "tool.completed",
+                    &format!(",\"pad\":\"{pad}\""),
+                ) + "\n"
+            })
+            .collect();
+        let mut post = tls_connect(&client, relay.addr);
+        write!(
+            post,
+            "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        assert_eq!(read_response(&mut post).0, 202);
+    }
+    // The relay holds a backlog for it (queued and sealed) when SIGTERM comes.
+    let mut m = tls_connect(&client, relay.addr);
+    m.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let (_, _, body) = read_response(&mut m);
+    let queued: f64 = String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("aep_output_queued_bytes "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(queued > 1e6, "{queued} bytes queued");
+    relay.signal("TERM");
+    let mut seq = 0u64;
+    loop {
+        line.clear();
+        match sse.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => panic!("HTTPS stream cut after {seq} Events: {e}"),
+        }
+        if let Some(data) = line.strip_prefix("data: ") {
+            seq += 1;
+            assert!(
+                data.contains(&format!("\"seq\":{seq},")),
+                "Event {seq} in order, none lost"
+            );
+            if seq.is_multiple_of(20) {
+                // A slow reader, so that the relay's last writes find its socket full:
+                // the end of the drain is a partial write of sealed records.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        } else if line == ": shutting-down\n" {
+            assert_eq!(seq, batches * per, "every Event queued before SIGTERM");
+        }
+    }
+    assert_eq!(seq, batches * per, "every Event, then a clean close_notify");
+    drop(sse);
+    let (status, stderr) = relay.wait();
+    assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

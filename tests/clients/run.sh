@@ -4,8 +4,7 @@
 # real binary on 127.0.0.1 with
 #   - an EventSource page in headless Chromium (another origin, ?access_token=, a filter,
 #     Last-Event-ID resume across a SIGTERM and a SIGKILL restart with --history; and
-#     against hostile sessions: LF, CR, NUL, %, non-ASCII, 1 KiB; and over HTTPS with a
-#     test certificate Chromium trusts by its key hash),
+#     against hostile sessions: LF, CR, NUL, %, non-ASCII, 1 KiB),
 #   - Python `websockets` as a consumer (two subscriptions) and as an emitter,
 #   - the README's curl commands as the README shows them,
 #   - the status page (GET /) in headless Chromium, with screenshots before and after:
@@ -29,7 +28,7 @@ venv="$target/clients-venv"
 # What the checks need.
 need_deb chromium chromium
 need_deb curl curl
-need_deb openssl openssl # the HTTPS check's test certificate
+need_deb openssl openssl # browser-eventsource-https: the test certificate Chromium trusts
 need_python_venv
 need_nats_server
 need_venv 'import websockets' 'websockets==17.4'
