@@ -64,6 +64,18 @@ impl Transport {
     }
 }
 
+impl Transport {
+    /// Bytes the transport holds of its own, already taken from the connection's queue
+    /// (sealed TLS records the socket has not taken); 0 for plain TCP.
+    pub(crate) fn held(&mut self) -> usize {
+        match self {
+            Transport::Tcp(_) => 0,
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => s.held(),
+        }
+    }
+}
+
 impl Read for Transport {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -88,6 +100,10 @@ impl Write for Transport {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        match self {
+            Transport::Tcp(_) => Ok(()),
+            #[cfg(feature = "tls")]
+            Transport::Tls(s) => s.flush(),
+        }
     }
 }

@@ -442,3 +442,402 @@ fn every_client_resumes_after_a_reconnection_storm() {
         .count();
     assert_eq!(resumed, CLIENTS, "every reconnection resumes its session");
 }
+
+// ---------------------------------------------------------------------------------------
+// Backpressure and shutdown over TLS (issue 25): the rules of plaintext, unchanged.
+
+/// Reads until the relay ends the connection: a `close_notify`, or the TCP close of a
+/// connection it cut (rustls' `UnexpectedEof`, a reset); everything read.
+fn read_until_closed(s: &mut impl std::io::Read) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                return got
+            }
+            Err(e) => panic!("reading over TLS: {e}"),
+        }
+    }
+}
+
+impl Tls {
+    /// POSTs `lines` as one NDJSON batch over TLS; asserts the 202.
+    fn post_lines(&self, lines: &[String]) {
+        let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let mut post = self.connect();
+        write!(
+            post,
+            "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let (status, _, body) = read_response(&mut post);
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    }
+
+    /// `GET /metrics` over TLS, as text.
+    fn metrics(&self) -> String {
+        let mut s = self.connect();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let (status, _, body) = read_response(&mut s);
+        assert_eq!(status, 200);
+        String::from_utf8(body).unwrap()
+    }
+
+    /// `GET /stream?{query}` over TLS with extra header lines: the stream, once it is
+    /// open (its 200 head and opening comment read).
+    fn sse(&self, query: &str, headers: &str) -> SseStream {
+        let mut s = self.connect();
+        write!(
+            s,
+            "GET /stream?{query} HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n{headers}\r\n"
+        )
+        .unwrap();
+        let mut s = BufReader::new(s);
+        let mut line = String::new();
+        s.read_line(&mut line).unwrap();
+        assert_eq!(line, "HTTP/1.1 200 OK\r\n");
+        while line != ": aep-relay stream open\n" {
+            line.clear();
+            assert!(s.read_line(&mut line).unwrap() > 0, "stream ended");
+        }
+        SseStream::new(Box::new(s))
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// A consumer that stops reading over TLS is bounded, has its info Events dropped and
+/// counted, is disconnected when a `notice` cannot be queued (AEP-0003 §8.4), and
+/// resumes exactly with `Last-Event-ID`: the rules and the assertions of
+/// `tests/operations.rs`'s plaintext test, over HTTPS. The records sealed for it and
+/// not yet written count in `aep_output_queued_bytes` and in its bound.
+#[test]
+fn a_stalled_tls_consumer_is_bounded_dropped_disconnected_and_resumes_exactly() {
+    const MAX_OUTPUT: usize = 64 * 1024;
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let server = aep_relay::tls::server_config_from_pem(
+        ck.cert.pem().as_bytes(),
+        ck.key_pair.serialize_pem().as_bytes(),
+    )
+    .unwrap();
+    let tls = Tls {
+        relay: TestRelay::with(|c| {
+            c.tls = Some(server);
+            c.max_output_bytes = MAX_OUTPUT;
+            c.buffer_per_session = 100_000;
+        }),
+        client: trusting(&ck.cert),
+    };
+    let mut stalled = tls.connect();
+    stalled
+        .write_all(b"GET /stream HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 15];
+    std::io::Read::read_exact(&mut stalled, &mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200 OK");
+    let mut healthy = tls.sse("", "");
+
+    let pad = "x".repeat(900);
+    let (batches, per) = (800u64, 50u64);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for n in 0..batches * per {
+            let m = healthy.expect();
+            assert!(
+                m.data.contains(&format!("\"seq\":{n},")),
+                "healthy consumer: in order, nothing lost"
+            );
+            if (n + 1) % per == 0 {
+                done_tx.send(()).unwrap();
+            }
+        }
+        healthy
+    });
+    for b in 0..batches {
+        let lines: Vec<String> = (0..per)
+            .map(|i| {
+                event(
+                    "bp",
+                    0,
+                    b * per + i,
+                    "tool.completed",
+                    &format!(",\"pad\":\"{pad}\""),
+                )
+            })
+            .collect();
+        tls.post_lines(&lines);
+        done_rx
+            .recv_timeout(WAIT)
+            .expect("the healthy consumer keeps up");
+    }
+    let mut healthy = reader.join().unwrap();
+
+    let text = tls.metrics();
+    assert!(
+        metric(&text, "aep_backpressure_dropped_total") > 0.0,
+        "info Events toward the stalled consumer were dropped and counted"
+    );
+    let queued = metric(&text, "aep_output_queued_bytes");
+    assert!(
+        queued <= (MAX_OUTPUT + 4096) as f64,
+        "bounded memory, sealed records included: {queued} bytes queued"
+    );
+    assert!(
+        queued >= (MAX_OUTPUT / 2) as f64,
+        "the stalled consumer's queue is counted: {queued} bytes queued"
+    );
+
+    let big = "y".repeat(4000);
+    let notice = event(
+        "bp",
+        0,
+        batches * per,
+        "error.raised",
+        &format!(r#","severity":"notice","pad":"{big}""#),
+    );
+    tls.post_lines(std::slice::from_ref(&notice));
+    assert_eq!(healthy.expect().data, notice, "others still get it");
+    assert_eq!(
+        metric(&tls.metrics(), "aep_backpressure_disconnects_total"),
+        1.0
+    );
+
+    // The stalled consumer reads what it had and finds the stream ended…
+    let got = String::from_utf8(read_until_closed(&mut stalled)).unwrap();
+    let last_id = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .next_back()
+        .expect("it had received some Events")
+        .to_string();
+    assert!(!got.contains("error.raised"));
+    // …and resumes exactly after its last position, notice included, no duplicate.
+    let mut resumed = tls.sse("live=0", &format!("Last-Event-ID: {last_id}\r\n"));
+    let last_seq: u64 = last_id.rsplit(':').next().unwrap().parse().unwrap();
+    let first = resumed.expect();
+    assert!(
+        first.data.contains(&format!("\"seq\":{},", last_seq + 1)),
+        "{}",
+        &first.data[..120]
+    );
+    let rest = resumed.rest();
+    assert_eq!(rest.last().unwrap().data, notice);
+    assert_eq!(rest.len() as u64 + 1, batches * per - last_seq);
+}
+
+/// SIGTERM drains TLS connections as it drains plaintext ones (AEP-0003 §3.5 #4): an
+/// SSE stream over HTTPS ends with `: shutting-down` and a TLS `close_notify`; a WSS
+/// consumer gets `closing` with its exact position, then close 1001; the relay exits 0.
+#[test]
+fn sigterm_drains_https_sse_and_wss_with_their_closing_frames() {
+    use tungstenite::Message;
+    let dir = temp_dir("tls-sigterm");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let relay = RelayProcess::spawn(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let client = trusting(&ck.cert);
+    let mut sse = tls_connect(&client, relay.addr);
+    sse.write_all(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut sse = BufReader::new(sse);
+    let mut line = String::new();
+    while line != ": aep-relay stream open\n" {
+        line.clear();
+        assert!(sse.read_line(&mut line).unwrap() > 0);
+    }
+
+    let stream = tls_connect(&client, relay.addr);
+    let (mut ws, resp) =
+        tungstenite::client("ws://localhost/socket", stream).expect("WSS handshake");
+    assert_eq!(resp.status().as_u16(), 101);
+    ws.send(Message::text(
+        r#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#,
+    ))
+    .unwrap();
+    let hello: serde_json::Value =
+        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
+    assert_eq!(hello["type"], "hello");
+    ws.send(Message::text(
+        r#"{"type":"subscribe","id":"mine","filter":{"session":"s"}}"#,
+    ))
+    .unwrap();
+    let ack: serde_json::Value =
+        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
+    assert_eq!(ack["type"], "subscribed");
+    let ev = event("s", 3, 14, "tool.started", "");
+    let mut post = tls_connect(&client, relay.addr);
+    write!(
+        post,
+        "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
+        ev.len()
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut post).0, 202);
+    drop(post);
+    assert_eq!(ws.read().unwrap().to_text().unwrap(), ev);
+    line.clear();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(sse.read_line(&mut line).unwrap() > 0);
+    }
+    assert_eq!(line.trim_end(), format!("data: {ev}"));
+
+    relay.signal("TERM");
+
+    // SSE over HTTPS: the rest of the stream, then a clean TLS end (close_notify: a
+    // read of 0, not rustls' UnexpectedEof).
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut sse, &mut rest).expect("a close_notify ends the stream");
+    assert!(rest.contains(": shutting-down\n"), "{rest:?}");
+
+    // WSS: `closing` with the exact position, then close 1001.
+    let mut frames = Vec::new();
+    let code = loop {
+        match ws.read() {
+            Ok(Message::Text(t)) => {
+                frames.push(serde_json::from_str::<serde_json::Value>(&t).unwrap())
+            }
+            Ok(Message::Close(c)) => break c.map(|c| u16::from(c.code)),
+            Ok(_) => {}
+            Err(e) => panic!("WSS ended without a close frame: {e}"),
+        }
+    };
+    assert_eq!(code, Some(1001));
+    assert_eq!(
+        frames,
+        vec![
+            serde_json::json!({"type": "closing", "reason": "shutting down",
+                    "delivered": [{"sub": "mine", "session": "s",
+                                   "source": "aep://test/agent/a/session/s", "epoch": 3, "seq": 14}]})
+        ]
+    );
+    drop(ws);
+    drop(sse);
+    let (status, stderr) = relay.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
+    assert!(stderr.contains("shutdown complete"), "{stderr}");
+}
+
+/// An HTTPS SSE consumer far behind on reading when SIGTERM comes (its socket full,
+/// records sealed for it waiting in rustls) still gets every Event queued for it, then
+/// `: shutting-down`, then the TLS `close_notify`: the relay half-closes only once the
+/// sealed records are all written, never with some left in rustls.
+#[test]
+fn sigterm_drains_an_https_consumer_behind_on_reading_to_its_last_record() {
+    let dir = temp_dir("tls-drain");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let relay = RelayProcess::spawn(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--max-output",
+        "33554432",
+    ]);
+    let client = trusting(&ck.cert);
+    let mut sse = tls_connect(&client, relay.addr);
+    sse.write_all(
+        b"GET /stream?filter=%7B%22session%22%3A%22d%22%7D HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    let mut sse = BufReader::new(sse);
+    let mut line = String::new();
+    while line != ": aep-relay stream open\n" {
+        line.clear();
+        assert!(sse.read_line(&mut line).unwrap() > 0);
+    }
+    // ~12 MB toward a consumer that reads nothing meanwhile: more than the kernel's
+    // socket buffers take (up to 4 MiB of send buffer here), under the 32 MiB bound.
+    let pad = "p".repeat(1000);
+    let (batches, per) = (120u64, 100u64);
+    for b in 0..batches {
+        let body: String = (0..per)
+            .map(|i| {
+                event(
+                    "d",
+                    0,
+                    b * per + i + 1,
+                    "tool.completed",
+                    &format!(",\"pad\":\"{pad}\""),
+                ) + "\n"
+            })
+            .collect();
+        let mut post = tls_connect(&client, relay.addr);
+        write!(
+            post,
+            "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        assert_eq!(read_response(&mut post).0, 202);
+    }
+    // The relay holds a backlog for it (queued and sealed) when SIGTERM comes.
+    let mut m = tls_connect(&client, relay.addr);
+    m.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let (_, _, body) = read_response(&mut m);
+    let queued: f64 = String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("aep_output_queued_bytes "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(queued > 1e6, "{queued} bytes queued");
+    relay.signal("TERM");
+    let mut seq = 0u64;
+    loop {
+        line.clear();
+        match sse.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => panic!("HTTPS stream cut after {seq} Events: {e}"),
+        }
+        if let Some(data) = line.strip_prefix("data: ") {
+            seq += 1;
+            assert!(
+                data.contains(&format!("\"seq\":{seq},")),
+                "Event {seq} in order, none lost"
+            );
+            if seq.is_multiple_of(20) {
+                // A slow reader, so that the relay's last writes find its socket full:
+                // the end of the drain is a partial write of sealed records.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        } else if line == ": shutting-down\n" {
+            assert_eq!(seq, batches * per, "every Event queued before SIGTERM");
+        }
+    }
+    assert_eq!(seq, batches * per, "every Event, then a clean close_notify");
+    drop(sse);
+    let (status, stderr) = relay.wait();
+    assert!(status.success(), "exit status {status}; stderr:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -22,11 +22,20 @@ pub(crate) const IOV_MAX: usize = 1024;
 /// vectored writes. Fan-out pushes clones of shared frames here (no copy).
 ///
 /// Invariant: `bytes` equals the sum of the lengths of `bufs` minus `front_off`.
+///
+/// A transport with a buffer of its own (TLS: records sealed from this queue and not
+/// yet taken by the socket) reports it in `held` ([`OutQueue::set_held`]); [`len`] counts
+/// it, so the bound of AEP-0003 §8.4, `aep_output_queued_bytes` and every "is anything
+/// still to go" decision see the sealed bytes exactly as they saw them queued.
+///
+/// [`len`]: OutQueue::len
 #[derive(Debug, Default)]
 pub(crate) struct OutQueue {
     bufs: VecDeque<Bytes>,
     front_off: usize,
     bytes: usize,
+    /// Bytes the transport holds for this connection, already taken from `bufs`.
+    held: usize,
     /// Bytes ever queued (never decreases): a connection's `offered` mark compares with
     /// it to tell whether anything was queued since its socket was last offered the
     /// queue.
@@ -75,20 +84,35 @@ impl OutQueue {
         }
     }
 
-    /// Bytes queued and not yet written.
+    /// Bytes queued and not yet written: those still queued plus those the transport
+    /// holds (sealed TLS records not yet written).
     pub(crate) fn len(&self) -> usize {
-        self.bytes
+        self.bytes + self.held
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.bytes == 0
+        self.len() == 0
+    }
+
+    /// Bytes still queued (not yet handed to the transport): `pushed() - queued()` is
+    /// how many the transport took.
+    pub(crate) fn queued(&self) -> usize {
+        self.bytes
+    }
+
+    /// Records how many bytes the transport holds for this connection (see the type's
+    /// docs); the reactor reports it after each write.
+    pub(crate) fn set_held(&mut self, held: usize) {
+        self.held = held;
     }
 
     /// Writes as much as the socket takes: the whole queue in one vectored write of up
     /// to [`IOV_MAX`] buffers, looping only on a partial write (or while more than
     /// `IOV_MAX` buffers are queued), until the queue is empty or the socket would block.
     /// So a subscriber keeping up gets one write syscall per flush, however many frames
-    /// a batch queued on it.
+    /// a batch queued on it. Once the queue is empty, `w.flush()` asks the transport to
+    /// write what it holds of its own (TLS records): `Done` only when nothing is left
+    /// anywhere, `Blocked` when the transport would block.
     pub(crate) fn flush<W: Write>(&mut self, w: &mut W) -> Flush {
         while !self.bufs.is_empty() {
             // The iovec array lives on the stack, sized to the queue (no allocation, and
@@ -123,7 +147,17 @@ impl OutQueue {
                 Err(_) => return Flush::Closed,
             }
         }
-        Flush::Done
+        loop {
+            match w.flush() {
+                Ok(()) => {
+                    self.held = 0;
+                    return Flush::Done;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flush::Blocked,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Flush::Closed,
+            }
+        }
     }
 
     /// One `writev` of the first `N` (at most) queued buffers. Not inlined, so that
@@ -555,5 +589,49 @@ mod tests {
         assert_eq!(w.calls[1].1, want.len() - 101);
         assert_eq!(w.got, want);
         assert!(q.is_empty());
+    }
+
+    /// A transport that holds bytes of its own (TLS: sealed records), as its `flush`
+    /// reports them: would block until `drained`.
+    struct Holding {
+        got: Vec<u8>,
+        drained: bool,
+    }
+    impl Write for Holding {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.got.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            if self.drained {
+                Ok(())
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+        }
+    }
+
+    /// Issue 25: bytes the transport took but still holds (sealed, unwritten) keep the
+    /// queue non-empty and counted in `len` (its bound, `aep_output_queued_bytes`), and
+    /// the flush is `Blocked`, not `Done`, until the transport wrote them; `queued`
+    /// counts only what the transport has not taken.
+    #[test]
+    fn bytes_the_transport_holds_count_until_it_wrote_them() {
+        let (mut q, want) = queued(3);
+        let mut w = Holding {
+            got: Vec::new(),
+            drained: false,
+        };
+        assert_eq!(q.flush(&mut w), Flush::Blocked);
+        assert_eq!(w.got, want, "the transport took everything");
+        assert_eq!(q.queued(), 0);
+        q.set_held(want.len() + 66);
+        assert_eq!(q.len(), want.len() + 66);
+        assert!(!q.is_empty());
+        assert_eq!(q.flush(&mut w), Flush::Blocked);
+        w.drained = true;
+        assert_eq!(q.flush(&mut w), Flush::Done);
+        assert!(q.is_empty());
+        assert_eq!(q.len(), 0);
     }
 }

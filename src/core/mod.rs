@@ -667,7 +667,7 @@ impl Core {
         conn.dirty = false;
         let mut had_output = false;
         let mut rounds = 0;
-        let written_before = conn.out.pushed() - conn.out.len() as u64;
+        let written_before = conn.out.pushed() - conn.out.queued() as u64;
         let state = loop {
             let conn = &mut self.conns[key];
             if !conn.replay.is_empty() || !conn.backlog.is_empty() {
@@ -691,7 +691,7 @@ impl Core {
             }
         };
         let conn = &mut self.conns[key];
-        let written = conn.out.pushed() - conn.out.len() as u64;
+        let written = conn.out.pushed() - conn.out.queued() as u64;
         if let Some((_, at)) = conn.latency_mark.filter(|(end, _)| written >= *end) {
             // The sampled delivery's last byte went to the socket.
             conn.latency_mark = None;
@@ -738,6 +738,17 @@ impl Core {
             }
         }
         self.rearm(key);
+    }
+
+    /// Records the bytes `id`'s transport holds of its own after a write (sealed TLS
+    /// records the socket has not taken yet). They count in `id`'s output queue from
+    /// then on: its bound (AEP-0003 §8.4: a consumer that falls behind is dropped by
+    /// the same rule whether the bytes wait sealed or in plaintext),
+    /// `aep_output_queued_bytes`, and its drain at shutdown.
+    pub fn set_held(&mut self, id: ConnId, bytes: usize) {
+        if let Some(conn) = self.conns.get_mut(id.0) {
+            conn.out.set_held(bytes);
+        }
     }
 
     /// Starts a graceful shutdown: no new connection; every SSE stream ends with

@@ -443,6 +443,11 @@ impl Relay {
             Ok(pending) => s.pending = pending,
             Err(_) => return self.core.handle_reset(id, self.now),
         }
+        if !matches!(s.io, Transport::Tcp(_)) {
+            // Sealed records waiting in the transport count in the queue's bound.
+            let held = s.io.held();
+            self.core.set_held(id, held);
+        }
         self.register(id);
     }
 

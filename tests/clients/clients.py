@@ -4,6 +4,8 @@
 Each check starts the real `aep-relay` binary on 127.0.0.1 and drives it with an
 unmodified client:
 
+- browser-eventsource-https: the same page over HTTPS (a test certificate Chromium
+  trusts by its key), resuming across a SIGTERM and restart.
 - browser-eventsource-hostile: the same page against sessions holding LF, CR, NUL, %,
   non-ASCII and 1 KiB: one message per Event, exact lastEventId, exact resume.
 - browser-eventsource: a page in headless Chromium, served from another origin, whose
@@ -196,12 +198,12 @@ def tokens_file(lines):
 class Browser:
     """Headless Chromium with one page, driven over the DevTools protocol."""
 
-    def __init__(self, name):
+    def __init__(self, name, extra_args=()):
         self.profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=ARGS.out)
         cmd = [ARGS.chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
                "--disable-quic", "--no-first-run", "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--disable-extensions",
-               "--hide-scrollbars", "--window-size=1280,1000",
+               "--hide-scrollbars", "--window-size=1280,1000", *extra_args,
                f"--user-data-dir={self.profile}", "--remote-debugging-port=0", "about:blank"]
         self.proc = spawn(cmd, Path(ARGS.out) / f"chromium-{name}.log")
         port_file = Path(self.profile) / "DevToolsActivePort"
@@ -433,6 +435,106 @@ def test_browser_eventsource():
               f"the reconnects sent Last-Event-ID {resumed_from}: {sent}")
         log(f"{len(expected)} Events byte-identical in order, {len(missed)} of them posted "
             f"while the page was cut off; Last-Event-ID sent: {[i for i in sent if i]}")
+    finally:
+        if browser:
+            browser.close()
+        for r in relays:
+            r.stop(signal.SIGKILL)
+        pages.close()
+
+
+def test_browser_eventsource_https():
+    """EventSource in Chromium over HTTPS (issue 25): the relay serves TLS with a test
+    certificate (ECDSA P-256, made here with openssl) that Chromium trusts by its public
+    key hash (--ignore-certificate-errors-spki-list, that one key only); a page from
+    another (plain http) origin consumes /stream cross-origin, then resumes with
+    Last-Event-ID across a SIGTERM and a restart on the same port with --history, none
+    twice, byte-for-byte."""
+    import ssl
+    tmp = Path(tempfile.mkdtemp(prefix="tls-", dir=ARGS.out))
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-addext", "basicConstraints=critical,CA:FALSE",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    spki = subprocess.run(
+        "openssl x509 -in cert.pem -pubkey -noout | openssl pkey -pubin -outform der"
+        " | openssl dgst -sha256 -binary | base64", shell=True, cwd=tmp, check=True,
+        capture_output=True, text=True).stdout.strip()
+    trust = ssl.create_default_context(cafile=str(cert))
+    history = tempfile.mkdtemp(prefix="history-", dir=ARGS.out)
+    pages = PageServer()
+    browser = None
+    relays = []
+    try:
+        tokens = tokens_file([("page-watch-7f3a", "watch"), ("poster-emit-91c2", "emit")])
+        port = free_port()
+        args = ["--tls-cert", str(cert), "--tls-key", str(key), "--history", history,
+                "--tokens-file", tokens, "--cors-origin", pages.origin]
+
+        def start(name):
+            r = Relay(name, *args, port=port)
+            r.base = f"https://127.0.0.1:{r.port}"
+            relays.append(r)
+            return r
+
+        seq = [0]
+
+        def post(relay, kinds):
+            lines = []
+            for k in kinds:
+                seq[0] += 1
+                lines.append(ev("tls-a", seq[0], k))
+            body = ("\n".join(lines) + "\n").encode()
+            req = urllib.request.Request(relay.base + "/events", data=body, method="POST",
+                                         headers={"AEP-Version": "0.1",
+                                                  "Content-Type": "application/x-ndjson",
+                                                  "Authorization": "Bearer poster-emit-91c2"})
+            with urllib.request.urlopen(req, timeout=WAIT, context=trust) as r:
+                check(r.status == 202, f"POST /events over HTTPS answered {r.status}")
+            return lines
+
+        relay = start("es-tls-1")
+        types = ["tool.started", "tool.completed"]
+        frag = urllib.parse.urlencode({"relay": relay.base, "token": "page-watch-7f3a",
+                                       "filter": '{"session":["tls-a"]}',
+                                       "types": ",".join(types)})
+        browser = Browser("eventsource-https",
+                          extra_args=[f"--ignore-certificate-errors-spki-list={spki}"])
+        browser.call("Network.enable")
+        browser.goto(f"{pages.origin}/eventsource.html#{frag}")
+        wait_until(lambda: browser.eval("window.aep.opens") >= 1,
+                   "the EventSource to open over HTTPS")
+
+        def received():
+            return browser.eval("window.aep.received")
+
+        expected = post(relay, ["tool.started", "tool.completed", "tool.started"])
+        wait_until(lambda: len(received()) >= len(expected), "live delivery over HTTPS")
+        resumed_from = received()[-1]["id"]
+        check(relay.stop(signal.SIGTERM) == 0, "the relay exits 0 on SIGTERM")
+        wait_until(lambda: browser.eval("window.aep.errors") >= 1,
+                   "the page to see the stream end")
+        relay = start("es-tls-2")
+        expected += post(relay, ["tool.completed", "tool.started"])
+        wait_until(lambda: len(received()) >= len(expected),
+                   "resume over HTTPS after a graceful restart")
+        time.sleep(0.5)  # anything extra (a duplicate) would have arrived by now
+        got = received()
+        ids = [g["id"] for g in got]
+        check(len(got) == len(expected) and len(set(ids)) == len(ids),
+              f"received {ids}, expected {len(expected)} Events once each")
+        for g, e in zip(got, expected):
+            check(g["data"].encode("utf-8") == e.encode("utf-8"),
+                  f"byte-for-byte: got {g['data']!r}, posted {e!r}")
+            check(g["origin"] == relay.base, f"origin {g['origin']}")
+        sent = [h.get("last-event-id") for h in browser.sent_headers("/stream")]
+        check(resumed_from in sent, f"the reconnect sent Last-Event-ID {resumed_from}: {sent}")
+        log(f"{len(expected)} Events over HTTPS byte-identical in order; "
+            f"Last-Event-ID sent: {[i for i in sent if i]}")
     finally:
         if browser:
             browser.close()
@@ -1270,6 +1372,7 @@ def test_status_page_cluster():
 TESTS = {
     "browser-eventsource": test_browser_eventsource,
     "browser-eventsource-hostile": test_browser_eventsource_hostile_sessions,
+    "browser-eventsource-https": test_browser_eventsource_https,
     "python-websockets-consumer": test_python_websockets_consumer,
     "python-websockets-emitter": test_python_websockets_emitter,
     "python-websockets-deflate": test_python_websockets_deflate,

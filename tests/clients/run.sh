@@ -29,6 +29,7 @@ venv="$target/clients-venv"
 # What the checks need.
 need_deb chromium chromium
 need_deb curl curl
+need_deb openssl openssl # browser-eventsource-https: the test certificate Chromium trusts
 need_python_venv
 need_nats_server
 need_venv 'import websockets' 'websockets==17.4'
