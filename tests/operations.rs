@@ -127,49 +127,18 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
     stalled
         .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
         .unwrap();
-    let mut healthy = relay.sse("", &[]);
+    let healthy = relay.sse("", &[]);
     // Make sure the stalled stream is live: its response head arrived.
     let mut first = [0u8; 15];
     stalled.read_exact(&mut first).unwrap();
     assert_eq!(&first, b"HTTP/1.1 200 OK");
 
-    let pad = "x".repeat(900);
-    // Small batches, each awaited by the healthy consumer before the next is posted, so
-    // a healthy reader never has more in flight than its queue holds.
+    // Small batches, each awaited by the healthy consumer before the next is posted.
     let (batches, per) = (800u64, 50u64);
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for n in 0..batches * per {
-            let m = healthy.expect();
-            assert!(
-                m.data.contains(&format!("\"seq\":{n},")),
-                "healthy consumer: in order, nothing lost"
-            );
-            if (n + 1) % per == 0 {
-                done_tx.send(()).unwrap();
-            }
-        }
-        healthy
-    });
-    for b in 0..batches {
-        let lines: Vec<String> = (0..per)
-            .map(|i| {
-                event(
-                    "bp",
-                    0,
-                    b * per + i,
-                    "tool.completed",
-                    &format!(",\"pad\":\"{pad}\""),
-                )
-            })
-            .collect();
+    let mut healthy = flood_beside_a_stalled_consumer(healthy, batches, per, |lines| {
         let refs: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
         relay.post_ok(&refs);
-        done_rx
-            .recv_timeout(WAIT)
-            .expect("the healthy consumer keeps up");
-    }
-    let mut healthy = reader.join().unwrap();
+    });
 
     let (_, text) = metrics(&relay, None);
     let dropped = metric(&text, "aep_backpressure_dropped_total");

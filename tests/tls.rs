@@ -551,42 +551,11 @@ fn a_stalled_tls_consumer_is_bounded_dropped_disconnected_and_resumes_exactly() 
     let mut first = [0u8; 15];
     std::io::Read::read_exact(&mut stalled, &mut first).unwrap();
     assert_eq!(&first, b"HTTP/1.1 200 OK");
-    let mut healthy = tls.sse("", "");
+    let healthy = tls.sse("", "");
 
-    let pad = "x".repeat(900);
     let (batches, per) = (800u64, 50u64);
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for n in 0..batches * per {
-            let m = healthy.expect();
-            assert!(
-                m.data.contains(&format!("\"seq\":{n},")),
-                "healthy consumer: in order, nothing lost"
-            );
-            if (n + 1) % per == 0 {
-                done_tx.send(()).unwrap();
-            }
-        }
-        healthy
-    });
-    for b in 0..batches {
-        let lines: Vec<String> = (0..per)
-            .map(|i| {
-                event(
-                    "bp",
-                    0,
-                    b * per + i,
-                    "tool.completed",
-                    &format!(",\"pad\":\"{pad}\""),
-                )
-            })
-            .collect();
-        tls.post_lines(&lines);
-        done_rx
-            .recv_timeout(WAIT)
-            .expect("the healthy consumer keeps up");
-    }
-    let mut healthy = reader.join().unwrap();
+    let mut healthy =
+        flood_beside_a_stalled_consumer(healthy, batches, per, |lines| tls.post_lines(lines));
 
     let text = tls.metrics();
     assert!(

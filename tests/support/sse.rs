@@ -88,3 +88,50 @@ impl SseStream {
         std::iter::from_fn(|| self.next()).collect()
     }
 }
+
+/// Backpressure (AEP-0003 §8.4) beside one stalled consumer: posts `batches` batches of
+/// `per` info Events of session `bp`, seq 0 upwards, each padded to about 1 KB, with
+/// `post`; `healthy` must receive each batch in order, nothing lost, before the next is
+/// posted, so a healthy reader never has more in flight than its queue holds (and the
+/// stalled one, reading nothing, fills its queue). Returns `healthy`, caught up.
+pub fn flood_beside_a_stalled_consumer(
+    healthy: SseStream,
+    batches: u64,
+    per: u64,
+    mut post: impl FnMut(&[String]),
+) -> SseStream {
+    let pad = "x".repeat(900);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut healthy = healthy;
+        for n in 0..batches * per {
+            let m = healthy.expect();
+            assert!(
+                m.data.contains(&format!("\"seq\":{n},")),
+                "healthy consumer: in order, nothing lost"
+            );
+            if (n + 1) % per == 0 {
+                done_tx.send(()).unwrap();
+            }
+        }
+        healthy
+    });
+    for b in 0..batches {
+        let lines: Vec<String> = (0..per)
+            .map(|i| {
+                super::event(
+                    "bp",
+                    0,
+                    b * per + i,
+                    "tool.completed",
+                    &format!(",\"pad\":\"{pad}\""),
+                )
+            })
+            .collect();
+        post(&lines);
+        done_rx
+            .recv_timeout(WAIT)
+            .expect("the healthy consumer keeps up");
+    }
+    reader.join().unwrap()
+}
