@@ -133,7 +133,7 @@ pub(crate) mod transport;
 pub mod ws;
 
 pub use crate::core::{Core, Output, Refusal};
-pub use ids::ConnId;
 pub use config::Config;
+pub use ids::ConnId;
 pub use reactor::{Relay, StartError, StopHandle};
 pub use refusal::Code;

@@ -47,6 +47,45 @@ fn tls_connect(
     rustls::StreamOwned::new(conn, tcp)
 }
 
+/// The real binary serving TLS with a fresh self-signed certificate for `localhost`
+/// (in a temp dir named after `name`), with `extra` flags, and a client that trusts it.
+fn spawn_tls_relay(
+    name: &str,
+    extra: &[&str],
+) -> (RelayProcess, Arc<rustls::ClientConfig>, std::path::PathBuf) {
+    let dir = temp_dir(name);
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let mut args = vec![
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (RelayProcess::spawn(&args), trusting(&ck.cert), dir)
+}
+
+/// `GET {target}` over TLS, read up to the stream's opening comment.
+fn open_https_stream(
+    client: &Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+    target: &str,
+) -> BufReader<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    let mut s = tls_connect(client, addr);
+    s.write_all(format!("GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut s = BufReader::new(s);
+    let mut line = String::new();
+    while line != ": aep-relay stream open\n" {
+        line.clear();
+        assert!(s.read_line(&mut line).unwrap() > 0);
+    }
+    s
+}
+
 fn tls_relay() -> Tls {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
     let server = aep_relay::tls::server_config_from_pem(
@@ -616,27 +655,8 @@ fn a_stalled_tls_consumer_is_bounded_dropped_disconnected_and_resumes_exactly() 
 #[test]
 fn sigterm_drains_https_sse_and_wss_with_their_closing_frames() {
     use tungstenite::Message;
-    let dir = temp_dir("tls-sigterm");
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let relay = RelayProcess::spawn(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-    ]);
-    let client = trusting(&ck.cert);
-    let mut sse = tls_connect(&client, relay.addr);
-    sse.write_all(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut sse = BufReader::new(sse);
-    let mut line = String::new();
-    while line != ": aep-relay stream open\n" {
-        line.clear();
-        assert!(sse.read_line(&mut line).unwrap() > 0);
-    }
+    let (relay, client, dir) = spawn_tls_relay("tls-sigterm", &[]);
+    let mut sse = open_https_stream(&client, relay.addr, "/stream");
 
     let stream = tls_connect(&client, relay.addr);
     let (mut ws, resp) =
@@ -667,7 +687,7 @@ fn sigterm_drains_https_sse_and_wss_with_their_closing_frames() {
     assert_eq!(read_response(&mut post).0, 202);
     drop(post);
     assert_eq!(ws.read().unwrap().to_text().unwrap(), ev);
-    line.clear();
+    let mut line = String::new();
     while !line.starts_with("data: ") {
         line.clear();
         assert!(sse.read_line(&mut line).unwrap() > 0);
@@ -717,31 +737,12 @@ fn sigterm_drains_https_sse_and_wss_with_their_closing_frames() {
 /// sealed records are all written, never with some left in rustls.
 #[test]
 fn sigterm_drains_an_https_consumer_behind_on_reading_to_its_last_record() {
-    let dir = temp_dir("tls-drain");
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let relay = RelayProcess::spawn(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--max-output",
-        "33554432",
-    ]);
-    let client = trusting(&ck.cert);
-    let mut sse = tls_connect(&client, relay.addr);
-    sse.write_all(
-        b"GET /stream?filter=%7B%22session%22%3A%22d%22%7D HTTP/1.1\r\nHost: localhost\r\n\r\n",
-    )
-    .unwrap();
-    let mut sse = BufReader::new(sse);
-    let mut line = String::new();
-    while line != ": aep-relay stream open\n" {
-        line.clear();
-        assert!(sse.read_line(&mut line).unwrap() > 0);
-    }
+    let (relay, client, dir) = spawn_tls_relay("tls-drain", &["--max-output", "33554432"]);
+    let mut sse = open_https_stream(
+        &client,
+        relay.addr,
+        "/stream?filter=%7B%22session%22%3A%22d%22%7D",
+    );
     // ~12 MB toward a consumer that reads nothing meanwhile: more than the kernel's
     // socket buffers take (up to 4 MiB of send buffer here), under the 32 MiB bound.
     let pad = "p".repeat(1000);
@@ -782,6 +783,7 @@ fn sigterm_drains_an_https_consumer_behind_on_reading_to_its_last_record() {
     assert!(queued > 1e6, "{queued} bytes queued");
     relay.signal("TERM");
     let mut seq = 0u64;
+    let mut line = String::new();
     loop {
         line.clear();
         match sse.read_line(&mut line) {

@@ -37,7 +37,10 @@ fn man_pages() -> Vec<(String, String)> {
         let man = clap_mangen::Man::new(c.clone()).manual("aep-relay manual");
         let mut out = Vec::new();
         man.render(&mut out).expect("rendering into memory");
-        pages.push((man.get_filename(), String::from_utf8(out).expect("roff is UTF-8")));
+        pages.push((
+            man.get_filename(),
+            String::from_utf8(out).expect("roff is UTF-8"),
+        ));
     }
     pages
 }

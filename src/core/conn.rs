@@ -2,9 +2,9 @@
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`](super::ConnId).
 
 use crate::envelope::Capture;
-use crate::ids::SubId;
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
+use crate::ids::SubId;
 use crate::store::{ReplayFrom, StreamId};
 use bytes::Bytes;
 use std::collections::HashSet;

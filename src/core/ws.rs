@@ -13,6 +13,7 @@
 //! Its `ping` and idle deadlines are `Core::deadline`'s.
 
 use super::conn::{Conn, Phase, ReplayJob};
+use super::ws_state::WsState;
 use super::{ConnId, Core};
 use crate::auth::{Grant, Scopes};
 use crate::envelope::{Event, Scope};
@@ -22,7 +23,6 @@ use crate::http::RequestHead;
 use crate::subscription;
 use crate::ws::aep::{self, Ref};
 use crate::ws::rfc6455::{self, close_code, Incoming};
-use super::ws_state::WsState;
 use crate::ws::{handshake, Delivered};
 use crate::Code;
 use bytes::Bytes;

@@ -108,9 +108,11 @@ mod append;
 mod naming;
 mod rebuild;
 
-pub use append::History;
 pub use crate::config::{Fsync, HistoryConfig, DEFAULT_FSYNC, DEFAULT_MAX_OPEN_FILES};
-pub use naming::{decode_component, encode_component, relative_path, Decoded, MAX_COMPONENT, SUFFIX};
+pub use append::History;
+pub use naming::{
+    decode_component, encode_component, relative_path, Decoded, MAX_COMPONENT, SUFFIX,
+};
 pub use rebuild::RebuildStats;
 
 use std::fs;

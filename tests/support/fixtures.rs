@@ -35,8 +35,7 @@ pub fn fixture(rel: &str) -> String {
 
 /// `{root}/{rel}` parsed as JSON; panics when it is absent or not JSON.
 pub fn fixture_json(rel: &str) -> serde_json::Value {
-    serde_json::from_str(&fixture(rel))
-        .unwrap_or_else(|e| panic!("fixture {rel} is not JSON: {e}"))
+    serde_json::from_str(&fixture(rel)).unwrap_or_else(|e| panic!("fixture {rel} is not JSON: {e}"))
 }
 
 /// A valid sequenced Event of agent `a` in `session` at (`epoch`, `seq`), with optional
