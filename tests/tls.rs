@@ -47,6 +47,24 @@ fn tls_connect(
     rustls::StreamOwned::new(conn, tcp)
 }
 
+/// POSTs `body` (of `content_type`) to `/events` over TLS; asserts the 202.
+fn post_over_tls(
+    client: &Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+    content_type: &str,
+    body: &str,
+) {
+    let mut post = tls_connect(client, addr);
+    write!(
+        post,
+        "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (status, _, body) = read_response(&mut post);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+}
+
 /// The real binary serving TLS with a fresh self-signed certificate for `localhost`
 /// (in a temp dir named after `name`), with `extra` flags, and a client that trusts it.
 fn spawn_tls_relay(
@@ -256,15 +274,7 @@ impl TlsProcess {
 
     /// POSTs `ev` over TLS and asserts the 202.
     fn post(&self, ev: &str) {
-        let mut post = tls_connect(&self.client, self.relay.addr);
-        write!(
-            post,
-            "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
-            ev.len()
-        )
-        .unwrap();
-        let (status, _, body) = read_response(&mut post);
-        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+        post_over_tls(&self.client, self.relay.addr, "application/json", ev);
     }
 
     /// A certificate file that does not trust this relay: another self-signed one.
@@ -511,15 +521,7 @@ impl Tls {
     /// POSTs `lines` as one NDJSON batch over TLS; asserts the 202.
     fn post_lines(&self, lines: &[String]) {
         let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        let mut post = self.connect();
-        write!(
-            post,
-            "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let (status, _, body) = read_response(&mut post);
-        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+        post_over_tls(&self.client, self.relay.addr, "application/x-ndjson", &body);
     }
 
     /// `GET /metrics` over TLS, as text.
