@@ -18,6 +18,8 @@ unmodified client:
 - python-websockets-deflate: `websockets` with compression on and off on one relay
   (permessage-deflate, RFC 7692): the same Events byte-identical, live and replayed; a
   compressing emitter's Events arrive intact.
+- python-websockets-wss: `websockets` over WSS, compression on and off: the same Events
+  byte-identical, replayed and live.
 - browser-websocket-deflate: Chromium's WebSocket negotiates permessage-deflate and
   receives byte-identical Events, replayed and live.
 - curl-readme: the curl commands of README.md (and the docs pages that read what it
@@ -443,13 +445,10 @@ def test_browser_eventsource():
         pages.close()
 
 
-def test_browser_eventsource_https():
-    """EventSource in Chromium over HTTPS (issue 25): the relay serves TLS with a test
-    certificate (ECDSA P-256, made here with openssl) that Chromium trusts by its public
-    key hash (--ignore-certificate-errors-spki-list, that one key only); a page from
-    another (plain http) origin consumes /stream cross-origin, then resumes with
-    Last-Event-ID across a SIGTERM and a restart on the same port with --history, none
-    twice, byte-for-byte."""
+def test_certificate():
+    """A test certificate for 127.0.0.1 and localhost (ECDSA P-256, CA:FALSE, which rustls
+    requires of a server certificate), made with openssl in a scratch directory:
+    `(dir, cert, key, an ssl context trusting exactly it)`."""
     import ssl
     tmp = Path(tempfile.mkdtemp(prefix="tls-", dir=ARGS.out))
     cert, key = tmp / "cert.pem", tmp / "key.pem"
@@ -460,11 +459,21 @@ def test_browser_eventsource_https():
                     "-addext", "basicConstraints=critical,CA:FALSE",
                     "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
+    return tmp, cert, key, ssl.create_default_context(cafile=str(cert))
+
+
+def test_browser_eventsource_https():
+    """EventSource in Chromium over HTTPS (issue 25): the relay serves TLS with a test
+    certificate (ECDSA P-256, made here with openssl) that Chromium trusts by its public
+    key hash (--ignore-certificate-errors-spki-list, that one key only); a page from
+    another (plain http) origin consumes /stream cross-origin, then resumes with
+    Last-Event-ID across a SIGTERM and a restart on the same port with --history, none
+    twice, byte-for-byte."""
+    tmp, cert, key, trust = test_certificate()
     spki = subprocess.run(
         "openssl x509 -in cert.pem -pubkey -noout | openssl pkey -pubin -outform der"
         " | openssl dgst -sha256 -binary | base64", shell=True, cwd=tmp, check=True,
         capture_output=True, text=True).stdout.strip()
-    trust = ssl.create_default_context(cafile=str(cert))
     history = tempfile.mkdtemp(prefix="history-", dir=ARGS.out)
     pages = PageServer()
     browser = None
@@ -522,7 +531,9 @@ def test_browser_eventsource_https():
         expected += post(relay, ["tool.completed", "tool.started"])
         wait_until(lambda: len(received()) >= len(expected),
                    "resume over HTTPS after a graceful restart")
-        time.sleep(0.5)  # anything extra (a duplicate) would have arrived by now
+        # A sentinel: the stream is in order, so a duplicate would come before it.
+        expected += post(relay, ["tool.completed"])
+        wait_until(lambda: received()[-1]["data"] == expected[-1], "the sentinel")
         got = received()
         ids = [g["id"] for g in got]
         check(len(got) == len(expected) and len(set(ids)) == len(ids),
@@ -862,6 +873,58 @@ def test_python_websockets_deflate():
         log(f"{len(lines)} live and {len(replayed)} replayed Events byte-identical with "
             "and without permessage-deflate; a compressing emitter's "
             f"{len(sent)} Events arrived intact")
+    finally:
+        relay.stop()
+
+
+def test_python_websockets_wss():
+    """`websockets` over WSS, with compression on and off, side by side on one relay
+    serving TLS (a test certificate it is told to trust): both receive the same Events
+    byte-identical, replayed with `from` and live; the compressing one agreed
+    permessage-deflate with server_no_context_takeover (RFC 7692 §7.1.1.1)."""
+    _, cert, key, trust = test_certificate()
+    relay = Relay("ws-wss", "--tls-cert", str(cert), "--tls-key", str(key))
+    relay.base = f"https://127.0.0.1:{relay.port}"
+
+    def post(lines):
+        req = urllib.request.Request(relay.base + "/events",
+                                     data=("\n".join(lines) + "\n").encode(), method="POST",
+                                     headers={"AEP-Version": "0.1",
+                                              "Content-Type": "application/x-ndjson"})
+        with urllib.request.urlopen(req, timeout=WAIT, context=trust) as r:
+            check(r.status == 202, f"POST /events over HTTPS answered {r.status}")
+
+    try:
+        lines = deflate_corpus()
+        # Held: the generated Events (one session, every one replayed); live: all.
+        held = [l for l in lines if '"session":"z-gen"' in l]
+        live = lines
+        post(held)
+        url = f"wss://127.0.0.1:{relay.port}/socket"
+        with ws_connect(url, ssl=trust, open_timeout=WAIT, max_size=None) as zws, \
+                ws_connect(url, ssl=trust, open_timeout=WAIT, max_size=None,
+                           compression=None) as pws:
+            answer = zws.response.headers.get("Sec-WebSocket-Extensions", "")
+            check(answer.startswith("permessage-deflate; server_no_context_takeover"),
+                  f"the compressing client was answered {answer!r} over WSS")
+            check(pws.protocol.extensions == [], "the plain client compresses nothing")
+            for name, ws in (("compressed", zws), ("plain", pws)):
+                ws_hello(ws, "consumer")
+                ws.send(json.dumps({"type": "subscribe", "id": "all", "from": "all",
+                                    "filter": {"session": ["z-gen"]}}))
+                got = ws_frames(ws, lambda t: t == held[-1], f"the replay over WSS ({name})")
+                check(got[1:] == held, f"{name}: replayed Events byte-identical over WSS "
+                      f"({len(got) - 1} of {len(held)})")
+            for ws in (zws, pws):
+                ws.send(json.dumps({"type": "subscribe", "id": "live"}))
+                ws_frames(ws, lambda t: json.loads(t).get("type") == "subscribed", "subscribed")
+            post(live)
+            for name, ws in (("compressed", zws), ("plain", pws)):
+                got = ws_frames(ws, lambda t: t == live[-1], f"the live Events over WSS ({name})")
+                check(got == live, f"{name}: live Events byte-identical over WSS "
+                      f"({len(got)} of {len(live)})")
+        log(f"{len(held)} replayed and {len(live)} live Events byte-identical over WSS, "
+            "with and without permessage-deflate")
     finally:
         relay.stop()
 
@@ -1376,6 +1439,7 @@ TESTS = {
     "python-websockets-consumer": test_python_websockets_consumer,
     "python-websockets-emitter": test_python_websockets_emitter,
     "python-websockets-deflate": test_python_websockets_deflate,
+    "python-websockets-wss": test_python_websockets_wss,
     "browser-websocket-deflate": test_browser_websocket_deflate,
     "curl-readme": test_curl_readme,
     "status-page": test_status_page,
