@@ -255,7 +255,7 @@ impl Ws {
                 Some(m) => skipped.push(m),
                 None => {
                     return Err(format!(
-                        "no {what} within {:?}{}",
+                        "{what} did not come within {:?}{}",
                         self.timeout,
                         shown(skipped)
                     ))
