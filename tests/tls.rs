@@ -65,6 +65,33 @@ fn post_over_tls(
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
 }
 
+/// A WSS consumer over `stream`: the upgrade (101), `hello` answered by `hello`, and
+/// `subscribe` `id` to `session` answered `subscribed` (AEP-0003 §4, §4.1).
+fn wss_consumer(
+    stream: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    id: &str,
+    session: &str,
+) -> tungstenite::WebSocket<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    use tungstenite::Message;
+    let (mut ws, resp) =
+        tungstenite::client("ws://localhost/socket", stream).expect("WSS handshake");
+    assert_eq!(resp.status().as_u16(), 101);
+    ws.send(Message::text(
+        r#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#,
+    ))
+    .unwrap();
+    let hello: serde_json::Value =
+        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
+    assert_eq!(hello["type"], "hello");
+    assert_eq!(hello["versions"], serde_json::json!(["0.1"]));
+    let sub = serde_json::json!({"type": "subscribe", "id": id, "filter": {"session": session}});
+    ws.send(Message::text(sub.to_string())).unwrap();
+    let ack: serde_json::Value =
+        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
+    assert_eq!(ack, serde_json::json!({"type": "subscribed", "id": id}));
+    ws
+}
+
 /// The real binary serving TLS with a fresh self-signed certificate for `localhost`
 /// (in a temp dir named after `name`), with `extra` flags, and a client that trusts it.
 fn spawn_tls_relay(
@@ -191,37 +218,11 @@ fn off_host_binding_without_tls_and_token_is_refused_at_start() {
 
 #[test]
 fn wss_hello_subscribe_and_delivery() {
-    use tungstenite::Message;
     let tls = tls_relay();
-    let stream = tls.connect();
-    let (mut ws, resp) =
-        tungstenite::client("ws://localhost/socket", stream).expect("WSS handshake");
-    assert_eq!(resp.status().as_u16(), 101);
-    ws.send(Message::text(
-        r#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#,
-    ))
-    .unwrap();
-    let hello: serde_json::Value =
-        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
-    assert_eq!(hello["type"], "hello");
-    assert_eq!(hello["versions"], serde_json::json!(["0.1"]));
-    ws.send(Message::text(
-        r#"{"type":"subscribe","id":"s1","filter":{"session":"wss"}}"#,
-    ))
-    .unwrap();
-    let ack: serde_json::Value =
-        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
-    assert_eq!(ack, serde_json::json!({"type": "subscribed", "id": "s1"}));
+    let mut ws = wss_consumer(tls.connect(), "s1", "wss");
 
     let ev = event("wss", 0, 1, "tool.completed", "");
-    let mut post = tls.connect();
-    write!(
-        post,
-        "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
-        ev.len()
-    )
-    .unwrap();
-    assert_eq!(read_response(&mut post).0, 202);
+    post_over_tls(&tls.client, tls.relay.addr, "application/json", &ev);
     let got = ws.read().unwrap();
     assert_eq!(
         got.to_text().unwrap(),
@@ -613,14 +614,7 @@ fn a_stalled_tls_consumer_is_bounded_dropped_disconnected_and_resumes_exactly() 
         "the stalled consumer's queue is counted: {queued} bytes queued"
     );
 
-    let big = "y".repeat(4000);
-    let notice = event(
-        "bp",
-        0,
-        batches * per,
-        "error.raised",
-        &format!(r#","severity":"notice","pad":"{big}""#),
-    );
+    let notice = backpressure_notice(batches * per);
     tls.post_lines(std::slice::from_ref(&notice));
     assert_eq!(healthy.expect().data, notice, "others still get it");
     assert_eq!(
@@ -630,25 +624,9 @@ fn a_stalled_tls_consumer_is_bounded_dropped_disconnected_and_resumes_exactly() 
 
     // The stalled consumer reads what it had and finds the stream ended…
     let got = String::from_utf8(read_until_closed(&mut stalled)).unwrap();
-    let last_id = got
-        .lines()
-        .filter_map(|l| l.strip_prefix("id: "))
-        .next_back()
-        .expect("it had received some Events")
-        .to_string();
-    assert!(!got.contains("error.raised"));
     // …and resumes exactly after its last position, notice included, no duplicate.
-    let mut resumed = tls.sse("live=0", &format!("Last-Event-ID: {last_id}\r\n"));
-    let last_seq: u64 = last_id.rsplit(':').next().unwrap().parse().unwrap();
-    let first = resumed.expect();
-    assert!(
-        first.data.contains(&format!("\"seq\":{},", last_seq + 1)),
-        "{}",
-        &first.data[..120]
-    );
-    let rest = resumed.rest();
-    assert_eq!(rest.last().unwrap().data, notice);
-    assert_eq!(rest.len() as u64 + 1, batches * per - last_seq);
+    let resume = |id: &str| tls.sse("live=0", &format!("Last-Event-ID: {id}\r\n"));
+    assert_resumes_exactly(&got, resume, &notice, batches * per);
 }
 
 /// SIGTERM drains TLS connections as it drains plaintext ones (AEP-0003 §3.5 #4): an
@@ -660,34 +638,9 @@ fn sigterm_drains_https_sse_and_wss_with_their_closing_frames() {
     let (relay, client, dir) = spawn_tls_relay("tls-sigterm", &[]);
     let mut sse = open_https_stream(&client, relay.addr, "/stream");
 
-    let stream = tls_connect(&client, relay.addr);
-    let (mut ws, resp) =
-        tungstenite::client("ws://localhost/socket", stream).expect("WSS handshake");
-    assert_eq!(resp.status().as_u16(), 101);
-    ws.send(Message::text(
-        r#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#,
-    ))
-    .unwrap();
-    let hello: serde_json::Value =
-        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
-    assert_eq!(hello["type"], "hello");
-    ws.send(Message::text(
-        r#"{"type":"subscribe","id":"mine","filter":{"session":"s"}}"#,
-    ))
-    .unwrap();
-    let ack: serde_json::Value =
-        serde_json::from_str(ws.read().unwrap().to_text().unwrap()).unwrap();
-    assert_eq!(ack["type"], "subscribed");
+    let mut ws = wss_consumer(tls_connect(&client, relay.addr), "mine", "s");
     let ev = event("s", 3, 14, "tool.started", "");
-    let mut post = tls_connect(&client, relay.addr);
-    write!(
-        post,
-        "POST /events HTTP/1.1\r\nHost: localhost\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ev}",
-        ev.len()
-    )
-    .unwrap();
-    assert_eq!(read_response(&mut post).0, 202);
-    drop(post);
+    post_over_tls(&client, relay.addr, "application/json", &ev);
     assert_eq!(ws.read().unwrap().to_text().unwrap(), ev);
     let mut line = String::new();
     while !line.starts_with("data: ") {

@@ -135,3 +135,46 @@ pub fn flood_beside_a_stalled_consumer(
     }
     reader.join().unwrap()
 }
+
+/// The `notice` that follows [`flood_beside_a_stalled_consumer`]'s `total` Events (seq
+/// `total`, about 4 KB): a stalled consumer with no room for it is disconnected, since a
+/// notice is never dropped (AEP-0003 §8.4).
+pub fn backpressure_notice(total: u64) -> String {
+    let big = "y".repeat(4000);
+    super::event(
+        "bp",
+        0,
+        total,
+        "error.raised",
+        &format!(r#","severity":"notice","pad":"{big}""#),
+    )
+}
+
+/// What a consumer disconnected for backpressure read (`got`, up to the end of its
+/// stream) lacks `notice`, and a `live=0` stream opened by `resume` with its last
+/// `id:` as `Last-Event-ID` replays exactly what came after it: the next seq first,
+/// `notice` last, no duplicate, `total + 1` Events in all (AEP-0003 §3.4, §8.4).
+pub fn assert_resumes_exactly(
+    got: &str,
+    resume: impl FnOnce(&str) -> SseStream,
+    notice: &str,
+    total: u64,
+) {
+    let last_id = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .next_back()
+        .expect("it had received some Events");
+    assert!(!got.contains("error.raised"));
+    let mut resumed = resume(last_id);
+    let last_seq: u64 = last_id.rsplit(':').next().unwrap().parse().unwrap();
+    let first = resumed.expect();
+    assert!(
+        first.data.contains(&format!("\"seq\":{},", last_seq + 1)),
+        "{}",
+        &first.data[..120]
+    );
+    let rest = resumed.rest();
+    assert_eq!(rest.last().unwrap().data, notice);
+    assert_eq!(rest.len() as u64 + 1, total - last_seq);
+}
