@@ -189,28 +189,8 @@ def main():
             line_of = lambda off: code.count("\n", 0, off) + 1
             inline = inline_mod_depth(code)
 
-            for m in re.finditer(r"(?<![A-Za-z0-9_$])crate::", code):
-                k = m.end()
-                targets = group_heads(code, k) if code.startswith("{", k) else []
-                if not targets:
-                    ident = IDENT.match(code, k)
-                    targets = [ident.group(0)] if ident else []
-                for t in targets:
-                    b = resolve(t)
-                    if b and b != a:
-                        edges[(a, b)].append(f"src/{rel}:{line_of(m.start())}")
-
-            for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:super::)+)", code):
-                ups = m.group(1).count("super::")
-                ln = line_of(m.start())
-                here = path + ["<inline>"] * inline[ln - 1]
-                if ups > len(here) - 1:
-                    base, k = [], m.end()
-                else:
-                    base = here[: len(here) - ups]
-                    if base:
-                        continue  # still inside a top-level module: its own
-                    k = m.end()
+            def add_edges(k, ln):
+                """The edges of the path (or `{…}` group) starting at offset `k`."""
                 targets = group_heads(code, k) if code.startswith("{", k) else []
                 if not targets:
                     ident = IDENT.match(code, k)
@@ -219,6 +199,17 @@ def main():
                     b = resolve(t)
                     if b and b != a:
                         edges[(a, b)].append(f"src/{rel}:{ln}")
+
+            for m in re.finditer(r"(?<![A-Za-z0-9_$])crate::", code):
+                add_edges(m.end(), line_of(m.start()))
+
+            for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:super::)+)", code):
+                ups = m.group(1).count("super::")
+                ln = line_of(m.start())
+                here = path + ["<inline>"] * inline[ln - 1]
+                if ups <= len(here) - 1 and here[: len(here) - ups]:
+                    continue  # still inside a top-level module: its own
+                add_edges(m.end(), ln)
 
     graph = defaultdict(set)
     for a, b in edges:
