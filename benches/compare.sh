@@ -382,17 +382,23 @@ MOSQUITTO_VERSION="$("$MOSQUITTO" -h 2>/dev/null | sed -n 's/.*version \([^ ]*\)
 LOAD_START="$LOAD_START"
 EOF
 
+# fanout_at NAME LABEL DELIVERIES N...: the fan-out scenario NAME.N at each N subscribers,
+# DELIVERIES / N Events each (at least 100).
+fanout_at() {
+    local name=$1 label=$2 deliveries=$3 n events
+    shift 3
+    for n in "$@"; do
+        events=$((deliveries / n))
+        if ((events < 100)); then events=100; fi
+        echo "== $label: $n subscribers, $events Events of $SIZE B, batch $BATCH, window $WINDOW" >&2
+        scenario "$name.$n" --subscribers "$n" --events "$events" --size "$SIZE" \
+            --batch "$BATCH" --window "$WINDOW" --timeout 600
+    done
+}
+
 for s in $SCENARIOS; do
     case "$s" in
-        fanout)
-            for n in $SIZES; do
-                events=$((DELIVERIES / n))
-                if ((events < 100)); then events=100; fi
-                echo "== fan-out: $n subscribers, $events Events of $SIZE B, batch $BATCH, window $WINDOW" >&2
-                scenario "fanout.$n" --subscribers "$n" --events "$events" --size "$SIZE" \
-                    --batch "$BATCH" --window "$WINDOW" --timeout 600
-            done
-            ;;
+        fanout) fanout_at fanout "fan-out" "$DELIVERIES" $SIZES ;;
         latency)
             for r in $LAT_RATES; do
                 echo "== latency: $LAT_SUBS subscribers at $r Events/s for $LAT_SECONDS s" >&2
@@ -416,15 +422,7 @@ for s in $SCENARIOS; do
                 done
             done
             ;;
-        tls)
-            for n in $TLS_SIZES; do
-                events=$((TLS_DELIVERIES / n))
-                if ((events < 100)); then events=100; fi
-                echo "== fan-out over TLS: $n subscribers, $events Events of $SIZE B, batch $BATCH, window $WINDOW" >&2
-                scenario "tls.$n" --subscribers "$n" --events "$events" --size "$SIZE" \
-                    --batch "$BATCH" --window "$WINDOW" --timeout 600
-            done
-            ;;
+        tls) fanout_at tls "fan-out over TLS" "$TLS_DELIVERIES" $TLS_SIZES ;;
         idle)
             echo "== idle: $IDLE_SUBS subscribers" >&2
             for t in $TARGETS; do
