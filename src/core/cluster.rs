@@ -1327,7 +1327,7 @@ impl Core {
                 };
                 *slot = Answer::Ready(resp, close);
             }
-            if keys.last() != Some(&key) {
+            if !keys.contains(&key) {
                 keys.push(key);
             }
         }
