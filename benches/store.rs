@@ -61,7 +61,7 @@ impl Feed {
 }
 
 fn filled(buffer: usize, sessions: usize) -> (Store<Event>, Feed) {
-    let mut store = Store::new(buffer, sessions.max(1));
+    let mut store: Store<Event> = Store::new(buffer, sessions.max(1));
     let mut feed = Feed::new(sessions);
     for ev in feed.chunk(buffer * sessions) {
         assert_eq!(store.admit(&ev), Admission::Admitted);
@@ -77,7 +77,7 @@ fn report_memory() {
     let events_heap = alloc::live_bytes() - before_events;
     let raw: usize = events.iter().map(|e| e.bytes().len()).sum();
     let before = alloc::live_bytes();
-    let mut store = Store::new(N, 1);
+    let mut store: Store<Event> = Store::new(N, 1);
     for e in &events {
         store.admit(e);
     }
@@ -161,7 +161,7 @@ fn hostile_ids(c: &mut Criterion<support::CpuTime>) {
             b.iter_custom(|iters| {
                 let mut spent = Duration::ZERO;
                 for _ in 0..iters {
-                    let mut store = Store::new(N as usize, 1);
+                    let mut store: Store<Event> = Store::new(N as usize, 1);
                     let t = support::thread_cpu();
                     for ev in &events {
                         assert_eq!(store.admit(ev), Admission::Admitted);

@@ -15,10 +15,9 @@ use aep_relay::envelope::Event;
 use aep_relay::history::{Fsync, History, HistoryConfig};
 use aep_relay::store::Store;
 use bytes::Bytes;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn event(session: usize, seq: u64) -> Arc<Event> {
+fn event(session: usize, seq: u64) -> Event {
     let j = serde_json::json!({
         "aep": "0.1", "id": format!("{session}-{seq}"), "type": "tool.completed",
         "time": "2026-07-03T10:15:04.221Z",
@@ -28,7 +27,7 @@ fn event(session: usize, seq: u64) -> Arc<Event> {
         "data": {"tool": {"name": "Bash", "call_id": "t_91"}, "status": "success",
                  "duration_ms": 1240, "pad": "x".repeat(330)}
     });
-    Arc::new(Event::parse(Bytes::from(serde_json::to_vec(&j).unwrap())).unwrap())
+    Event::parse(Bytes::from(serde_json::to_vec(&j).unwrap())).unwrap()
 }
 
 fn main() {

@@ -343,7 +343,7 @@ pub(crate) enum Msg {
     /// Valid Events, in source order, from the source named.
     Events {
         source: Arc<str>,
-        events: Vec<Arc<Event>>,
+        events: Vec<Event>,
     },
     /// Standard input ended; every Event before it was sent.
     StdinEof,
@@ -366,7 +366,7 @@ impl Outlet {
         !self.closed.load(Ordering::Relaxed)
     }
 
-    fn events(&self, source: &Arc<str>, events: &mut Vec<Arc<Event>>) -> bool {
+    fn events(&self, source: &Arc<str>, events: &mut Vec<Event>) -> bool {
         if events.is_empty() {
             return !self.closed.load(Ordering::Relaxed);
         }
@@ -457,7 +457,7 @@ impl Ingest {
     pub(crate) fn drain<E: std::fmt::Display>(
         &mut self,
         now: Instant,
-        mut ingest: impl FnMut(&[Arc<Event>]) -> Result<(), E>,
+        mut ingest: impl FnMut(&[Event]) -> Result<(), E>,
     ) -> bool {
         if self.retry_at.is_some_and(|t| now < t) {
             self.more = false;
@@ -531,7 +531,7 @@ fn read_stdin(out: Outlet, max_line: usize) {
             Ok(0) => {
                 splitter.finish(&mut |n, p| {
                     if let Some(ev) = reporter.take(n, p, max_line) {
-                        batch.push(Arc::new(ev));
+                        batch.push(ev);
                     }
                 });
                 if out.events(&label, &mut batch) {
@@ -542,7 +542,7 @@ fn read_stdin(out: Outlet, max_line: usize) {
             Ok(n) => {
                 splitter.push(&buf[..n], &mut |n, p| {
                     if let Some(ev) = reporter.take(n, p, max_line) {
-                        batch.push(Arc::new(ev));
+                        batch.push(ev);
                     }
                 });
                 if !out.events(&label, &mut batch) {
@@ -606,11 +606,11 @@ impl Follower {
         }
     }
 
-    fn take(&mut self, data: Option<&[u8]>, batch: &mut Vec<Arc<Event>>) {
+    fn take(&mut self, data: Option<&[u8]>, batch: &mut Vec<Event>) {
         let (reporter, max_line) = (&mut self.reporter, self.max_line);
         let mut sink = |n: u64, p: Piece<'_>| {
             if let Some(ev) = reporter.take(n, p, max_line) {
-                batch.push(Arc::new(ev));
+                batch.push(ev);
             }
         };
         match data {
@@ -621,7 +621,7 @@ impl Follower {
 
     /// One step: read what is new, or notice truncation / replacement. `true` when it
     /// did something (call again at once), `false` when there was nothing to do.
-    fn poll(&mut self, buf: &mut [u8], batch: &mut Vec<Arc<Event>>) -> bool {
+    fn poll(&mut self, buf: &mut [u8], batch: &mut Vec<Event>) -> bool {
         let Some(file) = self.file.as_mut() else {
             return self.open();
         };

@@ -107,6 +107,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Lets a test file shared by the unit tests and the integration tests name this crate
+// the same way in both (`src/store/stand_in.rs`).
+#[cfg(test)]
+extern crate self as aep_relay;
+
 pub mod auth;
 pub mod capture;
 pub mod cluster;

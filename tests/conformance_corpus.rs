@@ -18,7 +18,6 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use aep_relay::capture::{downlevel, downlevel_value, target_level};
 use aep_relay::envelope::{is_command_type, Attr, Capture, Event, Scalar};
@@ -478,11 +477,11 @@ fn project_resume_cases_against_the_store() {
         for spec in case["events"].as_array().expect("events") {
             let line = resume_event(spec);
             let ev = Event::parse(Bytes::from(line)).unwrap_or_else(|e| panic!("{n}: {e}"));
-            store.admit(&Arc::new(ev));
+            store.admit(&ev);
         }
         let mut seen = Seen::default();
         let mut sessions = Vec::new();
-        let take = |ev: &Arc<Event>, seen: &mut Seen, sessions: &mut Vec<Option<String>>| {
+        let take = |ev: &Event, seen: &mut Seen, sessions: &mut Vec<Option<String>>| {
             seen.ids.push(ev.id().to_owned());
             sessions.push(ev.session().map(str::to_owned));
         };
@@ -490,7 +489,7 @@ fn project_resume_cases_against_the_store() {
             Some(ps) => {
                 for (s, e, q) in ps {
                     let mut held = Vec::new();
-                    let markers = store.replay_after(&s, (e, q), &mut |ev| held.push(ev.clone()));
+                    let markers = store.replay_after(&s, (e, q), &mut |ev| held.push(ev));
                     for m in markers {
                         let (me, mq) = m.earliest;
                         seen.markers.push((s.clone(), me, mq, seen.ids.len()));
@@ -503,7 +502,7 @@ fn project_resume_cases_against_the_store() {
             None => {
                 assert_eq!(case["from"], "all", "{n}: from");
                 let mut held = Vec::new();
-                store.replay_all(&mut |ev| held.push(ev.clone()));
+                store.replay_all(&mut |ev| held.push(ev));
                 for ev in &held {
                     take(ev, &mut seen, &mut sessions);
                 }

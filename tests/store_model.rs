@@ -15,35 +15,11 @@
 use std::sync::Arc;
 
 use aep_relay::envelope::Scope;
-use aep_relay::store::{Admission, Position, Store, Stored};
+use aep_relay::store::{Admission, Position, Store};
 
-#[derive(Debug)]
-struct T {
-    session: Option<String>,
-    pos: Option<Position>,
-    source: String,
-    id: String,
-    scope: Scope,
-    len: usize,
-}
-
-impl Stored for T {
-    fn session(&self) -> Option<&str> {
-        self.session.as_deref()
-    }
-    fn position(&self) -> Option<Position> {
-        self.pos
-    }
-    fn dedupe_key(&self) -> (&str, &str) {
-        (&self.source, &self.id)
-    }
-    fn scope(&self) -> Scope {
-        self.scope
-    }
-    fn byte_len(&self) -> usize {
-        self.len
-    }
-}
+#[path = "../src/store/stand_in.rs"]
+mod stand_in;
+use stand_in::{sealed, T};
 
 type Key = (Option<Position>, u64);
 
@@ -249,13 +225,14 @@ fn random_event(r: &mut Rng, serial: &mut u64) -> Arc<T> {
             )
         }
     };
-    Arc::new(T {
+    sealed(T {
         session: (scope != Scope::Agent).then_some(session),
         pos,
         source,
         id,
         scope,
         len: 1 + r.below(700) as usize,
+        raw: Vec::new(),
     })
 }
 
@@ -282,7 +259,7 @@ fn compare(st: &Store<T>, m: &Model, ctx: &str) {
     assert_eq!((st.len(), st.byte_len()), (total, bytes), "{ctx}: totals");
 
     let mut all = Vec::new();
-    st.replay_all(&mut |e| all.push(Arc::clone(e)));
+    st.replay_all(&mut |e| all.push(Arc::new(e)));
     let mall: Vec<Arc<T>> = m
         .lru
         .iter()
@@ -300,7 +277,7 @@ fn compare(st: &Store<T>, m: &Model, ctx: &str) {
             for seq in [0, 1, 5, 10, 15, 20, 25, 30, 35, 39, 40] {
                 let after = (epoch, seq);
                 let mut got = Vec::new();
-                let markers = st.replay_after(&name, after, &mut |e| got.push(Arc::clone(e)));
+                let markers = st.replay_after(&name, after, &mut |e| got.push(Arc::new(e)));
                 let markers: Vec<(Option<&str>, Position)> = markers
                     .iter()
                     .map(|x| (st.stream(x.stream).unwrap().source, x.earliest))

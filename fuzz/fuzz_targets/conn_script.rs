@@ -66,7 +66,7 @@
 //!    (`harness::deterministic`).
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use aep_relay::envelope::Event;
@@ -119,8 +119,8 @@ fn config() -> Config {
 
 /// The Events `ingest` publishes: `POOL_SESSIONS` sessions of `POOL_SEQS` each, parsed
 /// once per process (immutable, shared: no state carried between inputs).
-fn pool() -> &'static [Vec<Arc<Event>>] {
-    static POOL: OnceLock<Vec<Vec<Arc<Event>>>> = OnceLock::new();
+fn pool() -> &'static [Vec<Event>] {
+    static POOL: OnceLock<Vec<Vec<Event>>> = OnceLock::new();
     POOL.get_or_init(|| {
         const TYPES: [&str; 4] = [
             "tool.started",
@@ -140,7 +140,7 @@ fn pool() -> &'static [Vec<Arc<Event>>] {
                             SEVERITIES[q % 4],
                             "y".repeat(pad)
                         );
-                        Arc::new(Event::parse(Bytes::from(line)).expect("pool Events are valid"))
+                        Event::parse(Bytes::from(line)).expect("pool Events are valid")
                     })
                     .collect()
             })
@@ -390,7 +390,7 @@ impl Run {
         let k = usize::from(k % 4) + 1;
         let from = self.next_seq[s];
         self.next_seq[s] = (from + k) % POOL_SEQS;
-        let evs: Vec<Arc<Event>> = (from..from + k)
+        let evs: Vec<Event> = (from..from + k)
             .map(|q| pool()[s][q % POOL_SEQS].clone())
             .collect();
         self.sim.publish_events(&evs).expect("no journal to fail");

@@ -11,7 +11,7 @@ use aep_relay::envelope::Event;
 use aep_relay::Config;
 use aep_sim::Sim;
 use bytes::Bytes;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Replay depth per session in the targets' configurations (small: a fuzzed session
@@ -64,10 +64,10 @@ pub fn delta(b: u8) -> Duration {
 ///
 /// Few and large: what a prefill costs per input is mostly `Store::admit` per Event,
 /// and 128 Events of 1 KiB cost 8 times 16 of 5 KiB. Parsed once per process and
-/// shared: an `Event` is immutable, so handing the same `Arc`s to every input's core
-/// cannot carry state from one input to the next.
-pub fn prefill() -> &'static [Arc<Event>] {
-    static EVENTS: OnceLock<Vec<Arc<Event>>> = OnceLock::new();
+/// shared: an `Event` is immutable, so handing clones of the same Events (sharing their
+/// bytes) to every input's core cannot carry state from one input to the next.
+pub fn prefill() -> &'static [Event] {
+    static EVENTS: OnceLock<Vec<Event>> = OnceLock::new();
     EVENTS.get_or_init(|| {
         let pad = "x".repeat(4800);
         let mut out = Vec::new();
@@ -78,7 +78,7 @@ pub fn prefill() -> &'static [Arc<Event>] {
                     r#"{{"aep":"0.1","id":"p{s}-{q}","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a/session/p{s}","agent":"a","session":"p{s}","seq":{q},"severity":"{sev}","data":{{"pad":"{pad}"}}}}"#
                 );
                 let ev = Event::parse(Bytes::from(line)).expect("prefill Events are valid");
-                out.push(Arc::new(ev));
+                out.push(ev);
             }
         }
         out

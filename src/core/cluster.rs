@@ -48,7 +48,6 @@ use crate::{Code, ConnId};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where the relay stands with the engine (`/healthz` `cluster.state`).
@@ -83,7 +82,7 @@ impl ClusterState {
 struct Outgoing {
     id: String,
     subject: String,
-    events: Vec<Arc<Event>>,
+    events: Vec<Event>,
 }
 
 impl Outgoing {
@@ -120,14 +119,12 @@ const MAX_MESSAGE: usize = 1 << 20;
 
 /// Splits one stream message into its Events (see [`Outgoing::payload`]): several, one
 /// per line, or one Event alone, raw line breaks and all (an Event with a raw line break
-/// always travels alone: its first line is then no Event). Each Event that a replay
-/// buffer may keep gets bytes of its own when it is only part of the message
-/// ([`super::keepable`]). A line that is no Event is skipped with a warning (relays
-/// publish only validated Events).
-fn split_message(seq: u64, payload: Bytes) -> Vec<Arc<Event>> {
-    let backing = payload.len();
+/// always travels alone: its first line is then no Event). Each Event is a slice of the
+/// message (a replay buffer copies what it keeps). A line that is no Event is skipped
+/// with a warning (relays publish only validated Events).
+fn split_message(seq: u64, payload: Bytes) -> Vec<Event> {
     let whole = |payload: Bytes| match Event::parse(payload) {
-        Ok(ev) => vec![Arc::new(super::keepable(ev, backing))],
+        Ok(ev) => vec![ev],
         Err(e) => {
             log::warn!(
                 "cluster: stream message {seq} is not a valid Event ({}); skipped",
@@ -145,7 +142,7 @@ fn split_message(seq: u64, payload: Bytes) -> Vec<Arc<Event>> {
         let end = memchr::memchr(b'\n', &payload[start..]).map_or(payload.len(), |i| start + i);
         if !payload[start..end].iter().all(u8::is_ascii_whitespace) {
             match Event::parse(payload.slice(start..end)) {
-                Ok(ev) => out.push(Arc::new(super::keepable(ev, backing))),
+                Ok(ev) => out.push(ev),
                 Err(_) if out.is_empty() => return whole(payload),
                 Err(e) => log::warn!(
                     "cluster: a line of stream message {seq} is not a valid Event ({}); skipped",
@@ -270,16 +267,16 @@ pub(super) struct Bus {
     /// had built it, and every stream message admitted since, in stream order. Once the
     /// outbox is back through the stream, the store is rebuilt from them, so it is again
     /// what every other relay built (the same rings, in the same order).
-    provisional: Option<(super::Store<Event>, Vec<Arc<Event>>)>,
+    provisional: Option<(super::Store<Event>, Vec<Event>)>,
     /// Events accepted for the stream and not yet published, with who waits on them
     /// (a WebSocket emitter, or the open group of `POST`s): published together when the
     /// reactor next takes what is for the bridge, once per turn (so the Events of one
     /// turn travel as few stream messages as they can), or before any other publish.
-    loose: Vec<(Arc<Event>, Held)>,
+    loose: Vec<(Event, Held)>,
     /// Stream messages admitted since the last output, published as one ingest unit
     /// (their frames coalesced per consumer, as a POSTed batch's are) when the reactor
     /// next asks for output.
-    batch: Vec<Arc<Event>>,
+    batch: Vec<Event>,
     /// Counters for `/metrics`.
     pub(super) reconnects: u64,
     pub(super) consumer_resets: u64,
@@ -361,7 +358,7 @@ impl Bus {
     /// not per byte). Messages come in the order their first Event came, so each
     /// subject's (each session's) Events keep their order in the stream; an Event with a
     /// raw line break travels alone, and nothing of its subject joins a message before it.
-    fn outgoing(&mut self, events: Vec<Arc<Event>>) -> Vec<Outgoing> {
+    fn outgoing(&mut self, events: Vec<Event>) -> Vec<Outgoing> {
         let room = self
             .max_payload
             .min(MAX_MESSAGE)
@@ -407,7 +404,7 @@ impl Bus {
             return;
         }
         let loose = std::mem::take(&mut self.loose);
-        let mut run: Vec<Arc<Event>> = Vec::new();
+        let mut run: Vec<Event> = Vec::new();
         let mut held = loose[0].1;
         let mut runs = Vec::new();
         for (ev, h) in loose {
@@ -1000,7 +997,7 @@ impl Core {
     /// [`Refusal::HistoryUnavailable`] when a local admission cannot be kept.
     pub(super) fn submit(
         &mut self,
-        events: Vec<Arc<Event>>,
+        events: Vec<Event>,
         waiter: Waiter,
     ) -> Result<Submitted, Refusal> {
         let Some(bus) = self.bus.as_mut() else {
@@ -1084,7 +1081,7 @@ impl Core {
     }
 
     /// Ingest while the engine is unreachable (see the module docs).
-    fn degraded(&mut self, events: Vec<Arc<Event>>) -> Result<usize, Refusal> {
+    fn degraded(&mut self, events: Vec<Event>) -> Result<usize, Refusal> {
         let bus = self.bus.as_mut().expect("clustered");
         let msgs = bus.outgoing(events);
         self.degraded_msgs(msgs)
@@ -1109,7 +1106,7 @@ impl Core {
                 ),
             });
         }
-        let events: Vec<Arc<Event>> = msgs.iter().flat_map(|o| o.events.iter().cloned()).collect();
+        let events: Vec<Event> = msgs.iter().flat_map(|o| o.events.iter().cloned()).collect();
         // On disk before it is answered (issue 23), then in the history.
         bus.log_keep(&msgs)
             .map_err(|detail| Refusal::HistoryUnavailable { detail })?;
@@ -1130,7 +1127,7 @@ impl Core {
     /// Keeps `ev`, delivered here already, for the stream: published on (re)connect, and
     /// not delivered here again when the stream brings that publish back. A no-op for a
     /// single relay.
-    pub(super) fn keep_in_outbox(&mut self, ev: &Arc<Event>) {
+    pub(super) fn keep_in_outbox(&mut self, ev: &Event) {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -1586,7 +1583,7 @@ impl Core {
         self.conns[target.0].send(rfc6455::text(ev.bytes()));
         self.mark_dirty(target.0);
         self.metrics.ingested_ws += 1;
-        let ev = Arc::new(ev);
+
         let bus = self.bus.as_mut().expect("clustered");
         let o = bus.outgoing(vec![ev]).pop().expect("one");
         bus.delivered.insert(o.id.clone(), Some(target));

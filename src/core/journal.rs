@@ -8,7 +8,6 @@
 
 use crate::envelope::Event;
 use crate::store::Store;
-use std::sync::Arc;
 
 /// Keeps accepted Events durably.
 pub trait Journal: std::fmt::Debug + Send {
@@ -19,7 +18,7 @@ pub trait Journal: std::fmt::Debug + Send {
     /// # Errors
     /// What failed (the operation and the OS error), as the `detail` of the refusal the
     /// emitter gets; none of `events` counts as accepted.
-    fn append(&mut self, events: &[Arc<Event>], store: &Store<Event>) -> Result<(), String>;
+    fn append(&mut self, events: &[Event], store: &Store<Event>) -> Result<(), String>;
 }
 
 /// No durable history (the default): every append succeeds and keeps nothing.
@@ -27,7 +26,7 @@ pub trait Journal: std::fmt::Debug + Send {
 pub struct NoJournal;
 
 impl Journal for NoJournal {
-    fn append(&mut self, _: &[Arc<Event>], _: &Store<Event>) -> Result<(), String> {
+    fn append(&mut self, _: &[Event], _: &Store<Event>) -> Result<(), String> {
         Ok(())
     }
 }
@@ -42,7 +41,7 @@ pub struct UnavailableJournal {
 }
 
 impl Journal for UnavailableJournal {
-    fn append(&mut self, _: &[Arc<Event>], _: &Store<Event>) -> Result<(), String> {
+    fn append(&mut self, _: &[Event], _: &Store<Event>) -> Result<(), String> {
         Err(self.reason.clone())
     }
 }

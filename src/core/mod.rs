@@ -28,7 +28,7 @@
 
 use crate::config::Config;
 use crate::control::Claims;
-use crate::envelope::{self, Event};
+use crate::envelope::Event;
 use crate::http;
 use crate::metrics::Metrics;
 use crate::sse;
@@ -44,7 +44,6 @@ use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use timer::Timers;
 
@@ -175,20 +174,6 @@ fn history_streams(store: &Store<Event>, names: &[Box<str>]) -> Vec<(StreamId, R
         .flat_map(|n| store.streams(n))
         .map(|s| (s.id, ReplayFrom::Start))
         .collect()
-}
-
-/// An Event about to be published, made fit to be held in a replay buffer (AEP-0003 §5):
-/// when it may be held (it is session-scoped) and its bytes are only part of the
-/// `backing`-byte buffer it was read into (a batch body, a message with whitespace
-/// around the Event), its bytes are copied into an allocation of their own
-/// ([`Event::compact`]), so what the store keeps, and what `aep_buffered_bytes` counts,
-/// is the Event and not its batch. One copy per held Event at ingest, never per
-/// delivery; agent-scoped Events are never held and are not copied.
-pub(crate) fn keepable(mut ev: Event, backing: usize) -> Event {
-    if ev.scope() != envelope::Scope::Agent {
-        ev.compact(backing);
-    }
-    ev
 }
 
 /// A peer-influenced text made fit for one log line: control characters escaped, cut
@@ -333,7 +318,7 @@ pub struct Core {
     /// reactor writes (`Fanned::Paused`). Each with the connection its fan-out skips (a
     /// command's claimant, which got it directly). `front_placed`: the streams the front
     /// one was admitted to, once admitted.
-    publishing: VecDeque<(Arc<Event>, Option<ConnId>)>,
+    publishing: VecDeque<(Event, Option<ConnId>)>,
     front_placed: Option<SmallVec<[StreamId; 2]>>,
     /// Events admitted for publication so far: the front one's number (`Conn::decided`).
     publication: u64,
@@ -587,8 +572,8 @@ impl Core {
     /// `POST /events` with `application/x-ndjson` does: validated, kept by the
     /// [`Journal`], then published. Returns how many Events were accepted.
     ///
-    /// The core does not know what allocation `ndjson` is a slice of, so every Event it
-    /// keeps in a replay buffer is copied out of it (one copy of the Event's bytes).
+    /// Every Event a replay buffer keeps is copied into the buffer's own arena, so
+    /// nothing of `ndjson` stays allocated once the Events are published.
     ///
     /// # Errors
     /// [`Refusal`] as for the HTTP binding; nothing is published then.
@@ -600,7 +585,7 @@ impl Core {
     ) -> Result<usize, Refusal> {
         self.now = now;
         if self.clustered() {
-            let events = self.validate_body(ndjson, usize::MAX, true)?;
+            let events = self.validate_body(ndjson, true)?;
             return match self.submit(events, cluster::Waiter::None)? {
                 cluster::Submitted::Now(n) => {
                     self.count_ingested(origin, n);
@@ -609,7 +594,7 @@ impl Core {
                 cluster::Submitted::Waiting => Ok(0),
             };
         }
-        self.ingest_body(ndjson, usize::MAX, true, origin)
+        self.ingest_body(ndjson, true, origin)
     }
 
     /// Publishes Events already parsed and validated (a JSONL chunk), as one ingest unit:
@@ -617,7 +602,7 @@ impl Core {
     ///
     /// # Errors
     /// [`Refusal::HistoryUnavailable`]: nothing was published; retry later.
-    pub fn publish_events(&mut self, events: &[Arc<Event>], now: Instant) -> Result<(), Refusal> {
+    pub fn publish_events(&mut self, events: &[Event], now: Instant) -> Result<(), Refusal> {
         self.now = now;
         if self.clustered() {
             self.submit(events.to_vec(), cluster::Waiter::None)?;
@@ -958,7 +943,7 @@ impl Core {
 
     /// Appends a unit of valid Events to the journal, before they are published or
     /// answered.
-    fn persist(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+    fn persist(&mut self, events: &[Event]) -> Result<(), Refusal> {
         self.journal
             .append(events, &self.store)
             .map_err(|detail| Refusal::HistoryUnavailable { detail })
@@ -966,7 +951,7 @@ impl Core {
 
     /// Publishes accepted Events as one ingest unit: their frames are coalesced (see
     /// `fanout`). Behind a paused publication they wait their turn, in order.
-    fn publish_unit(&mut self, events: impl IntoIterator<Item = Arc<Event>>) {
+    fn publish_unit(&mut self, events: impl IntoIterator<Item = Event>) {
         let own_unit = !self.hub.unit_open();
         self.hub.begin_unit();
         let mut events = events.into_iter();
@@ -987,14 +972,14 @@ impl Core {
 
     /// Publishes one Event on its own (a WebSocket message; a command's copy for
     /// observers), in order behind any paused publication.
-    fn publish(&mut self, ev: Arc<Event>) {
+    fn publish(&mut self, ev: Event) {
         self.publish_unit(std::iter::once(ev));
     }
 
     /// Publishes a command to its observers and history, skipping `claimant`, which got
     /// it directly (AEP-0004 §4.2: delivered once), in order behind any paused
     /// publication.
-    fn publish_except(&mut self, ev: Arc<Event>, claimant: ConnId) {
+    fn publish_except(&mut self, ev: Event, claimant: ConnId) {
         self.publishing.push_back((ev, Some(claimant)));
         self.drain_publishing();
     }
@@ -1006,13 +991,14 @@ impl Core {
         // frames join it; otherwise these Events are a unit of their own.
         let own_unit = !self.hub.unit_open();
         self.hub.begin_unit();
-        while let Some((ev, except)) = self.publishing.front().cloned() {
+        while let Some((ev, except)) = self.publishing.front() {
+            let except = *except;
             let placed = match self.front_placed.take() {
                 Some(p) => p,
                 None => {
                     self.ingested += 1;
                     self.publication += 1;
-                    if let Admission::Conflict = self.store.admit(&ev) {
+                    if let Admission::Conflict = self.store.admit(ev) {
                         log::warn!(
                             "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
                             ev.session().unwrap_or_default(),
@@ -1026,7 +1012,7 @@ impl Core {
             };
             self.hub.except = except;
             let fanned = self.hub.fanout(
-                &ev,
+                ev,
                 &placed,
                 self.publication,
                 &mut self.conns,

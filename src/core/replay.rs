@@ -21,7 +21,6 @@ use crate::sse;
 use crate::store::ReplayFrom;
 use crate::ws::aep;
 use bytes::Bytes;
-use std::sync::Arc;
 
 /// Events read from the store per page.
 const PAGE: usize = 64;
@@ -45,7 +44,7 @@ impl Core {
     /// whether replay work remains that only waits for its turn (not for the consumer).
     pub(super) fn pump_replay(&mut self, key: usize) -> bool {
         let low_water = self.config.max_output_bytes / 2;
-        let mut held: Vec<Arc<Event>> = Vec::new();
+        let mut held: Vec<Event> = Vec::new();
         let mut frames: Vec<Bytes> = Vec::new();
         for _ in 0..PAGES_PER_PUMP {
             let Some(conn) = self.conns.get_mut(key) else {
@@ -95,15 +94,15 @@ impl Core {
             let window = conn.deflate_window;
             let deflater = &mut self.hub.deflater;
             let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
-                if filter.matches(&**ev) {
+                if filter.matches(&ev) {
                     let frame = if ws {
-                        Frames::default().ws_for(ev, ceiling, window, deflater)
+                        Frames::default().ws_for(&ev, ceiling, window, deflater)
                     } else {
-                        Frames::default().sse(ev, ceiling)
+                        Frames::default().sse(&ev, ceiling)
                     };
                     room = room.saturating_sub(frame.len());
                     frames.push(frame);
-                    held.push(ev.clone());
+                    held.push(ev);
                 }
                 room > 0
             });

@@ -5,7 +5,7 @@
 
 use super::conn::{Answer, BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
-use super::{history_streams, keepable, loggable, replay_sessions, ConnId, Core, Origin};
+use super::{history_streams, loggable, replay_sessions, ConnId, Core, Origin};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -13,7 +13,6 @@ use crate::sse;
 use crate::{Code, Refusal};
 use bytes::Bytes;
 use serde_json::json;
-use std::sync::Arc;
 
 /// The status page served at `GET /` (one self-contained file, no external assets).
 #[cfg(feature = "status-page")]
@@ -558,12 +557,9 @@ impl Core {
     pub(super) fn on_request(&mut self, key: usize, head: RequestHead, body: Vec<u8>) {
         let close = head.wants_close();
         let batch = head.media_type().as_deref() == Some("application/x-ndjson");
-        // The allocation the body's Bytes keep alive: its capacity (a chunked body grew
-        // by doubling), not its length.
-        let backing = body.capacity();
         if self.clustered() {
             let submitted = self
-                .validate_body(Bytes::from(body), backing, batch)
+                .validate_body(Bytes::from(body), batch)
                 .and_then(|events| self.submit(events, super::cluster::Waiter::Post(key, close)));
             let outcome = match submitted {
                 Ok(super::cluster::Submitted::Waiting) => return,
@@ -576,7 +572,7 @@ impl Core {
             let resp = self.post_answer(key, outcome, close);
             return self.reply(key, resp, close);
         }
-        let outcome = self.ingest_body(Bytes::from(body), backing, batch, Origin::Http);
+        let outcome = self.ingest_body(Bytes::from(body), batch, Origin::Http);
         let resp = self.post_answer(key, outcome, close);
         self.reply(key, resp, close);
     }
@@ -612,17 +608,13 @@ impl Core {
     }
 
     /// Validates every Event of a body, then ingests them all in order, or none.
-    /// `backing` is the size of the allocation `body` is part of (`usize::MAX` when
-    /// unknown): every Event that may be held is given bytes of its own when it is only
-    /// part of it (see [`keepable`]).
     pub(super) fn ingest_body(
         &mut self,
         body: Bytes,
-        backing: usize,
         batch: bool,
         origin: Origin,
     ) -> Result<usize, Refusal> {
-        let ok = self.validate_body(body, backing, batch)?;
+        let ok = self.validate_body(body, batch)?;
         let n = ok.len();
         // Kept in the history before it is published or answered (issue 5).
         self.persist(&ok)?;
@@ -632,60 +624,63 @@ impl Core {
         Ok(n)
     }
 
-    /// Parses and validates every Event of a body (all or none: the first failure is
-    /// the refusal), each given bytes of its own where it may be held (see
-    /// [`keepable`]).
+    /// Parses and validates every Event of a body, in order: all or none, the first
+    /// failure (in line order) is the refusal. Each Event is a slice of `body` (no copy;
+    /// a replay buffer keeps its own copy of what it holds, `store`).
     pub(super) fn validate_body(
         &mut self,
         body: Bytes,
-        backing: usize,
         batch: bool,
-    ) -> Result<Vec<Arc<Event>>, Refusal> {
-        let mut events = Vec::new();
-        if batch {
-            let count = memchr::memchr_iter(b'\n', &body).count() + 1;
-            let mut start = 0;
-            let mut line = 0;
-            let max = self.config.max_batch_events;
-            if count > max {
-                // Blank lines do not count; only refuse when the Events really are too many.
-                let real = body
-                    .split(|b| *b == b'\n')
-                    .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
-                    .count();
-                if real > max {
-                    return Err(Refusal::TooManyEvents { count: real, max });
-                }
-            }
-            while start < body.len() {
-                let end = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |i| start + i);
-                line += 1;
-                let slice = &body[start..end];
-                if !slice.iter().all(|b| b.is_ascii_whitespace()) {
-                    events.push((line, Event::parse(body.slice(start..end))));
-                }
-                start = end + 1;
-            }
-        } else {
-            events.push((1, Event::parse(body)));
+    ) -> Result<Vec<Event>, Refusal> {
+        if !batch {
+            return match Event::parse(body) {
+                Ok(ev) if ev.is_command() => Err(Refusal::Command {
+                    line: 1,
+                    event_type: ev.event_type().to_string(),
+                }),
+                Ok(ev) => Ok(vec![ev]),
+                Err(e) => Err(Refusal::InvalidEvent {
+                    line: 1,
+                    detail: e.detail,
+                }),
+            };
         }
-        let mut ok = Vec::with_capacity(events.len());
-        for (line, ev) in events {
-            match ev {
-                Ok(ev) if ev.is_command() => {
-                    return Err(Refusal::Command {
-                        line,
-                        event_type: ev.event_type().to_string(),
-                    })
-                }
-                Ok(ev) => ok.push(Arc::new(keepable(ev, backing))),
-                Err(e) => {
-                    return Err(Refusal::InvalidEvent {
-                        line,
-                        detail: e.detail,
-                    })
+        let count = memchr::memchr_iter(b'\n', &body).count() + 1;
+        let max = self.config.max_batch_events;
+        if count > max {
+            // Blank lines do not count; only refuse when the Events really are too many.
+            let real = body
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
+                .count();
+            if real > max {
+                return Err(Refusal::TooManyEvents { count: real, max });
+            }
+        }
+        let mut ok = Vec::with_capacity(count);
+        let mut start = 0;
+        let mut line = 0;
+        while start < body.len() {
+            let end = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |i| start + i);
+            line += 1;
+            if !body[start..end].iter().all(|b| b.is_ascii_whitespace()) {
+                match Event::parse(body.slice(start..end)) {
+                    Ok(ev) if ev.is_command() => {
+                        return Err(Refusal::Command {
+                            line,
+                            event_type: ev.event_type().to_string(),
+                        })
+                    }
+                    Ok(ev) => ok.push(ev),
+                    Err(e) => {
+                        return Err(Refusal::InvalidEvent {
+                            line,
+                            detail: e.detail,
+                        })
+                    }
                 }
             }
+            start = end + 1;
         }
         Ok(ok)
     }

@@ -67,8 +67,8 @@ impl Core {
             "subscriptions": self.hub.len(),
             "sessions": {"count": count, "recent": recent},
             "buffered_events": self.store.len(),
-            // The bytes the held Events retain: each has an allocation of its own
-            // (`keepable`), so this is the sum of their sizes.
+            // The held Events' own bytes (copied into the buffers' arenas), the sum of
+            // their sizes.
             "buffered_bytes": self.store.byte_len(),
             "ingested": self.ingested,
             "deliveries": st.deliveries,

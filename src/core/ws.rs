@@ -263,7 +263,7 @@ impl Core {
         let err = match Event::parse(text.clone()) {
             // The decoder hands out each message in an allocation of its own and exact
             // size; only the whitespace around the Event can make it larger.
-            Ok(ev) => return self.ws_event(key, super::keepable(ev, text.len())),
+            Ok(ev) => return self.ws_event(key, ev),
             Err(e) => e,
         };
         let obj = match serde_json::from_slice::<Value>(&text) {
@@ -336,7 +336,7 @@ impl Core {
         if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
             self.ws_claim(key, session);
         }
-        let ev = Arc::new(ev);
+
         if self.clustered() {
             // Into the stream; admitted from there (issue 15).
             return match self.submit(vec![ev.clone()], super::cluster::Waiter::Ws(key)) {
@@ -404,7 +404,7 @@ impl Core {
             Ok(t) => t,
             Err((code, d)) => return self.ws_refuse(key, code, Ref::Cause(ev.id()), &d),
         };
-        let ev = Arc::new(ev);
+
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
             let d = r.to_string();
             return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Cause(ev.id()), &d);

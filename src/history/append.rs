@@ -13,7 +13,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::Arc;
 
 struct OpenFile {
     file: File,
@@ -162,7 +161,7 @@ impl History {
     /// so a later batch reopens them: the caller refuses the whole batch.
     pub fn append_batch(
         &mut self,
-        events: &[Arc<Event>],
+        events: &[Event],
         store: &Store<Event>,
     ) -> Result<usize, HistoryError> {
         // Relative path -> length before this batch.
@@ -394,7 +393,7 @@ impl History {
 /// The files as the core's durable-history port: `append_batch`, its error as the
 /// refusal's detail.
 impl crate::core::Journal for History {
-    fn append(&mut self, events: &[Arc<Event>], store: &Store<Event>) -> Result<(), String> {
+    fn append(&mut self, events: &[Event], store: &Store<Event>) -> Result<(), String> {
         self.append_batch(events, store)
             .map(|_| ())
             .map_err(|e| e.reason())

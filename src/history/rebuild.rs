@@ -9,7 +9,6 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::SystemTime;
 
 /// What [`History::open`](super::History::open) found while rebuilding the replay store.
@@ -144,7 +143,7 @@ fn load_file(
     store: &mut Store<Event>,
     window: usize,
     stats: &mut RebuildStats,
-    foreign: &mut Vec<Arc<Event>>,
+    foreign: &mut Vec<Event>,
 ) -> io::Result<()> {
     let mut file = match OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => f,
@@ -193,12 +192,7 @@ fn load_file(
 /// otherwise be lost). A stream that appears neither in the window nor on the first line
 /// (it started after another emitter's stream in that file and fell silent long before
 /// the end) is the one case it cannot see.
-fn window_suffices(
-    file: &mut File,
-    end: u64,
-    window: &[Arc<Event>],
-    buffer: usize,
-) -> io::Result<bool> {
+fn window_suffices(file: &mut File, end: u64, window: &[Event], buffer: usize) -> io::Result<bool> {
     let mut streams: HashMap<(&str, &str), HashSet<(u64, u64)>> = HashMap::new();
     for ev in window {
         if let (Scope::Sequenced, Some(session), Some(seq)) = (ev.scope(), ev.session(), ev.seq()) {
@@ -247,7 +241,7 @@ fn parse_range(
     start: u64,
     end: u64,
     stats: &mut RebuildStats,
-) -> io::Result<Vec<Arc<Event>>> {
+) -> io::Result<Vec<Event>> {
     let mut out = Vec::new();
     file.seek(SeekFrom::Start(start))?;
     let mut buf = Vec::with_capacity((end - start) as usize);
@@ -260,13 +254,11 @@ fn parse_range(
         line += 1;
         let slice = &buf[at..stop];
         if !slice.iter().all(u8::is_ascii_whitespace) {
-            // Copy: a held Event must not pin the whole read buffer (nor, `compact`,
-            // the whitespace around it).
-            match Event::parse(bytes::Bytes::copy_from_slice(slice)) {
-                Ok(mut ev) => {
-                    ev.compact(slice.len());
+            // A slice of the read buffer: the replay buffer copies what it keeps.
+            match Event::parse(buf.slice(at..stop)) {
+                Ok(ev) => {
                     stats.events += 1;
-                    out.push(Arc::new(ev));
+                    out.push(ev);
                 }
                 Err(e) => {
                     stats.invalid += 1;

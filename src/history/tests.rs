@@ -7,16 +7,15 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::sync::Arc;
 use std::time::SystemTime;
 
-fn ev(agent: &str, session: &str, seq: u64) -> Arc<Event> {
+fn ev(agent: &str, session: &str, seq: u64) -> Event {
     let j = serde_json::json!({
         "aep": "0.1", "id": format!("{session}-{seq}"), "type": "tool.completed",
         "time": "2026-07-03T10:00:00Z", "source": "aep://t/agent/a",
         "agent": agent, "session": session, "seq": seq
     });
-    Arc::new(Event::parse(Bytes::from(serde_json::to_vec(&j).unwrap())).unwrap())
+    Event::parse(Bytes::from(serde_json::to_vec(&j).unwrap())).unwrap()
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -175,8 +174,8 @@ fn foreign_events_from_another_file_are_never_lost_on_rebuild() {
         "aep": "0.1", "id": "r1", "type": "attention.routed", "time": "2026-07-03T10:00:00Z",
         "source": "aep://t/agent/router", "agent": "router", "session": "s", "subject": "x"
     });
-    let routed = Arc::new(Event::parse(Bytes::from(routed.to_string())).unwrap());
-    let mut arrivals: Vec<Arc<Event>> = (0..2).map(|i| ev("a", "s", i)).collect();
+    let routed = Event::parse(Bytes::from(routed.to_string())).unwrap();
+    let mut arrivals: Vec<Event> = (0..2).map(|i| ev("a", "s", i)).collect();
     arrivals.push(routed.clone());
     arrivals.extend((2..5).map(|i| ev("a", "s", i)));
     for e in &arrivals {

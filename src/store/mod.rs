@@ -60,30 +60,36 @@
 //!
 //! - `admit`: O(1) expected for the common case (a position above everything held, or
 //!   any foreign Event: both append); backfill is O(log n) to find its place plus the
-//!   `VecDeque` shift (distance to the nearer end). Dedupe is one keyed hash of
-//!   `(source, id)`, computed once per admission and kept in the ring entry, so evicting
-//!   an Event from the dedupe set never reads its (by then cold) bytes. Finding the stream
-//!   is one hash of the bare name plus a compare of `source` per stream of that name
-//!   (almost always one). A foreign Event costs one append per owning stream of its name.
-//!   Stream eviction is O(1) (intrusive LRU list over a slab) plus dropping the evicted
-//!   buffer.
+//!   `VecDeque` shift (distance to the nearer end) and one dedupe-slot renumbering per
+//!   entry it moves up. Dedupe is one keyed hash of `(source, id)`, computed once per
+//!   admission and kept in the ring entry, so evicting an Event from the dedupe table
+//!   never reads its (by then cold) bytes; the held Event is read back
+//!   ([`Stored::reread`]) only when a lookup finds an equal 64-bit hash (a duplicate).
+//!   Keeping it copies its bytes into the stream's arena (no allocation but one per
+//!   chunk, about one per 32 KiB). Finding the stream is one hash of the bare name plus a
+//!   compare of `source` per stream of that name (almost always one). A foreign Event
+//!   costs one append per owning stream of its name. Stream eviction is O(1) (intrusive
+//!   LRU list over a slab) plus dropping the evicted buffer.
 //! - `replay_after`: O(log n) per stream of the name to find the start, then
-//!   O(delivered).
+//!   O(delivered), each delivered Event read back from its bytes ([`Stored::reread`]:
+//!   for [`Event`], one scan without validation).
 //!
 //! # Memory
 //!
-//! Per held Event the store adds: one 40-byte ring entry (an `Arc` pointer, a 24-byte
-//! order key and the 8-byte dedupe hash); one 16-byte slot (the hash and an `Arc`
-//! pointer) plus one control byte in the per-session dedupe hash set, whose bucket count
-//! ends up at most 4× the items (power-of-two buckets at ≤ 7/8 load, and the steady
-//! evict-then-insert churn leaves tombstones that make it grow once more), so ≤ 68
-//! bytes; and the `Arc`'s 16-byte reference counts. That is ≤ 124 bytes, ≤ 1.21× the raw
-//! bytes of a 600-byte Event, inside the 1.25× budget (the Event's own attribute struct is not counted: it is
-//! shared with fan-out). Ring capacity grows by doubling but is clamped to
-//! `buffer_per_session`, never beyond. Each stream adds a fixed ~350 bytes (its struct,
-//! its name twice, its `source`, its index slot), which is noise for buffers of ~50 Events or more.
-//! `tests/store_memory.rs` measures all of this with a counting allocator (about 72 to
-//! 84 bytes per Event for buffers of 100 to 1024).
+//! A held Event is its bytes, in its stream's arena, plus: one 64-byte ring entry (a
+//! 24-byte order key, the 8-byte dedupe hash and a 32-byte [`Bytes`] slice of the
+//! arena); one 4-byte slot plus one control byte in the stream's dedupe table, whose
+//! bucket count is at most about 4× the items (power-of-two buckets at ≤ 7/8 load, and
+//! evict-then-insert churn may leave tombstones); and its share of the arena's slack:
+//! about one chunk per stream (the unfilled rest of the newest chunk and the evicted start
+//! of the oldest), chunks being at most 32 KiB and at most 1/32 of what the stream may
+//! hold. Nothing of the request or message the Event arrived in is kept. Ring capacity
+//! grows by doubling but is clamped to `buffer_per_session`, never beyond. Each stream
+//! adds a fixed ~400 bytes (its struct, its name twice, its `source` and `agent`, its
+//! index slot), which is noise for buffers of ~50 Events or more.
+//! `tests/store_memory.rs` measures all of this with a counting allocator (about 97 to
+//! 133 bytes per Event beyond its own bytes, for buffers of 1 000 to 100 Events of 600
+//! bytes, in steady churn).
 //!
 //! # Duplicates, conflicts, eviction
 //!
@@ -98,11 +104,12 @@
 //!   [`Admission::Conflict`] for the second, which is not held (and so not in the dedupe
 //!   set: resending it reports `Conflict` again).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::Arc;
+use std::marker::PhantomData;
 
+use bytes::{Bytes, BytesMut};
+use hashbrown::HashTable;
 use slab::Slab;
 use smallvec::{smallvec, SmallVec};
 
@@ -114,7 +121,12 @@ pub type Position = (u64, u64);
 
 /// What the store needs to know about an Event. Implemented for [`Event`]; tests use
 /// small stand-ins.
-pub trait Stored {
+///
+/// The store keeps an admitted Event as its bytes only ([`Stored::bytes`], copied into
+/// the stream's arena) and reads it back with [`Stored::reread`] when it replays it or
+/// must compare it, so a held Event costs its bytes plus a small fixed entry, never the
+/// scanned form the live path uses.
+pub trait Stored: Sized {
     /// `session`, when present (AEP-0001 §5.1 #8).
     fn session(&self) -> Option<&str>;
     /// `(epoch, seq)` with the `epoch` default applied (AEP-0001 §5.1 #11, #12), for
@@ -136,8 +148,13 @@ pub trait Stored {
     }
     /// How the Event relates to session order (AEP-0001 §5.2).
     fn scope(&self) -> Scope;
-    /// Size of the Event's raw bytes, for the buffered-bytes metric.
-    fn byte_len(&self) -> usize;
+    /// The Event's bytes: what a buffer keeps (their length is what
+    /// [`Store::byte_len`] counts) and what [`Stored::reread`] gets back.
+    fn bytes(&self) -> &[u8];
+    /// The Event again, from the bytes [`Stored::bytes`] gave at admission (a slice of
+    /// the stream's arena). `None` when they do not read back, which bytes of an admitted
+    /// Event always do; the store then skips the entry.
+    fn reread(bytes: Bytes) -> Option<Self>;
 }
 
 impl Stored for Event {
@@ -159,10 +176,13 @@ impl Stored for Event {
     fn scope(&self) -> Scope {
         Event::scope(self)
     }
-    /// The Event's bytes; what they retain once the relay made the Event keepable
-    /// ([`Event::compact`], done on every ingest path before admission).
-    fn byte_len(&self) -> usize {
-        self.bytes().len()
+    fn bytes(&self) -> &[u8] {
+        Event::bytes(self)
+    }
+    /// Scans the held bytes again ([`Event::scan`]): they were validated when the Event
+    /// was admitted, so only the attributes are read back.
+    fn reread(bytes: Bytes) -> Option<Event> {
+        Event::scan(bytes).ok()
     }
 }
 
@@ -287,80 +307,93 @@ impl Key {
     }
 }
 
-/// One held Event.
+/// One held Event: its place in the stream's order, its dedupe hash and its bytes (a
+/// slice of the stream's arena, [`Arena`]). 64 bytes.
 #[derive(Clone)]
-struct Entry<E> {
+struct Entry {
     key: Key,
-    /// The Event's dedupe hash, as in its [`ByKey`]: eviction finds the set slot without
-    /// touching the evicted (long cold) Event's bytes.
+    /// The keyed hash of the Event's `(source, id)` ([`Store::hasher`]): its slot in the
+    /// stream's dedupe table, found again at eviction without reading the (long cold)
+    /// Event's bytes.
     hash: u64,
-    ev: Arc<E>,
+    bytes: Bytes,
 }
 
-/// A held Event viewed through its dedupe key `(source, id)`: the dedupe set stores the
-/// Events themselves (one pointer each) rather than copies of their keys, with the key's
-/// hash computed once at admission by the store's keyed aHash (random keys per store) ([`Store::hasher`]).
+impl Entry {
+    /// The held Event, read back from its bytes.
+    fn reread<E: Stored>(&self) -> Option<E> {
+        E::reread(self.bytes.clone())
+    }
+}
+
+/// Where a stream keeps the bytes of its held Events: chunks filled one after another,
+/// each Event a slice of one chunk ([`Bytes`] sharing the chunk's allocation, so keeping
+/// it allocates nothing). A chunk is freed when the last Event in it is evicted, and a
+/// stream's Events leave in order, so what a stream retains is its held Events' bytes
+/// plus the unfilled rest of its newest chunk and the evicted start of its oldest.
 ///
-/// Equal keys have equal hashes (one hasher per store), so comparing `hash` first is
-/// exact; the same `Arc` is equal without reading its key, which is how eviction removes
-/// an Event from the set without a cache miss on its bytes.
-#[derive(Clone)]
-struct ByKey<E> {
-    hash: u64,
-    ev: Arc<E>,
+/// Chunks start at 1 KiB (or the Event's size) and double up to [`Arena::MAX_CHUNK`]
+/// (or 16 Events' worth, when Events are larger), but never past 1/32 of what
+/// the stream may hold (`buffer_per_session` Events of this size): a stream of a few
+/// Events costs little, a long one allocates twice (the chunk and its shared count) per
+/// 32 KiB, and the slack a stream keeps (about one chunk) stays a small share of it.
+#[derive(Clone, Default)]
+struct Arena {
+    /// The unfilled rest of the newest chunk.
+    open: BytesMut,
+    /// Capacity of the newest chunk (the next one doubles it).
+    chunk: usize,
 }
 
-impl<E> Hash for ByKey<E> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
+impl Arena {
+    const MIN_CHUNK: usize = 1 << 10;
+    const MAX_CHUNK: usize = 32 << 10;
 
-impl<E: Stored> PartialEq for ByKey<E> {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash
-            && (Arc::ptr_eq(&self.ev, &other.ev) || self.ev.dedupe_key() == other.ev.dedupe_key())
-    }
-}
-
-impl<E: Stored> Eq for ByKey<E> {}
-
-/// The dedupe set's hasher: the element already is a keyed hash, so it is used as is.
-#[derive(Default)]
-struct PreHashed(u64);
-
-impl Hasher for PreHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is ever called (ByKey::hash); fold anything else anyway.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+    /// A copy of `bytes` in the arena of a stream holding at most `bound` Events.
+    fn keep(&mut self, bytes: &[u8], bound: usize) -> Bytes {
+        if self.open.capacity() < bytes.len() {
+            let max = Self::MAX_CHUNK
+                .max(16 * bytes.len())
+                .min(bound.saturating_mul(bytes.len()) / 32)
+                .max(Self::MIN_CHUNK);
+            self.chunk = (self.chunk * 2)
+                .clamp(Self::MIN_CHUNK, max)
+                .max(bytes.len());
+            self.open = BytesMut::with_capacity(self.chunk);
         }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
+        self.open.extend_from_slice(bytes);
+        self.open.split().freeze()
     }
 }
 
-type DedupeSet<E> = HashSet<ByKey<E>, BuildHasherDefault<PreHashed>>;
+/// A stream's dedupe table: exactly its held Events, by `(source, id)`, each as its
+/// place in the ring counted from the stream's `base` (4 bytes a slot), found by the
+/// entry's [`Entry::hash`]. An entry's key is compared only when the full 64-bit keyed
+/// hashes are equal, by reading the held Event back ([`Stored::reread`]): a duplicate,
+/// or a collision an emitter cannot aim for.
+type DedupeTable = HashTable<u32>;
 
 /// Sentinel for the LRU list links.
 const NIL: usize = usize::MAX;
 
 /// One stream's buffer: an owning stream `(source, session)` or a foreign-only one.
 #[derive(Clone)]
-struct Session<E> {
+struct Session {
     name: Box<str>,
     /// The owning emitter's `source` (AEP-0001 §5.2); `None` for a foreign-only stream.
     source: Option<Box<str>>,
+    /// `agent` of the highest-placed sequenced Event admitted (AEP-0001 §5.1 #7).
+    agent: Option<Box<str>>,
     /// Distinguishes this stream from earlier ones in the same slot ([`StreamId`]).
     serial: u64,
     /// Held Events, strictly increasing by key.
-    ring: VecDeque<Entry<E>>,
+    ring: VecDeque<Entry>,
+    /// The place of `ring[0]` in the count the dedupe table uses (wrapping).
+    base: u32,
     /// Exactly the held Events, by `(source, id)`.
-    ids: DedupeSet<E>,
+    ids: DedupeTable,
+    /// The held Events' bytes.
+    arena: Arena,
     /// Highest position ever admitted (held or since evicted): the anchor of the next
     /// foreign Event.
     high: Option<Position>,
@@ -368,21 +401,24 @@ struct Session<E> {
     foreign_n: u64,
     /// Highest key ever evicted (or dropped on arrival). Every held key is above it.
     evicted_high: Option<Key>,
-    /// Sum of `byte_len()` of the held Events.
+    /// Sum of the held Events' byte lengths.
     bytes: usize,
     /// Neighbours in the LRU list (towards least / most recently written).
     prev: usize,
     next: usize,
 }
 
-impl<E: Stored> Session<E> {
-    fn new(name: &str, source: Option<&str>, serial: u64) -> Session<E> {
+impl Session {
+    fn new(name: &str, source: Option<&str>, serial: u64) -> Session {
         Session {
             name: name.into(),
             source: source.map(Into::into),
+            agent: None,
             serial,
             ring: VecDeque::new(),
-            ids: DedupeSet::default(),
+            base: 0,
+            ids: DedupeTable::new(),
+            arena: Arena::default(),
             high: None,
             foreign_n: 0,
             evicted_high: None,
@@ -390,6 +426,55 @@ impl<E: Stored> Session<E> {
             prev: NIL,
             next: NIL,
         }
+    }
+
+    /// The dedupe-table value of `ring[i]`.
+    fn place(&self, i: usize) -> u32 {
+        self.base.wrapping_add(i as u32)
+    }
+
+    /// The ring index a dedupe-table value names.
+    fn index(&self, place: u32) -> usize {
+        place.wrapping_sub(self.base) as usize
+    }
+
+    /// Whether an Event with dedupe hash `hash` and key `key` is held.
+    fn holds<E: Stored>(&self, hash: u64, key: (&str, &str)) -> bool {
+        self.ids
+            .find(hash, |&p| {
+                let e = &self.ring[self.index(p)];
+                e.hash == hash
+                    && E::reread(e.bytes.clone()).is_some_and(|held| held.dedupe_key() == key)
+            })
+            .is_some()
+    }
+
+    /// Forgets the dedupe-table slot of `ring[i]` (before it leaves the ring).
+    fn forget(&mut self, i: usize) {
+        let (hash, place) = (self.ring[i].hash, self.place(i));
+        if let Ok(slot) = self.ids.find_entry(hash, |&p| p == place) {
+            slot.remove();
+        }
+    }
+
+    /// Inserts `entry` at ring index `idx`, renumbering the dedupe slots of the entries
+    /// it moves up (backfill: those above it, highest first so no two slots ever hold
+    /// one value).
+    fn insert(&mut self, idx: usize, entry: Entry) {
+        let hash = entry.hash;
+        self.ring.insert(idx, entry);
+        for j in (idx + 1..self.ring.len()).rev() {
+            let (h, old, new) = (self.ring[j].hash, self.place(j - 1), self.place(j));
+            if let Some(p) = self.ids.find_mut(h, |&p| p == old) {
+                *p = new;
+            }
+        }
+        let place = self.place(idx);
+        let Session {
+            ring, base, ids, ..
+        } = self;
+        let base = *base;
+        ids.insert_unique(hash, place, |&p| ring[p.wrapping_sub(base) as usize].hash);
     }
 
     /// Lowest held sequenced position.
@@ -423,6 +508,7 @@ impl<E: Stored> Session<E> {
     }
 
     fn info(&self, slot: usize) -> SessionInfo<'_> {
+        let earliest = self.earliest();
         SessionInfo {
             id: StreamId {
                 slot,
@@ -430,15 +516,10 @@ impl<E: Stored> Session<E> {
             },
             name: &self.name,
             source: self.source.as_deref(),
-            agent: self
-                .ring
-                .iter()
-                .rev()
-                .filter(|e| e.key.position().is_some())
-                .find_map(|e| e.ev.agent()),
+            agent: earliest.and(self.agent.as_deref()),
             events: self.ring.len(),
             bytes: self.bytes,
-            earliest: self.earliest(),
+            earliest,
             latest: self.latest(),
             high_water: self.high,
             evicted_high: self.evicted_high.and_then(Key::anchor),
@@ -490,16 +571,16 @@ pub struct Exhausted {
 /// The slots of the streams held under one bare name, in creation order.
 type Named = SmallVec<[usize; 1]>;
 
-/// Bounded per-stream replay buffers (AEP-0003 §5). See the [module docs](self) for the
-/// order, eviction and cost model. A clone shares every held Event (`Arc`) and copies
-/// only the rings and indexes: O(Events held), none of their bytes.
-#[derive(Clone)]
+/// Bounded per-stream replay buffers (AEP-0003 §5) of Events of type `E`. See the
+/// [module docs](self) for the order, eviction and cost model. A clone shares every held
+/// Event's bytes and copies only the rings and indexes: O(Events held), none of their
+/// bytes.
 pub struct Store<E> {
     buffer_per_session: usize,
     max_sessions: usize,
     /// Bare session name → its streams.
     index: HashMap<Box<str>, Named>,
-    slots: Slab<Session<E>>,
+    slots: Slab<Session>,
     /// Least recently written stream, or `NIL`.
     head: usize,
     /// Most recently written stream, or `NIL`.
@@ -513,6 +594,27 @@ pub struct Store<E> {
     /// Keys the dedupe hashes (randomly per store, so `(source, id)` values chosen by a
     /// client cannot collide on purpose).
     hasher: ahash::RandomState,
+    /// What is held: `E`, read back from its bytes.
+    held: PhantomData<fn() -> E>,
+}
+
+impl<E> Clone for Store<E> {
+    fn clone(&self) -> Store<E> {
+        Store {
+            buffer_per_session: self.buffer_per_session,
+            max_sessions: self.max_sessions,
+            index: self.index.clone(),
+            slots: self.slots.clone(),
+            head: self.head,
+            tail: self.tail,
+            events: self.events,
+            bytes: self.bytes,
+            serial: self.serial,
+            placed: self.placed.clone(),
+            hasher: self.hasher.clone(),
+            held: PhantomData,
+        }
+    }
 }
 
 impl<E> fmt::Debug for Store<E> {
@@ -531,9 +633,11 @@ impl<E: Stored> Store<E> {
     /// A store keeping at most `buffer_per_session` Events in each of at most
     /// `max_sessions` streams. Either bound at `0` makes a store that buffers nothing
     /// (every admission is [`Admission::NotBuffered`]). Allocates nothing up front.
+    /// `buffer_per_session` is capped at 2^31 Events (a stream numbers its held Events
+    /// in 32 bits).
     pub fn new(buffer_per_session: usize, max_sessions: usize) -> Store<E> {
         Store {
-            buffer_per_session,
+            buffer_per_session: buffer_per_session.min(1 << 31),
             max_sessions,
             index: HashMap::new(),
             slots: Slab::new(),
@@ -544,6 +648,7 @@ impl<E: Stored> Store<E> {
             serial: 0,
             placed: SmallVec::new(),
             hasher: ahash::RandomState::new(),
+            held: PhantomData,
         }
     }
 
@@ -565,7 +670,7 @@ impl<E: Stored> Store<E> {
     /// eviction; [`Store::last_placed`] then names the streams it went to. Never fails,
     /// never panics on malformed input (an Event lacking what its scope requires is
     /// `NotBuffered`).
-    pub fn admit(&mut self, ev: &Arc<E>) -> Admission {
+    pub fn admit(&mut self, ev: &E) -> Admission {
         self.placed.clear();
         if self.buffer_per_session == 0 || self.max_sessions == 0 {
             return Admission::NotBuffered;
@@ -635,20 +740,10 @@ impl<E: Stored> Store<E> {
 
     /// Admits `ev` (dedupe hash `hash`, position `pos`, `None` for foreign) to stream
     /// `sid`.
-    fn admit_into(
-        &mut self,
-        sid: usize,
-        ev: &Arc<E>,
-        hash: u64,
-        pos: Option<Position>,
-    ) -> Admission {
+    fn admit_into(&mut self, sid: usize, ev: &E, hash: u64, pos: Option<Position>) -> Admission {
         let cap = self.buffer_per_session;
         let s = &mut self.slots[sid];
-        let probe = ByKey {
-            hash,
-            ev: Arc::clone(ev),
-        };
-        if s.ids.contains(&probe) {
+        if s.holds::<E>(hash, ev.dedupe_key()) {
             return Admission::Duplicate;
         }
 
@@ -676,23 +771,31 @@ impl<E: Stored> Store<E> {
                 s.evicted_high = s.evicted_high.max(Some(key));
                 return Admission::NotBuffered;
             }
+            s.forget(0);
             if let Some(old) = s.ring.pop_front() {
                 // The front is the lowest key held, and every held key is above
                 // `evicted_high`, so the front becomes the new `evicted_high`.
+                s.base = s.base.wrapping_add(1);
                 s.evicted_high = Some(old.key);
-                s.bytes -= old.ev.byte_len();
-                self.bytes -= old.ev.byte_len();
+                s.bytes -= old.bytes.len();
+                self.bytes -= old.bytes.len();
                 self.events -= 1;
-                s.ids.remove(&ByKey {
-                    hash: old.hash,
-                    ev: old.ev,
-                });
                 idx -= 1;
             }
         }
 
         match pos {
-            Some(p) => s.high = s.high.max(Some(p)),
+            Some(p) => {
+                if Some(p) > s.high {
+                    // The newest position: its `agent` is the stream's (kept only when
+                    // it changes, which it rarely does).
+                    let agent = ev.agent();
+                    if s.agent.as_deref() != agent {
+                        s.agent = agent.map(Into::into);
+                    }
+                    s.high = Some(p);
+                }
+            }
             None => s.foreign_n += 1,
         }
         if s.ring.len() == s.ring.capacity() {
@@ -701,16 +804,9 @@ impl<E: Stored> Store<E> {
             s.ring
                 .reserve_exact(want.saturating_sub(s.ring.len()).max(1));
         }
-        let len = ev.byte_len();
-        s.ring.insert(
-            idx,
-            Entry {
-                key,
-                hash,
-                ev: Arc::clone(ev),
-            },
-        );
-        s.ids.insert(probe);
+        let bytes = s.arena.keep(ev.bytes(), cap);
+        let len = bytes.len();
+        s.insert(idx, Entry { key, hash, bytes });
         s.bytes += len;
         let serial = s.serial;
         self.bytes += len;
@@ -734,7 +830,7 @@ impl<E: Stored> Store<E> {
         &self,
         session: &str,
         after: Position,
-        out: &mut impl FnMut(&Arc<E>),
+        out: &mut impl FnMut(E),
     ) -> Vec<Exhausted> {
         let mut markers = Vec::new();
         for stream in self.streams(session) {
@@ -767,13 +863,13 @@ impl<E: Stored> Store<E> {
         &self,
         stream: StreamId,
         after: Position,
-        out: &mut impl FnMut(&Arc<E>),
+        out: &mut impl FnMut(E),
     ) -> Option<Position> {
         let s = self.get(stream)?;
         let bound = Key::at(after);
         let start = s.ring.partition_point(|e| e.key <= bound);
-        for e in s.ring.range(start..) {
-            out(&e.ev);
+        for ev in s.ring.range(start..).filter_map(Entry::reread::<E>) {
+            out(ev);
         }
         s.marker_after(after)
     }
@@ -799,7 +895,7 @@ impl<E: Stored> Store<E> {
         stream: StreamId,
         from: ReplayFrom,
         max: usize,
-        out: &mut impl FnMut(&Arc<E>) -> bool,
+        out: &mut impl FnMut(E) -> bool,
     ) -> Option<Page> {
         let s = self.get(stream)?;
         let (start, marker) = match from {
@@ -825,7 +921,7 @@ impl<E: Stored> Store<E> {
         let mut last = None;
         for (i, e) in s.ring.range(start..end).enumerate() {
             last = Some(e.key);
-            if !out(&e.ev) {
+            if e.reread::<E>().is_some_and(|ev| !out(ev)) {
                 end = start + i + 1;
                 break;
             }
@@ -874,12 +970,12 @@ impl<E: Stored> Store<E> {
     /// Replays everything held under the bare name `session`, each stream from its
     /// earliest held Event, streams in creation order, with no marker (the request names
     /// no position). Returns the number of Events delivered (0 when the name is not held).
-    pub fn replay_session_from_start(&self, session: &str, out: &mut impl FnMut(&Arc<E>)) -> usize {
+    pub fn replay_session_from_start(&self, session: &str, out: &mut impl FnMut(E)) -> usize {
         let mut n = 0;
         for &sid in self.index.get(session).into_iter().flatten() {
             let s = &self.slots[sid];
-            for e in &s.ring {
-                out(&e.ev);
+            for ev in s.ring.iter().filter_map(Entry::reread::<E>) {
+                out(ev);
             }
             n += s.ring.len();
         }
@@ -892,11 +988,11 @@ impl<E: Stored> Store<E> {
     /// last, next to the live tail that follows; within a stream, stream order. Wholly
     /// evicted streams are absent (honesty rule 1). A foreign Event held in several
     /// streams of one name comes once per stream. Returns the number of Events delivered.
-    pub fn replay_all(&self, out: &mut impl FnMut(&Arc<E>)) -> usize {
+    pub fn replay_all(&self, out: &mut impl FnMut(E)) -> usize {
         let mut n = 0;
         for (_, s) in self.iter_lru() {
-            for e in &s.ring {
-                out(&e.ev);
+            for ev in s.ring.iter().filter_map(Entry::reread::<E>) {
+                out(ev);
             }
             n += s.ring.len();
         }
@@ -907,18 +1003,16 @@ impl<E: Stored> Store<E> {
     /// stream; for a foreign Event, any stream of its name), so that admitting it would
     /// add no new Event to the store's history (AEP-0001 §7 #4). Read-only; the durable
     /// history uses it so a redelivered Event is not written twice.
-    pub fn holds(&self, ev: &Arc<E>) -> bool {
+    pub fn holds(&self, ev: &E) -> bool {
         let Some(name) = ev.session() else {
             return false;
         };
-        let probe = ByKey {
-            hash: self.hasher.hash_one(ev.dedupe_key()),
-            ev: Arc::clone(ev),
-        };
+        let hash = self.hasher.hash_one(ev.dedupe_key());
         let sequenced = ev.scope() == Scope::Sequenced;
         self.index.get(name).into_iter().flatten().any(|&sid| {
             let s = &self.slots[sid];
-            (!sequenced || s.source.as_deref() == Some(ev.source())) && s.ids.contains(&probe)
+            (!sequenced || s.source.as_deref() == Some(ev.source()))
+                && s.holds::<E>(hash, ev.dedupe_key())
         })
     }
 
@@ -938,7 +1032,7 @@ impl<E: Stored> Store<E> {
         self.events == 0
     }
 
-    /// Total raw bytes of the held Events (sum of [`Stored::byte_len`]).
+    /// Total raw bytes of the held Events (sum of their [`Stored::bytes`] lengths).
     pub fn byte_len(&self) -> usize {
         self.bytes
     }
@@ -954,11 +1048,11 @@ impl<E: Stored> Store<E> {
         self.streams(name).next()
     }
 
-    fn get(&self, id: StreamId) -> Option<&Session<E>> {
+    fn get(&self, id: StreamId) -> Option<&Session> {
         self.slots.get(id.slot).filter(|s| s.serial == id.serial)
     }
 
-    fn iter_lru(&self) -> impl Iterator<Item = (usize, &Session<E>)> + '_ {
+    fn iter_lru(&self) -> impl Iterator<Item = (usize, &Session)> + '_ {
         let mut at = self.head;
         std::iter::from_fn(move || {
             if at == NIL {
@@ -1069,13 +1163,15 @@ impl<E: Stored> Store<E> {
             for w in s.ring.iter().collect::<Vec<_>>().windows(2) {
                 assert!(w[0].key < w[1].key, "strict order");
             }
-            for e in &s.ring {
-                let probe = ByKey {
-                    hash: self.hasher.hash_one(e.ev.dedupe_key()),
-                    ev: Arc::clone(&e.ev),
-                };
-                assert_eq!(probe.hash, e.hash, "entry hash");
-                assert!(s.ids.contains(&probe), "held id in set");
+            for (i, e) in s.ring.iter().enumerate() {
+                let ev: E = e.reread().expect("held bytes read back");
+                assert_eq!(self.hasher.hash_one(ev.dedupe_key()), e.hash, "entry hash");
+                assert!(s.holds::<E>(e.hash, ev.dedupe_key()), "held id in set");
+                let place = s.place(i);
+                assert!(
+                    s.ids.find(e.hash, |&p| p == place).is_some(),
+                    "slot names its entry"
+                );
                 assert!(Some(e.key) > s.evicted_high, "held above evicted_high");
                 if let Some(p) = e.key.anchor() {
                     assert!(Some(p) <= s.high, "high-water");
@@ -1083,13 +1179,13 @@ impl<E: Stored> Store<E> {
                 if e.key.position().is_some() {
                     assert_eq!(
                         s.source.as_deref(),
-                        Some(e.ev.source()),
+                        Some(ev.source()),
                         "a sequenced Event is held in its own (source, session) stream"
                     );
                 }
-                assert_eq!(e.ev.session(), Some(&*s.name), "held under its name");
+                assert_eq!(ev.session(), Some(&*s.name), "held under its name");
             }
-            let b: usize = s.ring.iter().map(|e| e.ev.byte_len()).sum();
+            let b: usize = s.ring.iter().map(|e| e.bytes.len()).sum();
             assert_eq!(b, s.bytes, "session bytes");
             events += s.ring.len();
             bytes += b;
@@ -1113,7 +1209,7 @@ impl<E: Stored> Store<E> {
                     "a foreign-only stream is alone under its name"
                 );
             }
-            let distinct: HashSet<_> = sources.iter().collect();
+            let distinct: std::collections::HashSet<_> = sources.iter().collect();
             assert_eq!(
                 distinct.len(),
                 sources.len(),

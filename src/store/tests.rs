@@ -1,35 +1,11 @@
 //! Unit tests for the replay store (AEP-0001 §5.2, §7; AEP-0003 §5, §7).
 
 use super::*;
+use std::sync::Arc;
 
-/// A stand-in for `envelope::Event` (whose scanner is written elsewhere).
-#[derive(Debug)]
-struct T {
-    session: Option<String>,
-    pos: Option<Position>,
-    source: String,
-    id: String,
-    scope: Scope,
-    len: usize,
-}
-
-impl Stored for T {
-    fn session(&self) -> Option<&str> {
-        self.session.as_deref()
-    }
-    fn position(&self) -> Option<Position> {
-        self.pos
-    }
-    fn dedupe_key(&self) -> (&str, &str) {
-        (&self.source, &self.id)
-    }
-    fn scope(&self) -> Scope {
-        self.scope
-    }
-    fn byte_len(&self) -> usize {
-        self.len
-    }
-}
+#[path = "stand_in.rs"]
+mod stand_in;
+use stand_in::{sealed, T};
 
 const OWNER: &str = "aep://h/agent/a/session/s";
 
@@ -39,36 +15,39 @@ fn sq(session: &str, epoch: u64, seq: u64) -> Arc<T> {
 }
 
 fn sq_id(session: &str, pos: Position, source: &str, id: &str) -> Arc<T> {
-    Arc::new(T {
+    sealed(T {
         session: Some(session.into()),
         pos: Some(pos),
         source: source.into(),
         id: id.into(),
         scope: Scope::Sequenced,
         len: 100,
+        raw: Vec::new(),
     })
 }
 
 /// A foreign Event (no seq) from a consumer, id `name`.
 fn fo(session: &str, name: &str) -> Arc<T> {
-    Arc::new(T {
+    sealed(T {
         session: Some(session.into()),
         pos: None,
         source: "aep://h/consumer".into(),
         id: name.into(),
         scope: Scope::Foreign,
         len: 50,
+        raw: Vec::new(),
     })
 }
 
 fn agent(id: &str) -> Arc<T> {
-    Arc::new(T {
+    sealed(T {
         session: None,
         pos: None,
         source: OWNER.into(),
         id: id.into(),
         scope: Scope::Agent,
         len: 10,
+        raw: Vec::new(),
     })
 }
 
@@ -111,7 +90,7 @@ fn strs(v: &[&str]) -> Vec<String> {
 /// AEP-0001 §5.2: agent.* Events are fanned out live, never buffered.
 #[test]
 fn agent_scope_is_not_buffered() {
-    let mut st = Store::new(10, 10);
+    let mut st: Store<T> = Store::new(10, 10);
     assert_eq!(admit(&mut st, agent("a1")), Admission::NotBuffered);
     assert_eq!(st.len(), 0);
     assert_eq!(st.session_count(), 0);
@@ -120,22 +99,24 @@ fn agent_scope_is_not_buffered() {
 /// Unvalidated input lacking what its scope needs is not buffered, not a panic.
 #[test]
 fn incomplete_events_are_not_buffered() {
-    let mut st = Store::new(10, 10);
-    let no_session = Arc::new(T {
+    let mut st: Store<T> = Store::new(10, 10);
+    let no_session = sealed(T {
         session: None,
         pos: Some((0, 1)),
         source: OWNER.into(),
         id: "x".into(),
         scope: Scope::Sequenced,
         len: 1,
+        raw: Vec::new(),
     });
-    let no_seq = Arc::new(T {
+    let no_seq = sealed(T {
         session: Some("s".into()),
         pos: None,
         source: OWNER.into(),
         id: "y".into(),
         scope: Scope::Sequenced,
         len: 1,
+        raw: Vec::new(),
     });
     assert_eq!(admit(&mut st, no_session), Admission::NotBuffered);
     assert_eq!(admit(&mut st, no_seq), Admission::NotBuffered);
@@ -145,9 +126,9 @@ fn incomplete_events_are_not_buffered() {
 /// A zero bound buffers nothing.
 #[test]
 fn zero_bounds_buffer_nothing() {
-    let mut st = Store::new(0, 10);
+    let mut st: Store<T> = Store::new(0, 10);
     assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
-    let mut st = Store::new(10, 0);
+    let mut st: Store<T> = Store::new(10, 0);
     assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
     assert_eq!(st.session_count(), 0);
 }
@@ -156,7 +137,7 @@ fn zero_bounds_buffer_nothing() {
 /// Event; gaps are legal.
 #[test]
 fn backfill_is_inserted_in_place() {
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     admit_all(
         &mut st,
         [
@@ -199,7 +180,7 @@ fn backfill_is_inserted_in_place() {
 /// id, and not on position.
 #[test]
 fn dedupe_on_source_and_id() {
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     assert_eq!(
         admit(&mut st, sq_id("s", (0, 1), "A", "x")),
         Admission::Admitted
@@ -238,7 +219,7 @@ fn dedupe_on_source_and_id() {
 /// is kept and the second reported as a conflict, not held.
 #[test]
 fn position_conflict_keeps_first() {
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     admit_all(&mut st, [sq("s", 0, 1), sq("s", 0, 2), sq("s", 0, 3)]);
     // At the tail (fast path) and in the middle (binary search).
     assert_eq!(
@@ -263,7 +244,7 @@ fn position_conflict_keeps_first() {
 /// remembers the highest evicted.
 #[test]
 fn ring_evicts_lowest_and_tracks_evicted_high() {
-    let mut st = Store::new(3, 10);
+    let mut st: Store<T> = Store::new(3, 10);
     admit_all(&mut st, (1..=3).map(|i| sq("s", 0, i)));
     assert_eq!(st.session("s").unwrap().evicted_high, None);
     admit_all(&mut st, [sq("s", 0, 4), sq("s", 0, 5)]);
@@ -282,7 +263,7 @@ fn ring_evicts_lowest_and_tracks_evicted_high() {
 /// was evicted, never otherwise.
 #[test]
 fn marker_is_exact() {
-    let mut st = Store::new(3, 10);
+    let mut st: Store<T> = Store::new(3, 10);
     admit_all(&mut st, (1..=5).map(|i| sq("s", 0, i))); // holds 3,4,5; evicted 1,2
     let all = strs(&["e0.3", "e0.4", "e0.5"]);
     // Last saw 2 (the highest evicted): nothing missed.
@@ -295,7 +276,7 @@ fn marker_is_exact() {
     assert_eq!(after(&st, "s", (0, 0)), (all, Some((0, 3))));
 
     // With gaps, the exact line is the highest evicted position, not earliest - 1.
-    let mut st = Store::new(3, 10);
+    let mut st: Store<T> = Store::new(3, 10);
     admit_all(&mut st, [10, 20, 30, 40].map(|i| sq("g", 0, i))); // evicted 10
     assert_eq!(
         after(&st, "g", (0, 15)),
@@ -311,7 +292,7 @@ fn marker_is_exact() {
 /// below it is told so.
 #[test]
 fn backfill_below_full_ring_is_dropped_and_marked() {
-    let mut st = Store::new(3, 10);
+    let mut st: Store<T> = Store::new(3, 10);
     admit_all(&mut st, [10, 20, 30].map(|i| sq("s", 0, i)));
     assert_eq!(admit(&mut st, sq("s", 0, 5)), Admission::NotBuffered);
     assert_eq!(from_start(&st, "s"), strs(&["e0.10", "e0.20", "e0.30"]));
@@ -322,7 +303,7 @@ fn backfill_below_full_ring_is_dropped_and_marked() {
     assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
     assert_eq!(st.session("s").unwrap().evicted_high, Some((0, 5)));
     // A drop does not count as a write for the session LRU.
-    let mut st = Store::new(1, 2);
+    let mut st: Store<T> = Store::new(1, 2);
     admit_all(&mut st, [sq("a", 0, 5), sq("b", 0, 5)]);
     assert_eq!(admit(&mut st, sq("a", 0, 1)), Admission::NotBuffered);
     admit_all(&mut st, [sq("c", 0, 1)]);
@@ -334,7 +315,7 @@ fn backfill_below_full_ring_is_dropped_and_marked() {
 /// is placed by its position again, below a full ring, so it is dropped.
 #[test]
 fn dedupe_forgets_evicted_events() {
-    let mut st = Store::new(2, 10);
+    let mut st: Store<T> = Store::new(2, 10);
     admit_all(&mut st, [fo("s", "cmd"), sq("s", 0, 1), sq("s", 0, 2)]); // evicts cmd
     assert_eq!(from_start(&st, "s"), strs(&["e0.1", "e0.2"]));
     assert_eq!(admit(&mut st, fo("s", "cmd")), Admission::Admitted); // evicts 0.1
@@ -342,7 +323,7 @@ fn dedupe_forgets_evicted_events() {
     assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::NotBuffered);
     assert_eq!(admit(&mut st, sq("s", 0, 2)), Admission::Duplicate);
     // In a ring that is not full nothing was evicted, so nothing is forgotten.
-    let mut st = Store::new(10, 10);
+    let mut st: Store<T> = Store::new(10, 10);
     admit_all(&mut st, [sq("s", 0, 1)]);
     assert_eq!(admit(&mut st, sq("s", 0, 1)), Admission::Duplicate);
 }
@@ -351,7 +332,7 @@ fn dedupe_forgets_evicted_events() {
 /// session's high-water position; replay after their anchor includes them.
 #[test]
 fn foreign_anchoring_and_replay_inclusion() {
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     admit_all(
         &mut st,
         [
@@ -386,7 +367,7 @@ fn foreign_anchoring_and_replay_inclusion() {
 /// anchor goes after; the next foreign Event anchors to the new high-water.
 #[test]
 fn foreign_and_backfill_interleave() {
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     admit_all(
         &mut st,
         [
@@ -409,14 +390,14 @@ fn foreign_and_backfill_interleave() {
 /// A foreign Event in a session with no sequenced Event yet sorts before everything.
 #[test]
 fn foreign_before_everything() {
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     admit_all(
         &mut st,
         [fo("s", "F"), fo("s", "G"), sq("s", 0, 0), fo("s", "H")],
     );
     assert_eq!(from_start(&st, "s"), strs(&["F", "G", "e0.0", "H"]));
     assert_eq!(after(&st, "s", (0, 0)), (strs(&["H"]), None));
-    let mut st = Store::new(100, 10);
+    let mut st: Store<T> = Store::new(100, 10);
     admit_all(&mut st, [fo("t", "F")]);
     let info = st.session("t").unwrap();
     assert_eq!(
@@ -430,7 +411,7 @@ fn foreign_before_everything() {
 /// would have redelivered it to) gets a marker; one resuming from above P does not.
 #[test]
 fn evicted_foreign_marks_its_anchor() {
-    let mut st = Store::new(2, 10);
+    let mut st: Store<T> = Store::new(2, 10);
     admit_all(&mut st, [sq("s", 0, 1), fo("s", "A"), sq("s", 0, 2)]); // evicts 1
     assert_eq!(after(&st, "s", (0, 1)), (strs(&["A", "e0.2"]), None));
     admit_all(&mut st, [sq("s", 0, 3)]); // evicts A (anchored at 1)
@@ -442,7 +423,7 @@ fn evicted_foreign_marks_its_anchor() {
     );
     assert_eq!(after(&st, "s", (0, 2)), (strs(&["e0.3"]), None));
     // Foreign Events anchored before everything, evicted, never mark a position.
-    let mut st = Store::new(1, 10);
+    let mut st: Store<T> = Store::new(1, 10);
     admit_all(&mut st, [fo("t", "F"), sq("t", 0, 0)]);
     assert_eq!(st.session("t").unwrap().evicted_high, None);
     assert_eq!(after(&st, "t", (0, 0)), (vec![], None));
@@ -452,7 +433,7 @@ fn evicted_foreign_marks_its_anchor() {
 /// its anchor, and a marker names that anchor as `earliest`.
 #[test]
 fn foreign_only_buffer_after_eviction() {
-    let mut st = Store::new(2, 10);
+    let mut st: Store<T> = Store::new(2, 10);
     admit_all(
         &mut st,
         [sq("s", 0, 1), fo("s", "A"), fo("s", "B"), fo("s", "C")],
@@ -472,7 +453,7 @@ fn foreign_only_buffer_after_eviction() {
 /// At `max_sessions`, a new session evicts the least-recently-written one entirely.
 #[test]
 fn session_lru_eviction() {
-    let mut st = Store::new(10, 2);
+    let mut st: Store<T> = Store::new(10, 2);
     admit_all(&mut st, [sq("a", 0, 1), sq("b", 0, 1), sq("a", 0, 2)]);
     // b is now least recently written.
     admit_all(&mut st, [sq("c", 0, 1)]);
@@ -501,7 +482,7 @@ fn session_lru_eviction() {
 /// first, no marker involved.
 #[test]
 fn replay_all_order() {
-    let mut st = Store::new(2, 10);
+    let mut st: Store<T> = Store::new(2, 10);
     admit_all(
         &mut st,
         [
@@ -524,7 +505,7 @@ fn replay_all_order() {
 /// Metrics introspection: counts and bytes per session and in total, with positions.
 #[test]
 fn introspection() {
-    let mut st = Store::new(3, 10);
+    let mut st: Store<T> = Store::new(3, 10);
     admit_all(
         &mut st,
         [sq("a", 0, 1), fo("a", "F"), sq("b", 1, 7), sq("a", 0, 2)],
@@ -566,20 +547,20 @@ fn introspection() {
     assert_eq!(st.max_sessions(), 10);
 }
 
-/// The ring entry stays at one `Arc`, a 24-byte key and the 8-byte dedupe hash; a dedupe
-/// slot at the hash and one `Arc` (module docs, "Memory").
+/// The ring entry stays at a 24-byte key, the 8-byte dedupe hash and a 32-byte slice of
+/// the arena; a dedupe slot at 4 bytes (module docs, "Memory").
 #[test]
 fn entry_is_small() {
     assert_eq!(std::mem::size_of::<Key>(), 24);
-    assert_eq!(std::mem::size_of::<Entry<T>>(), 40);
-    assert_eq!(std::mem::size_of::<ByKey<T>>(), 16);
+    assert_eq!(std::mem::size_of::<Entry>(), 64);
+    assert_eq!(std::mem::size_of::<u32>(), 4);
 }
 
 /// 100k admits into buffers of 1000 stay bounded: per-session length and capacity, session
 /// count, and a dedupe set that mirrors the ring.
 #[test]
 fn large_counts_stay_bounded() {
-    let mut st = Store::new(1000, 10);
+    let mut st: Store<T> = Store::new(1000, 10);
     for i in 0..100_000u64 {
         let s = format!("s{}", i % 10);
         let ev = if i % 7 == 0 {
@@ -608,7 +589,7 @@ fn large_counts_stay_bounded() {
     assert_eq!(st.byte_len(), 10 * 100);
 
     // One hot session: exactly the newest 1000 are held.
-    let mut st = Store::new(1000, 1);
+    let mut st: Store<T> = Store::new(1000, 1);
     for i in 0..100_000u64 {
         st.admit(&sq("hot", 0, i));
     }
@@ -745,7 +726,7 @@ fn of(source: &str, session: &str, seq: u64) -> Arc<T> {
 /// `s_shared` pair), and a resume position of the bare name applies to both.
 #[test]
 fn same_name_from_two_emitters_is_two_streams() {
-    let mut st = Store::new(10, 10);
+    let mut st: Store<T> = Store::new(10, 10);
     assert_eq!(
         admit(&mut st, of(ALPHA, "s_shared", 0)),
         Admission::Admitted
@@ -782,7 +763,7 @@ fn same_name_from_two_emitters_is_two_streams() {
 /// other emitter's stream at that position is untouched.
 #[test]
 fn a_conflict_is_within_one_stream_only() {
-    let mut st = Store::new(10, 10);
+    let mut st: Store<T> = Store::new(10, 10);
     admit_all(&mut st, [of(ALPHA, "s", 3), of(BETA, "s", 3)]);
     assert_eq!(
         admit(&mut st, sq_id("s", (0, 3), ALPHA, "alpha-other")),
@@ -803,7 +784,7 @@ fn a_conflict_is_within_one_stream_only() {
 /// never mark (or shorten) the quiet one's replay of the same name.
 #[test]
 fn ring_eviction_and_markers_are_per_stream() {
-    let mut st = Store::new(2, 10);
+    let mut st: Store<T> = Store::new(2, 10);
     admit_all(&mut st, (0..5).map(|q| of(ALPHA, "s", q)));
     admit_all(&mut st, (0..2).map(|q| of(BETA, "s", q)));
     let mut got = Vec::new();
@@ -830,7 +811,7 @@ fn ring_eviction_and_markers_are_per_stream() {
 /// stream, which may be one of two sharing a name; the other stays whole.
 #[test]
 fn session_eviction_counts_streams() {
-    let mut st = Store::new(10, 2);
+    let mut st: Store<T> = Store::new(10, 2);
     admit_all(
         &mut st,
         [of(ALPHA, "s", 0), of(BETA, "s", 0), of(ALPHA, "s", 1)],
@@ -850,7 +831,7 @@ fn session_eviction_counts_streams() {
 /// the Event when it arrived after that position (at-least-once, AEP-0001 §7 #4).
 #[test]
 fn foreign_events_join_every_stream_of_their_name() {
-    let mut st = Store::new(10, 10);
+    let mut st: Store<T> = Store::new(10, 10);
     admit_all(&mut st, (0..3).map(|q| of(ALPHA, "s", q)));
     admit_all(&mut st, (0..6).map(|q| of(BETA, "s", q)));
     assert_eq!(admit(&mut st, fo("s", "routed")), Admission::Admitted);
@@ -884,7 +865,7 @@ fn foreign_events_join_every_stream_of_their_name() {
 /// the first owner of that name adopts; a second owner starts a stream of its own.
 #[test]
 fn a_foreign_only_stream_is_adopted_by_the_first_owner() {
-    let mut st = Store::new(10, 10);
+    let mut st: Store<T> = Store::new(10, 10);
     admit_all(&mut st, [fo("s", "early")]);
     let early = st.session("s").unwrap();
     assert_eq!((early.source, early.earliest), (None, None));

@@ -24,7 +24,6 @@ use aep_relay::envelope::Event;
 use aep_relay::Config;
 use bytes::Bytes;
 use std::io::{self, IoSlice, Write};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One in-memory peer.
@@ -304,11 +303,12 @@ impl Sim {
 
     /// Publishes Events already parsed and validated, as one ingest unit (as a JSONL
     /// source does, [`Core::publish_events`]): no parse, so a fuzz target can parse a
-    /// fixed set of Events once and share them (`Arc`, immutable) between inputs.
+    /// fixed set of Events once and share them between inputs (cloning an Event shares
+    /// its bytes).
     ///
     /// # Errors
     /// [`Refusal::HistoryUnavailable`] from the journal; nothing was published.
-    pub fn publish_events(&mut self, events: &[Arc<Event>]) -> Result<(), Refusal> {
+    pub fn publish_events(&mut self, events: &[Event]) -> Result<(), Refusal> {
         self.core.publish_events(events, self.now)?;
         self.run();
         Ok(())
