@@ -18,8 +18,9 @@
 //!   fan-out, the 202 answer. `core`: `Core::ingest` of the NDJSON body as `Bytes`
 //!   (`Sim::ingest`), the same path minus HTTP.
 //! - `batch`: Events per body (64 or 1); `size`: bytes per Event (580 or 4 096).
-//! - `subs`: SSE subscribers attached (`GET /stream`, no filter, reading everything
-//!   after every body): 0 or 1. A WebSocket subscriber is not measured here.
+//! - `sub`: the one subscriber attached, reading everything after every body: `none`;
+//!   `sse`: `GET /stream` with no filter; `ws`: a WebSocket consumer (`GET /socket`
+//!   upgrade without `permessage-deflate`, `hello`, `subscribe` with no filter).
 //! - `allocs/Event`: allocations and reallocations during the ingest calls divided by
 //!   the Events admitted (the `Core::ingested` delta, checked equal to the Events sent).
 //!   Issue 24 target: ≤ 0.05.
@@ -41,6 +42,7 @@
 //! - `buffered/sum`: `aep_buffered_bytes` of `GET /metrics` divided by the sum of the
 //!   Events' lengths (1.000 when the metric counts exactly the Events' own bytes).
 
+use aep_relay::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use criterion::black_box;
@@ -58,6 +60,62 @@ fn config(buffer: usize, sessions: usize) -> Config {
         buffer_per_session: buffer,
         max_sessions: sessions,
         ..Config::default()
+    }
+}
+
+/// The subscriber a run has (module docs, `sub`).
+#[derive(Clone, Copy)]
+enum Sub {
+    None,
+    Sse,
+    Ws,
+}
+
+impl Sub {
+    fn name(self) -> &'static str {
+        match self {
+            Sub::None => "none",
+            Sub::Sse => "sse",
+            Sub::Ws => "ws",
+        }
+    }
+
+    /// Attaches this subscriber to `relay`, its answers taken.
+    fn attach(self, relay: &mut Sim) -> Option<ConnId> {
+        let k = match self {
+            Sub::None => return None,
+            Sub::Sse => {
+                let k = relay.connect(None);
+                relay.feed(k, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
+                let head = relay.take_output(k).expect("open");
+                assert!(head.starts_with(b"HTTP/1.1 200"), "SSE stream refused");
+                k
+            }
+            Sub::Ws => {
+                let k = relay.connect(None);
+                relay.feed(
+                    k,
+                    b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                      Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+                    false,
+                );
+                let head = relay.take_output(k).expect("open");
+                assert!(head.starts_with(b"HTTP/1.1 101"), "upgrade failed");
+                let mut frames = Vec::new();
+                let hello = br#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#;
+                client_frame(0x81, hello, Some([1, 2, 3, 4]), &mut frames);
+                let subscribe = br#"{"type":"subscribe","id":"all"}"#;
+                client_frame(0x81, subscribe, Some([5, 6, 7, 8]), &mut frames);
+                relay.feed(k, &frames, false);
+                let out = relay.take_output(k).expect("hello and subscribed");
+                assert!(
+                    out.windows(10).any(|w| w == b"subscribed"),
+                    "subscribe failed"
+                );
+                k
+            }
+        };
+        Some(k)
     }
 }
 
@@ -82,19 +140,9 @@ struct Run {
 }
 
 impl Run {
-    fn new(subscribers: usize) -> Run {
+    fn new(sub: Sub) -> Run {
         let mut relay = Sim::new(config(BUFFER, 16)).expect("relay");
-        let subs = (0..subscribers)
-            .map(|_| {
-                let k = relay.connect(None);
-                relay.feed(k, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", false);
-                assert!(relay
-                    .take_output(k)
-                    .expect("open")
-                    .starts_with(b"HTTP/1.1 200"));
-                k
-            })
-            .collect();
+        let subs = sub.attach(&mut relay).into_iter().collect();
         let emitter = relay.connect(None);
         Run {
             relay,
@@ -127,7 +175,9 @@ impl Run {
             }
         };
         for &k in &self.subs {
-            black_box(self.relay.take_output(k).expect("subscriber open"));
+            let out = self.relay.take_output(k).expect("subscriber open");
+            assert!(out.len() >= batch * size, "the subscriber got every Event");
+            black_box(out);
         }
         (a, b)
     }
@@ -137,12 +187,12 @@ fn allocations() {
     println!("ingest_alloc: allocations per admitted Event (steady state: buffer {BUFFER}, full, every admission evicts)");
     println!(
         "{:<5} {:>5} {:>5} {:>4} {:>8} {:>12} {:>12} {:>11}",
-        "path", "batch", "size", "subs", "events", "allocs/Event", "bytes/Event", "allocs/body"
+        "path", "batch", "size", "sub", "events", "allocs/Event", "bytes/Event", "allocs/body"
     );
     for (path, name) in [(Path::Http, "http"), (Path::Core, "core")] {
         for (batch, size, events) in [(64, 580, 100_000), (1, 580, 100_000), (64, 4096, 20_000)] {
-            for subscribers in [0, 1] {
-                let mut run = Run::new(subscribers);
+            for sub in [Sub::None, Sub::Sse, Sub::Ws] {
+                let mut run = Run::new(sub);
                 while run.next < 2 * BUFFER as u64 {
                     run.body(path, batch.max(64), size);
                 }
@@ -159,7 +209,8 @@ fn allocations() {
                 let admitted = (run.relay.core().ingested() - before) as usize;
                 assert_eq!(admitted, sent, "every Event sent was admitted");
                 println!(
-                    "{name:<5} {batch:>5} {size:>5} {subscribers:>4} {admitted:>8} {:>12.3} {:>12.0} {:>11.2}",
+                    "{name:<5} {batch:>5} {size:>5} {:>4} {admitted:>8} {:>12.3} {:>12.0} {:>11.2}",
+                    sub.name(),
                     allocs as f64 / admitted as f64,
                     asked as f64 / admitted as f64,
                     allocs as f64 / bodies as f64,
