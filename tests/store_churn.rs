@@ -107,7 +107,10 @@ fn max_sessions_churn_of_100k_streams_keeps_the_heap_bounded() {
     // The relay holds the last 64 streams, all their Events: eviction happened.
     let held_events = MAX_SESSIONS * PER_STREAM as usize;
     let (bytes, events) = buffered(&mut relay);
-    assert_eq!(events, held_events, "the relay holds {MAX_SESSIONS} streams");
+    assert_eq!(
+        events, held_events,
+        "the relay holds {MAX_SESSIONS} streams"
+    );
     assert!(bytes <= held_events * event_len, "{bytes} buffered bytes");
     let per_session = 4096; // a session's fixed cost: struct, names, index slots
     let bound = held_events * (event_len + counting::PER_EVENT_CONSTANT)
@@ -159,5 +162,8 @@ fn evicting_the_oldest_events_of_a_full_buffer_frees_them() {
         peak <= full + batch_bytes / 2,
         "evictions kept memory: {full} bytes live when the buffer was full, peak {peak} after (a batch is {batch_bytes} bytes)"
     );
-    assert!(at_end <= full + batch_bytes / 2, "{at_end} bytes live at the end, {full} when full");
+    assert!(
+        at_end <= full + batch_bytes / 2,
+        "{at_end} bytes live at the end, {full} when full"
+    );
 }

@@ -66,30 +66,31 @@
 //!   never reads its (by then cold) bytes; the held Event is read back
 //!   ([`Stored::reread`]) only when a lookup finds an equal 64-bit hash (a duplicate).
 //!   Keeping it copies its bytes into the stream's arena (no allocation but one per
-//!   chunk, about one per 32 KiB). Finding the stream is one hash of the bare name plus a
+//!   new chunk, at most one per 16 KiB, none when a spare chunk is reused). Finding the stream is one hash of the bare name plus a
 //!   compare of `source` per stream of that name (almost always one). A foreign Event
 //!   costs one append per owning stream of its name. Stream eviction is O(1) (intrusive
 //!   LRU list over a slab) plus dropping the evicted buffer.
 //! - `replay_after`: O(log n) per stream of the name to find the start, then
-//!   O(delivered), each delivered Event read back from its bytes ([`Stored::reread`]:
-//!   for [`Event`], one scan without validation).
+//!   O(delivered), each delivered Event read back from a copy of its bytes
+//!   ([`Stored::reread`]: for [`Event`], one scan without validation).
 //!
 //! # Memory
 //!
-//! A held Event is its bytes, in its stream's arena, plus: one 64-byte ring entry (a
-//! 24-byte order key, the 8-byte dedupe hash and a 32-byte [`Bytes`] slice of the
-//! arena); one 4-byte slot plus one control byte in the stream's dedupe table, whose
+//! A held Event is its bytes, in its stream's arena, plus: one 36-byte ring entry (a
+//! 20-byte order key, 4 bytes of the dedupe hash, and where its bytes are: chunk, offset,
+//! length); one 4-byte slot plus one control byte in the stream's dedupe table, whose
 //! bucket count is at most about 4× the items (power-of-two buckets at ≤ 7/8 load, and
 //! evict-then-insert churn may leave tombstones); and its share of the arena's slack:
-//! about one chunk per stream (the unfilled rest of the newest chunk and the evicted start
-//! of the oldest), chunks being at most 32 KiB and at most 1/32 of what the stream may
-//! hold. Nothing of the request or message the Event arrived in is kept. Ring capacity
-//! grows by doubling but is clamped to `buffer_per_session`, never beyond. Each stream
-//! adds a fixed ~400 bytes (its struct, its name twice, its `source` and `agent`, its
-//! index slot), which is noise for buffers of ~50 Events or more.
-//! `tests/store_memory.rs` measures all of this with a counting allocator (about 97 to
-//! 133 bytes per Event beyond its own bytes, for buffers of 1 000 to 100 Events of 600
-//! bytes, in steady churn).
+//! the unfilled rest of the stream's newest chunk and the unused end of each full one,
+//! chunks being at most 16 KiB and at most 1/32 of what the stream may hold. Nothing of
+//! the request or message the Event arrived in is kept. Ring capacity grows by doubling
+//! but is clamped to `buffer_per_session`, never beyond. Each stream adds a fixed ~400
+//! bytes (its struct, its name twice, its `source` and `agent`, its index slot), which
+//! is noise for buffers of ~50 Events or more; the store keeps at most 8 spare chunks.
+//! `tests/store_memory.rs` measures all of this with a counting allocator (about 80 to
+//! 120 bytes per Event beyond its own bytes, for buffers of 1 000 to 100 Events of 600
+//! bytes, in steady churn); `cargo bench --bench ingest_alloc` prints it for 1 000
+//! streams of 1 000 Events of 580 bytes (about 58 bytes).
 //!
 //! # Duplicates, conflicts, eviction
 //!
@@ -249,7 +250,19 @@ pub struct Page {
 }
 
 /// Bit that separates "before everything" foreign keys from keys at a position.
-const AT: u64 = 1 << 63;
+const AT: u32 = 1 << 31;
+
+/// A `u64` as two `u32` halves, high first: the same order under the derived
+/// lexicographic comparison, at 4-byte alignment (so an [`Entry`] packs to 36 bytes).
+type Split = [u32; 2];
+
+fn split(v: u64) -> Split {
+    [(v >> 32) as u32, v as u32]
+}
+
+fn join([hi, lo]: Split) -> u64 {
+    (u64::from(hi) << 32) | u64::from(lo)
+}
 
 /// An Event's place in its session's total order.
 ///
@@ -258,38 +271,37 @@ const AT: u64 = 1 << 63;
 /// - foreign Event number `n` anchored "before everything": `((0, 0), n)`, below every
 ///   position since `n < AT`.
 ///
-/// The derived lexicographic order is the session order. 24 bytes, not 32 as an
-/// `Option<Position>` anchor would take.
+/// The derived lexicographic order is the session order. 20 bytes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Key {
-    epoch: u64,
-    seq: u64,
-    sub: u64,
+    epoch: Split,
+    seq: Split,
+    sub: u32,
 }
 
 impl Key {
     /// The key of a sequenced Event at `p`; also the replay bound "everything after `p`".
     fn at((epoch, seq): Position) -> Key {
         Key {
-            epoch,
-            seq,
+            epoch: split(epoch),
+            seq: split(seq),
             sub: AT,
         }
     }
 
     /// The key of the `n`-th foreign Event of a session (`n >= 1`).
     fn foreign(anchor: Option<Position>, n: u64) -> Key {
-        // 2^63 foreign Events in one session cannot happen; keep the order sane anyway.
-        let n = n.min(AT - 1);
+        // 2^31 foreign Events in one stream do not happen; past that they would share
+        // one key (and the later ones be refused as conflicts), never break the order.
+        let n = n.min(u64::from(AT - 1)) as u32;
         match anchor {
-            Some((epoch, seq)) => Key {
-                epoch,
-                seq,
+            Some(p) => Key {
                 sub: AT + n,
+                ..Key::at(p)
             },
             None => Key {
-                epoch: 0,
-                seq: 0,
+                epoch: [0; 2],
+                seq: [0; 2],
                 sub: n,
             },
         }
@@ -298,60 +310,83 @@ impl Key {
     /// The position this key is at (sequenced) or follows (foreign); `None` for "before
     /// everything".
     fn anchor(self) -> Option<Position> {
-        (self.sub >= AT).then_some((self.epoch, self.seq))
+        (self.sub >= AT).then_some((join(self.epoch), join(self.seq)))
     }
 
     /// The position of a sequenced Event's key.
     fn position(self) -> Option<Position> {
-        (self.sub == AT).then_some((self.epoch, self.seq))
+        (self.sub == AT).then_some((join(self.epoch), join(self.seq)))
     }
 }
 
-/// One held Event: its place in the stream's order, its dedupe hash and its bytes (a
-/// slice of the stream's arena, [`Arena`]). 64 bytes.
-#[derive(Clone)]
+/// One held Event: its place in the stream's order, its dedupe hash, and where its bytes
+/// are in the stream's [`Arena`]. 36 bytes.
+#[derive(Copy, Clone)]
 struct Entry {
     key: Key,
-    /// The keyed hash of the Event's `(source, id)` ([`Store::hasher`]): its slot in the
-    /// stream's dedupe table, found again at eviction without reading the (long cold)
-    /// Event's bytes.
-    hash: u64,
-    bytes: Bytes,
+    /// The low half of the keyed hash of the Event's `(source, id)` ([`Store::hasher`]):
+    /// its slot in the stream's dedupe table ([`table_hash`]), found again at eviction
+    /// without reading the (long cold) Event's bytes.
+    hash: u32,
+    /// The arena chunk holding its bytes (numbered as [`Arena::first`] counts).
+    chunk: u32,
+    /// Its bytes' offset in that chunk, and their length.
+    off: u32,
+    len: u32,
 }
 
-impl Entry {
-    /// The held Event, read back from its bytes.
-    fn reread<E: Stored>(&self) -> Option<E> {
-        E::reread(self.bytes.clone())
-    }
+/// The dedupe table's hash of an entry with hash `h` (the low half of the keyed hash):
+/// spread over 64 bits, as the table picks buckets from the low bits and tags from the
+/// high ones.
+fn table_hash(h: u32) -> u64 {
+    u64::from(h).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Where a stream keeps the bytes of its held Events: chunks filled one after another,
-/// each Event a slice of one chunk ([`Bytes`] sharing the chunk's allocation, so keeping
-/// it allocates nothing). A chunk is freed when the last Event in it is evicted, and a
+/// each Event a run of bytes in one chunk. A chunk is given back as soon as the last
+/// Event in it is evicted (to the store's few spare chunks, [`Spare`], or freed); a
 /// stream's Events leave in order, so what a stream retains is its held Events' bytes
-/// plus the unfilled rest of its newest chunk and the evicted start of its oldest.
+/// plus the unfilled rest of its newest chunk (and the unused end of each full chunk,
+/// less than one Event).
 ///
 /// Chunks start at 1 KiB (or the Event's size) and double up to [`Arena::MAX_CHUNK`]
-/// (or 16 Events' worth, when Events are larger), but never past 1/32 of what
-/// the stream may hold (`buffer_per_session` Events of this size): a stream of a few
-/// Events costs little, a long one allocates twice (the chunk and its shared count) per
-/// 32 KiB, and the slack a stream keeps (about one chunk) stays a small share of it.
+/// (or 16 Events' worth, when Events are larger), but never past 1/32 of what the
+/// stream may hold (`buffer_per_session` Events of this size): a stream of a few Events
+/// costs little, a long one allocates at most once per 16 KiB (never, in steady churn,
+/// when evicted chunks are reused), and the slack a stream keeps stays a small share of
+/// it.
 #[derive(Clone, Default)]
 struct Arena {
-    /// The unfilled rest of the newest chunk.
-    open: BytesMut,
+    /// `chunks[i]` is chunk number `first + i` (wrapping), with the count of held Events
+    /// in it; `None` once given back. The last one is being filled.
+    chunks: VecDeque<(Option<BytesMut>, u32)>,
+    /// The number of `chunks[0]`.
+    first: u32,
     /// Capacity of the newest chunk (the next one doubles it).
     chunk: usize,
 }
 
+/// Chunks given back by the streams' arenas, reused for new chunks so that steady
+/// churn allocates nothing: at most [`Arena::SPARE`] of them, store-wide.
+type Spare = Vec<BytesMut>;
+
 impl Arena {
     const MIN_CHUNK: usize = 1 << 10;
-    const MAX_CHUNK: usize = 32 << 10;
+    const MAX_CHUNK: usize = 16 << 10;
+    const SPARE: usize = 8;
 
-    /// A copy of `bytes` in the arena of a stream holding at most `bound` Events.
-    fn keep(&mut self, bytes: &[u8], bound: usize) -> Bytes {
-        if self.open.capacity() < bytes.len() {
+    /// Copies `bytes` into the arena of a stream holding at most `bound` Events; returns
+    /// `(chunk, offset)`.
+    fn keep(&mut self, bytes: &[u8], bound: usize, spare: &mut Spare) -> (u32, u32) {
+        let room = match self.chunks.back() {
+            Some((Some(open), _)) => open.capacity() - open.len(),
+            _ => 0,
+        };
+        if room < bytes.len() {
+            if let Some((last, 0)) = self.chunks.back_mut() {
+                // Full, and its Events already evicted.
+                give_back(last.take(), spare);
+            }
             let max = Self::MAX_CHUNK
                 .max(16 * bytes.len())
                 .min(bound.saturating_mul(bytes.len()) / 32)
@@ -359,10 +394,76 @@ impl Arena {
             self.chunk = (self.chunk * 2)
                 .clamp(Self::MIN_CHUNK, max)
                 .max(bytes.len());
-            self.open = BytesMut::with_capacity(self.chunk);
+            // A spare chunk of about the size wanted (a larger one would be slack).
+            let fits = |c: &BytesMut| (self.chunk..=2 * self.chunk).contains(&c.capacity());
+            let fresh = match spare.iter().position(fits) {
+                Some(i) => spare.swap_remove(i),
+                None => BytesMut::with_capacity(self.chunk),
+            };
+            self.chunks.push_back((Some(fresh), 0));
+            self.release();
         }
-        self.open.extend_from_slice(bytes);
-        self.open.split().freeze()
+        let n = self.chunks.len() - 1;
+        let number = self.first.wrapping_add(n as u32);
+        let (Some(open), live) = &mut self.chunks[n] else {
+            unreachable!("the newest chunk is being filled");
+        };
+        let off = open.len() as u32;
+        open.extend_from_slice(bytes);
+        *live += 1;
+        (number, off)
+    }
+
+    /// The bytes of entry `e`.
+    fn read(&self, e: &Entry) -> &[u8] {
+        let (s, len) = (e.off as usize, e.len as usize);
+        match self.chunks.get(e.chunk.wrapping_sub(self.first) as usize) {
+            Some((Some(b), _)) => b.get(s..s + len).unwrap_or_default(),
+            _ => &[],
+        }
+    }
+
+    /// A copy of entry `e`'s bytes, for reading the Event back (a replay).
+    fn bytes(&self, e: &Entry) -> Bytes {
+        Bytes::copy_from_slice(self.read(e))
+    }
+
+    /// Forgets entry `e`'s bytes; gives its chunk back when it held the chunk's last
+    /// Event and is full.
+    fn release_entry(&mut self, e: &Entry, spare: &mut Spare) {
+        let i = e.chunk.wrapping_sub(self.first) as usize;
+        let newest = i + 1 == self.chunks.len();
+        if let Some((chunk, live)) = self.chunks.get_mut(i) {
+            *live = live.saturating_sub(1);
+            if *live == 0 && !newest {
+                give_back(chunk.take(), spare);
+            }
+        }
+        self.release();
+    }
+
+    /// Drops the given-back chunks' slots at the front.
+    fn release(&mut self) {
+        while let Some((None, _)) = self.chunks.front() {
+            self.chunks.pop_front();
+            self.first = self.first.wrapping_add(1);
+        }
+    }
+
+    /// Chunk slots kept (given-back ones included), for the compaction rule.
+    fn slots(&self) -> usize {
+        self.chunks.len()
+    }
+}
+
+/// Keeps `chunk` (emptied) among the store's spare chunks while there is room, or frees
+/// it.
+fn give_back(chunk: Option<BytesMut>, spare: &mut Spare) {
+    if let Some(mut c) = chunk {
+        if spare.len() < Arena::SPARE && c.capacity() <= 4 * Arena::MAX_CHUNK {
+            c.clear();
+            spare.push(c);
+        }
     }
 }
 
@@ -438,34 +539,45 @@ impl Session {
         place.wrapping_sub(self.base) as usize
     }
 
-    /// Whether an Event with dedupe hash `hash` and key `key` is held.
+    /// Whether an Event with dedupe hash `hash` (the full keyed hash) and key `key` is
+    /// held.
     fn holds<E: Stored>(&self, hash: u64, key: (&str, &str)) -> bool {
+        let h = hash as u32;
         self.ids
-            .find(hash, |&p| {
+            .find(table_hash(h), |&p| {
                 let e = &self.ring[self.index(p)];
-                e.hash == hash
-                    && E::reread(e.bytes.clone()).is_some_and(|held| held.dedupe_key() == key)
+                e.hash == h
+                    && self
+                        .reread::<E>(e)
+                        .is_some_and(|held| held.dedupe_key() == key)
             })
             .is_some()
     }
 
-    /// Forgets the dedupe-table slot of `ring[i]` (before it leaves the ring).
-    fn forget(&mut self, i: usize) {
-        let (hash, place) = (self.ring[i].hash, self.place(i));
-        if let Ok(slot) = self.ids.find_entry(hash, |&p| p == place) {
+    /// The held Event of entry `e`, read back from its bytes.
+    fn reread<E: Stored>(&self, e: &Entry) -> Option<E> {
+        E::reread(self.arena.bytes(e))
+    }
+
+    /// Forgets `ring[i]`'s dedupe-table slot and its bytes (before it leaves the ring).
+    fn forget(&mut self, i: usize, spare: &mut Spare) {
+        let e = self.ring[i];
+        let place = self.place(i);
+        if let Ok(slot) = self.ids.find_entry(table_hash(e.hash), |&p| p == place) {
             slot.remove();
         }
+        self.arena.release_entry(&e, spare);
     }
 
     /// Inserts `entry` at ring index `idx`, renumbering the dedupe slots of the entries
     /// it moves up (backfill: those above it, highest first so no two slots ever hold
     /// one value).
     fn insert(&mut self, idx: usize, entry: Entry) {
-        let hash = entry.hash;
+        let hash = table_hash(entry.hash);
         self.ring.insert(idx, entry);
         for j in (idx + 1..self.ring.len()).rev() {
             let (h, old, new) = (self.ring[j].hash, self.place(j - 1), self.place(j));
-            if let Some(p) = self.ids.find_mut(h, |&p| p == old) {
+            if let Some(p) = self.ids.find_mut(table_hash(h), |&p| p == old) {
                 *p = new;
             }
         }
@@ -474,7 +586,32 @@ impl Session {
             ring, base, ids, ..
         } = self;
         let base = *base;
-        ids.insert_unique(hash, place, |&p| ring[p.wrapping_sub(base) as usize].hash);
+        ids.insert_unique(hash, place, |&p| {
+            table_hash(ring[p.wrapping_sub(base) as usize].hash)
+        });
+        if self.arena.slots() > self.ring.len() + 16 {
+            self.compact_arena();
+        }
+    }
+
+    /// Drops the slots of freed chunks that held chunks keep in place (an Event that
+    /// outlives the ones that arrived after it: backfill, a high position sent early),
+    /// renumbering the entries, so the slots stay fewer than the entries plus 16.
+    fn compact_arena(&mut self) {
+        let old_first = self.arena.first;
+        let mut renumber = Vec::with_capacity(self.arena.chunks.len());
+        let mut kept = VecDeque::with_capacity(self.arena.chunks.len());
+        for slot in self.arena.chunks.drain(..) {
+            renumber.push(kept.len() as u32);
+            if slot.0.is_some() {
+                kept.push_back(slot);
+            }
+        }
+        self.arena.chunks = kept;
+        self.arena.first = 0;
+        for e in &mut self.ring {
+            e.chunk = renumber[e.chunk.wrapping_sub(old_first) as usize];
+        }
     }
 
     /// Lowest held sequenced position.
@@ -594,6 +731,8 @@ pub struct Store<E> {
     /// Keys the dedupe hashes (randomly per store, so `(source, id)` values chosen by a
     /// client cannot collide on purpose).
     hasher: ahash::RandomState,
+    /// Chunks the streams' arenas gave back, for their next chunks.
+    spare: Spare,
     /// What is held: `E`, read back from its bytes.
     held: PhantomData<fn() -> E>,
 }
@@ -612,6 +751,7 @@ impl<E> Clone for Store<E> {
             serial: self.serial,
             placed: self.placed.clone(),
             hasher: self.hasher.clone(),
+            spare: Spare::new(),
             held: PhantomData,
         }
     }
@@ -648,6 +788,7 @@ impl<E: Stored> Store<E> {
             serial: 0,
             placed: SmallVec::new(),
             hasher: ahash::RandomState::new(),
+            spare: Spare::new(),
             held: PhantomData,
         }
     }
@@ -771,14 +912,14 @@ impl<E: Stored> Store<E> {
                 s.evicted_high = s.evicted_high.max(Some(key));
                 return Admission::NotBuffered;
             }
-            s.forget(0);
+            s.forget(0, &mut self.spare);
             if let Some(old) = s.ring.pop_front() {
                 // The front is the lowest key held, and every held key is above
                 // `evicted_high`, so the front becomes the new `evicted_high`.
                 s.base = s.base.wrapping_add(1);
                 s.evicted_high = Some(old.key);
-                s.bytes -= old.bytes.len();
-                self.bytes -= old.bytes.len();
+                s.bytes -= old.len as usize;
+                self.bytes -= old.len as usize;
                 self.events -= 1;
                 idx -= 1;
             }
@@ -804,9 +945,17 @@ impl<E: Stored> Store<E> {
             s.ring
                 .reserve_exact(want.saturating_sub(s.ring.len()).max(1));
         }
-        let bytes = s.arena.keep(ev.bytes(), cap);
+        let bytes = ev.bytes();
         let len = bytes.len();
-        s.insert(idx, Entry { key, hash, bytes });
+        let (chunk, off) = s.arena.keep(bytes, cap, &mut self.spare);
+        let entry = Entry {
+            key,
+            hash: hash as u32,
+            chunk,
+            off,
+            len: len as u32,
+        };
+        s.insert(idx, entry);
         s.bytes += len;
         let serial = s.serial;
         self.bytes += len;
@@ -868,7 +1017,7 @@ impl<E: Stored> Store<E> {
         let s = self.get(stream)?;
         let bound = Key::at(after);
         let start = s.ring.partition_point(|e| e.key <= bound);
-        for ev in s.ring.range(start..).filter_map(Entry::reread::<E>) {
+        for ev in s.ring.range(start..).filter_map(|e| s.reread::<E>(e)) {
             out(ev);
         }
         s.marker_after(after)
@@ -921,7 +1070,7 @@ impl<E: Stored> Store<E> {
         let mut last = None;
         for (i, e) in s.ring.range(start..end).enumerate() {
             last = Some(e.key);
-            if e.reread::<E>().is_some_and(|ev| !out(ev)) {
+            if s.reread::<E>(e).is_some_and(|ev| !out(ev)) {
                 end = start + i + 1;
                 break;
             }
@@ -974,7 +1123,7 @@ impl<E: Stored> Store<E> {
         let mut n = 0;
         for &sid in self.index.get(session).into_iter().flatten() {
             let s = &self.slots[sid];
-            for ev in s.ring.iter().filter_map(Entry::reread::<E>) {
+            for ev in s.ring.iter().filter_map(|e| s.reread::<E>(e)) {
                 out(ev);
             }
             n += s.ring.len();
@@ -991,7 +1140,7 @@ impl<E: Stored> Store<E> {
     pub fn replay_all(&self, out: &mut impl FnMut(E)) -> usize {
         let mut n = 0;
         for (_, s) in self.iter_lru() {
-            for ev in s.ring.iter().filter_map(Entry::reread::<E>) {
+            for ev in s.ring.iter().filter_map(|e| s.reread::<E>(e)) {
                 out(ev);
             }
             n += s.ring.len();
@@ -1164,12 +1313,13 @@ impl<E: Stored> Store<E> {
                 assert!(w[0].key < w[1].key, "strict order");
             }
             for (i, e) in s.ring.iter().enumerate() {
-                let ev: E = e.reread().expect("held bytes read back");
-                assert_eq!(self.hasher.hash_one(ev.dedupe_key()), e.hash, "entry hash");
-                assert!(s.holds::<E>(e.hash, ev.dedupe_key()), "held id in set");
+                let ev: E = s.reread(e).expect("held bytes read back");
+                let hash = self.hasher.hash_one(ev.dedupe_key());
+                assert_eq!(hash as u32, e.hash, "entry hash");
+                assert!(s.holds::<E>(hash, ev.dedupe_key()), "held id in set");
                 let place = s.place(i);
                 assert!(
-                    s.ids.find(e.hash, |&p| p == place).is_some(),
+                    s.ids.find(table_hash(e.hash), |&p| p == place).is_some(),
                     "slot names its entry"
                 );
                 assert!(Some(e.key) > s.evicted_high, "held above evicted_high");
@@ -1185,7 +1335,14 @@ impl<E: Stored> Store<E> {
                 }
                 assert_eq!(ev.session(), Some(&*s.name), "held under its name");
             }
-            let b: usize = s.ring.iter().map(|e| e.bytes.len()).sum();
+            let b: usize = s.ring.iter().map(|e| e.len as usize).sum();
+            let live: u32 = s.arena.chunks.iter().map(|c| c.1).sum();
+            assert_eq!(
+                live as usize,
+                s.ring.len(),
+                "chunk counts add up to the ring"
+            );
+            assert!(s.arena.slots() <= s.ring.len() + 17, "chunk slots bounded");
             assert_eq!(b, s.bytes, "session bytes");
             events += s.ring.len();
             bytes += b;
