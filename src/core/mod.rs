@@ -955,14 +955,15 @@ impl Core {
         let own_unit = !self.hub.unit_open();
         self.hub.begin_unit();
         let mut events = events.into_iter();
-        // One at a time while nothing waits (the queue holds one Event, not the batch);
-        // after a pause the rest waits its turn behind it.
+        // Straight from the batch while nothing waits (no Event is moved into the
+        // queue); after a pause the rest waits its turn behind it.
         while self.publishing.is_empty() {
             let Some(ev) = events.next() else {
                 break;
             };
-            self.publishing.push_back((ev, None));
-            self.drain_publishing();
+            if !self.fan_one(&ev, None) {
+                self.publishing.push_back((ev, None));
+            }
         }
         self.publishing.extend(events.map(|ev| (ev, None)));
         if own_unit {
@@ -984,6 +985,49 @@ impl Core {
         self.drain_publishing();
     }
 
+    /// Admits `ev` to the store (unless a pause already did: `front_placed`) and fans it
+    /// out, skipping `except`. `false` when a connection needs its socket offered first
+    /// (`Fanned::Paused`): `ev` is then to be fanned out again, first, once it was.
+    fn fan_one(&mut self, ev: &Event, except: Option<ConnId>) -> bool {
+        let placed = match self.front_placed.take() {
+            Some(p) => p,
+            None => {
+                self.ingested += 1;
+                self.publication += 1;
+                if let Admission::Conflict = self.store.admit(ev) {
+                    log::warn!(
+                        "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
+                        ev.session().unwrap_or_default(),
+                        ev.source(),
+                        ev.epoch(),
+                        ev.seq().unwrap_or_default()
+                    );
+                }
+                SmallVec::from_slice(self.store.last_placed())
+            }
+        };
+        self.hub.except = except;
+        let fanned = self.hub.fanout(
+            ev,
+            &placed,
+            self.publication,
+            &mut self.conns,
+            self.config.max_output_bytes,
+            &mut self.dirty,
+            &mut self.doomed,
+        );
+        self.hub.except = None;
+        match fanned {
+            Fanned::Done => true,
+            Fanned::Paused(conn) => {
+                // Offer the queues to their sockets, then fan this Event out again.
+                self.front_placed = Some(placed);
+                self.mark_dirty(conn.0);
+                false
+            }
+        }
+    }
+
     /// Admits and fans out the Events waiting in `publishing`, in order, until done or
     /// until a connection needs its socket offered first (`Fanned::Paused`).
     fn drain_publishing(&mut self) {
@@ -991,46 +1035,10 @@ impl Core {
         // frames join it; otherwise these Events are a unit of their own.
         let own_unit = !self.hub.unit_open();
         self.hub.begin_unit();
-        while let Some((ev, except)) = self.publishing.front() {
-            let except = *except;
-            let placed = match self.front_placed.take() {
-                Some(p) => p,
-                None => {
-                    self.ingested += 1;
-                    self.publication += 1;
-                    if let Admission::Conflict = self.store.admit(ev) {
-                        log::warn!(
-                            "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
-                            ev.session().unwrap_or_default(),
-                            ev.source(),
-                            ev.epoch(),
-                            ev.seq().unwrap_or_default()
-                        );
-                    }
-                    SmallVec::from_slice(self.store.last_placed())
-                }
-            };
-            self.hub.except = except;
-            let fanned = self.hub.fanout(
-                ev,
-                &placed,
-                self.publication,
-                &mut self.conns,
-                self.config.max_output_bytes,
-                &mut self.dirty,
-                &mut self.doomed,
-            );
-            self.hub.except = None;
-            match fanned {
-                Fanned::Done => {
-                    self.publishing.pop_front();
-                }
-                Fanned::Paused(conn) => {
-                    // Offer the queues to their sockets, then fan this Event out again.
-                    self.front_placed = Some(placed);
-                    self.mark_dirty(conn.0);
-                    break;
-                }
+        while let Some((ev, except)) = self.publishing.pop_front() {
+            if !self.fan_one(&ev, except) {
+                self.publishing.push_front((ev, except));
+                break;
             }
         }
         if own_unit {
