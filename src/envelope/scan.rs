@@ -7,7 +7,7 @@
 //!   CR). Form feed, NBSP, a BOM, or anything after the object is refused, as
 //!   `serde_json::from_slice` refuses them.
 //! - Out: the trimmed object as a zero-copy `Bytes::slice`, the [`Attrs`] whose spans index
-//!   that slice (`Text::Raw`) or the returned side buffer (`Text::Unescaped`, only for
+//!   that slice (raw `Text`) or the returned side buffer (unescaped `Text`, only for
 //!   strings that carried escapes), and that side buffer (empty for almost every Event).
 //!
 //! # What is checked here (and only here)
@@ -44,6 +44,7 @@
 use super::validate::is_valid_extension_name;
 use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text};
 use bytes::Bytes;
+use bytestring::ByteString;
 use smallvec::SmallVec;
 use std::collections::HashSet;
 
@@ -73,7 +74,7 @@ fn is_ws(b: u8) -> bool {
 ///
 /// Error offsets (`InvalidEvent::at`) are byte offsets into `bytes` as given, before
 /// trimming.
-pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent> {
+pub(crate) fn scan(bytes: Bytes) -> Result<(ByteString, Attrs, String), InvalidEvent> {
     let input = &bytes[..];
     if u32::try_from(input.len()).is_err() {
         return Err(InvalidEvent::new(format!(
@@ -118,7 +119,15 @@ pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent>
         Ok(v) => v,
         Err(e) => return Err(utf8_fault(input, start).unwrap_or(e)),
     };
-    Ok((object, attrs, unescaped))
+    // The accepted object is held as text, so that the Event's `&str` accessors are
+    // slices rather than re-validations. `ByteString` checks it once more (an `is_ascii`
+    // pass, word at a time, for the usual all-ASCII Event); it cannot fail here.
+    match ByteString::try_from(object) {
+        Ok(object) => Ok((object, attrs, unescaped)),
+        Err(_) => Err(utf8_fault(input, start).unwrap_or_else(|| {
+            InvalidEvent::new("invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)")
+        })),
+    }
 }
 
 /// The refusal of an input that is not UTF-8, naming the member whose value holds the
@@ -142,7 +151,7 @@ fn utf8_fault(input: &[u8], start: usize) -> Option<InvalidEvent> {
     Some(InvalidEvent::at(detail, at))
 }
 
-/// What a top-level member name denotes. Core names map to a bit of `Scanner::seen`
+/// What a top-level member name denotes. Core names map to a bit of `Attrs::present`
 /// (`Member::bit`) for duplicate detection; extension names to a `name_key`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Member {
@@ -183,7 +192,8 @@ impl Member {
         }
     }
 
-    /// Bit in `Scanner::seen`; `None` for extensions (checked against the list instead).
+    /// Bit in `Attrs::present` (`super::SEQ_BIT`, ...), which is also the scanner's set of
+    /// core members seen so far; `None` for extensions (checked against the list instead).
     fn bit(self) -> Option<u32> {
         Some(match self {
             Member::Text(a) => a as u32,
@@ -227,8 +237,6 @@ struct Scanner<'a> {
     off: usize,
     attrs: Attrs,
     unescaped: String,
-    /// Core members seen so far (bit = `Member::bit`).
-    seen: u32,
     /// Extension names seen so far, as [`name_key`]s: scanned linearly while few, moved
     /// into `ext_set` beyond [`EXT_LINEAR_MAX`] so an Event with very many extension
     /// attributes costs O(n), not O(n²).
@@ -321,7 +329,6 @@ impl<'a> Scanner<'a> {
             off,
             attrs: Attrs::default(),
             unescaped: String::new(),
-            seen: 0,
             ext_keys: SmallVec::new(),
             ext_set: None,
             member_at: NO_MEMBER,
@@ -420,11 +427,13 @@ impl<'a> Scanner<'a> {
 
     /// The bytes a `Text` denotes.
     fn text_bytes(&self, t: Text) -> &[u8] {
-        let (buf, s, e) = match t {
-            Text::Raw { start, end } => (self.b, start, end),
-            Text::Unescaped { start, end } => (self.unescaped.as_bytes(), start, end),
+        let buf = if t.is_unescaped() {
+            self.unescaped.as_bytes()
+        } else {
+            self.b
         };
-        buf.get(s as usize..e as usize).unwrap_or_default()
+        let (s, e) = t.range();
+        buf.get(s..e).unwrap_or_default()
     }
 
     fn text_str(&self, t: Text) -> &str {
@@ -435,7 +444,7 @@ impl<'a> Scanner<'a> {
 
     /// Scans the string at `pos` (which holds `"`), leaving `pos` after the closing quote.
     /// With `decode`, a string carrying escapes is decoded into `self.unescaped` and
-    /// returned as `Text::Unescaped`; otherwise (or without escapes) the result is the
+    /// returned as an unescaped `Text`; otherwise (or without escapes) the result is the
     /// raw span between the quotes.
     fn string(&mut self, decode: bool) -> Result<Text, Fault> {
         self.pos += 1;
@@ -444,10 +453,7 @@ impl<'a> Scanner<'a> {
         match self.b.get(stop) {
             Some(b'"') => {
                 self.pos = stop + 1;
-                Ok(Text::Raw {
-                    start: start as u32,
-                    end: stop as u32,
-                })
+                Ok(Text::raw(start as u32, stop as u32))
             }
             Some(b'\\' | 0x80..=0xff) => self.string_slow(start, stop, decode),
             Some(_) => Err(self.syntax_at(
@@ -474,15 +480,10 @@ impl<'a> Scanner<'a> {
                     self.pos = i + 1;
                     if decode && escaped {
                         self.push_raw(run, i)?;
-                        return Ok(Text::Unescaped {
-                            start: mark as u32,
-                            end: self.unescaped.len() as u32,
-                        });
+                        // Not empty: the escape decoded to a character (`Text`'s rule).
+                        return Ok(Text::unescaped(mark as u32, self.unescaped.len() as u32));
                     }
-                    return Ok(Text::Raw {
-                        start: start as u32,
-                        end: i as u32,
-                    });
+                    return Ok(Text::raw(start as u32, i as u32));
                 }
                 Some(b'\\') => {
                     if decode {
@@ -907,13 +908,13 @@ impl<'a> Scanner<'a> {
             if let Some(bit) = member.bit() {
                 // A core name's decoded spelling is not kept.
                 self.unescaped.truncate(mark);
-                if self.seen & 1 << bit != 0 {
+                if self.attrs.present & 1 << bit != 0 {
                     return Err(fault(format!(
                         "duplicate top-level member `{}` (AEP-0001 §5; RFC 8259 §4: readers could disagree on which one counts)",
                         member.describe().0
                     )));
                 }
-                self.seen |= 1 << bit;
+                self.attrs.present |= 1 << bit;
                 self.member_at = name_at;
                 let r = self.core_value(member);
                 self.in_member(r)?;
@@ -1022,7 +1023,7 @@ impl<'a> Scanner<'a> {
                         "`{name}` must be a non-empty string (AEP-0001 §5.1 {row})"
                     )));
                 }
-                self.attrs.text[attr as usize] = Some(text);
+                self.attrs.text[attr as usize] = text;
             }
             Member::Seq | Member::Epoch => {
                 // Built only on the error paths: `seq` is in almost every Event.
@@ -1035,9 +1036,9 @@ impl<'a> Scanner<'a> {
                     return Err(fault(format!("{}, got {}", rule(), self.shown(start))));
                 };
                 if member == Member::Seq {
-                    self.attrs.seq = Some(v);
+                    self.attrs.seq = v;
                 } else {
-                    self.attrs.epoch = Some(v);
+                    self.attrs.epoch = v;
                 }
             }
             Member::Severity | Member::Capture => {
@@ -1072,7 +1073,7 @@ impl<'a> Scanner<'a> {
                 }
                 let start = self.pos;
                 self.skip_value(1)?;
-                self.attrs.data = Some((start as u32, self.pos as u32));
+                self.attrs.data = Text::raw(start as u32, self.pos as u32);
             }
             Member::Extension => {}
         }
@@ -1129,8 +1130,8 @@ impl<'a> Scanner<'a> {
                 StoredScalar::Bool(false)
             }
             Some(b'-' | b'0'..=b'9') => match self.number()? {
-                Num::U64(v) => StoredScalar::Int(i128::from(v)),
-                Num::I64(v) => StoredScalar::Int(i128::from(v)),
+                Num::U64(v) => StoredScalar::U64(v),
+                Num::I64(v) => StoredScalar::I64(v),
                 Num::Float => {
                     let name = self.text_str(key).to_owned();
                     return Err(fault(format!(
@@ -1154,7 +1155,7 @@ impl<'a> Scanner<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Attr, Capture, Event, Scalar, Severity, Text};
+    use super::super::{Attr, Capture, Event, Scalar, Severity};
     use super::*;
 
     /// A minimal member list around `extra` (no envelope rules apply to `scan`).
@@ -1179,19 +1180,13 @@ mod tests {
             r#"{"id":"plain","session":"s\u0031","subject":"a\"b\\c\/d\u00e9\n\t\b\f\r","agent":"é中"}"#,
         );
         assert_eq!(ev.id(), "plain");
-        assert!(matches!(
-            ev.attrs.text[Attr::Id as usize],
-            Some(Text::Raw { .. })
-        ));
+        assert!(!ev.attrs.text(Attr::Id).unwrap().is_unescaped());
         assert_eq!(ev.session(), Some("s1"));
-        assert!(matches!(
-            ev.attrs.text[Attr::Session as usize],
-            Some(Text::Unescaped { .. })
-        ));
+        assert!(ev.attrs.text(Attr::Session).unwrap().is_unescaped());
         assert_eq!(ev.attr(Attr::Subject), Some("a\"b\\c/dé\n\t\u{8}\u{c}\r"));
         assert_eq!(ev.attr(Attr::Agent), Some("é中"));
         // Only escaped values reach the side buffer.
-        assert_eq!(ev.unescaped, "s1a\"b\\c/dé\n\t\u{8}\u{c}\r");
+        assert_eq!(&*ev.unescaped, "s1a\"b\\c/dé\n\t\u{8}\u{c}\r");
     }
 
     #[test]
@@ -1201,7 +1196,7 @@ mod tests {
         assert_eq!(ev.seq(), Some(3));
         assert_eq!(ev.extension("acme"), Some(Scalar::Str("v")));
         // Core names are dropped from the side buffer; the extension name stays.
-        assert_eq!(ev.unescaped, "acme");
+        assert_eq!(&*ev.unescaped, "acme");
     }
 
     #[test]
@@ -1668,10 +1663,7 @@ mod tests {
         let ev = accepted("{\"id\":\"é中\u{1F600}\",\"session\":\"a\\né\",\"acme\":\"ü\"}");
         assert_eq!(ev.id(), "é中\u{1F600}");
         assert_eq!(ev.session(), Some("a\né"));
-        assert!(matches!(
-            ev.attrs.text[Attr::Id as usize],
-            Some(Text::Raw { .. })
-        ));
+        assert!(!ev.attrs.text(Attr::Id).unwrap().is_unescaped());
         // A raw control character after a non-ASCII run is still refused.
         refused("{\"id\":\"é\u{1}\"}");
         refused("{\"id\":\"中a\u{1f}b\"}");
