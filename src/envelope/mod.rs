@@ -341,7 +341,11 @@ impl Text {
 impl std::fmt::Debug for Text {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (s, e) = self.range();
-        let buf = if self.is_unescaped() { "unescaped" } else { "raw" };
+        let buf = if self.is_unescaped() {
+            "unescaped"
+        } else {
+            "raw"
+        };
         write!(f, "{buf}[{s}..{e}]")
     }
 }

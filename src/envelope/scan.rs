@@ -6,12 +6,13 @@
 //! - In: one JSON object, UTF-8, optionally surrounded by JSON whitespace (space, tab, LF,
 //!   CR). Form feed, NBSP, a BOM, or anything after the object is refused, as
 //!   `serde_json::from_slice` refuses them.
-//! - Out: the trimmed object as a zero-copy `Bytes::slice`, the [`Attrs`] whose spans index
-//!   that slice (raw `Text`) or the returned side buffer (unescaped `Text`, only for
-//!   strings that carried escapes), and that side buffer (empty for almost every Event).
+//! - Out: the trimmed object as a zero-copy `Bytes::slice` held as a `ByteString` (known
+//!   UTF-8), the [`Attrs`] whose spans index that slice (raw `Text`) or the returned side
+//!   buffer (unescaped `Text`, only for strings that carried escapes), and that side
+//!   buffer (empty for almost every Event).
 //!
 //! # What is checked here (and only here)
-//! - JSON: UTF-8, string escapes (`\u` surrogates must pair, as `serde_json` requires when
+//! - JSON: UTF-8 (once, whole, after the scan), string escapes (`\u` surrogates must pair, as `serde_json` requires when
 //!   it builds a `String`), no raw control characters in strings, number grammar and
 //!   `serde_json`'s "number out of range" rule for floats, literals, nesting depth
 //!   (`serde_json` refuses a container nested 128 deep, so at most 127 levels counting the
@@ -33,8 +34,11 @@
 //! address) are refused up front. The scanner is a fuzz target.
 //!
 //! # Cost
-//! One pass, no allocation for an Event whose strings carry no escapes and that has at
-//! most eight extension attributes; strings are skipped eight bytes at a time (SWAR).
+//! One pass over the bytes, then one UTF-8 check of the accepted object (`is_ascii`, a
+//! word at a time, for an all-ASCII Event). No allocation for an Event whose strings
+//! carry no escapes and that has at most one extension attribute (more go to a heap
+//! list; up to eight are checked for duplicates without allocating); strings are
+//! skipped eight bytes at a time (SWAR), long ones with `memchr`.
 //! Duplicate extension names are found in O(n) even for adversarially many members.
 //!
 //! # Spec
@@ -110,23 +114,22 @@ pub(crate) fn scan(bytes: Bytes) -> Result<(ByteString, Attrs, String), InvalidE
             Err(e) => Err(*e),
         }
     };
-    // UTF-8 is checked in the same pass: bytes >= 0x80 can only stand inside strings,
-    // and the scanner validates each string's non-ASCII runs where it meets them. So an
-    // Event the scanner accepts is valid UTF-8 throughout. A refused one is checked
-    // whole here, on the error path only, because invalid UTF-8 anywhere is reported
-    // before any other fault, as `serde_json` does.
+    // UTF-8 is checked once, over the whole object, not by the scanner: bytes >= 0x80
+    // can only stand inside strings, where the scanner passes them as plain string
+    // bytes. A refused input is checked whole here, because invalid UTF-8 anywhere is
+    // reported before any other fault, as `serde_json` does; an accepted one below.
     let (attrs, unescaped) = match scanned {
         Ok(v) => v,
         Err(e) => return Err(utf8_fault(input, start).unwrap_or(e)),
     };
     // The accepted object is held as text, so that the Event's `&str` accessors are
-    // slices rather than re-validations. `ByteString` checks it once more (an `is_ascii`
-    // pass, word at a time, for the usual all-ASCII Event); it cannot fail here.
+    // slices rather than re-validations. `ByteString` checks it (an `is_ascii` pass, a
+    // word at a time, for the usual all-ASCII Event; `str::from_utf8` otherwise). The
+    // trimmed object is UTF-8 exactly when the input is (only ASCII was cut off).
     match ByteString::try_from(object) {
         Ok(object) => Ok((object, attrs, unescaped)),
-        Err(_) => Err(utf8_fault(input, start).unwrap_or_else(|| {
-            InvalidEvent::new("invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)")
-        })),
+        Err(_) => Err(utf8_fault(input, start)
+            .unwrap_or_else(|| InvalidEvent::new("invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)"))),
     }
 }
 
@@ -284,26 +287,26 @@ const HI: u64 = 0x8080_8080_8080_8080;
 /// Words of 8 bytes a string is scanned with SWAR before the vectorized long-string path.
 const SWAR_WORDS: u32 = 4;
 
-/// Whether byte `c` ends a run of plain string bytes: `"`, `\`, a control character
-/// (below 0x20), or a non-ASCII byte (0x80 and up, whose UTF-8 is then validated).
+/// Whether byte `c` ends a run of plain string bytes: `"`, `\` or a control character
+/// (below 0x20). Non-ASCII bytes are plain: UTF-8 is checked once for the whole Event.
 #[inline]
 fn is_special(c: u8) -> bool {
     c == b'"' || c == b'\\' || not_plain(c)
 }
 
-/// A control character (below 0x20) or a non-ASCII byte (0x80 and up), in one compare.
+/// A control character (below 0x20).
 #[inline]
 fn not_plain(c: u8) -> bool {
-    c.wrapping_sub(0x20) >= 0x60
+    c < 0x20
 }
 
 /// Whether any byte of the little-endian word `w` is special ([`is_special`]; SWAR, the
-/// four tests are exact as booleans).
+/// three tests are exact as booleans: a borrow can only raise a higher lane's flag when
+/// a lower lane already matched, and `& !v` keeps bytes >= 0x80 out).
 #[inline]
 fn has_special(w: u64) -> bool {
     let zero = |v: u64| v.wrapping_sub(LO) & !v & HI != 0;
-    w & HI != 0
-        || zero(w ^ (LO * u64::from(b'"')))
+    zero(w ^ (LO * u64::from(b'"')))
         || zero(w ^ (LO * u64::from(b'\\')))
         || w.wrapping_sub(LO * 0x20) & !w & HI != 0
 }
@@ -455,7 +458,7 @@ impl<'a> Scanner<'a> {
                 self.pos = stop + 1;
                 Ok(Text::raw(start as u32, stop as u32))
             }
-            Some(b'\\' | 0x80..=0xff) => self.string_slow(start, stop, decode),
+            Some(b'\\') => self.string_slow(start, stop, decode),
             Some(_) => Err(self.syntax_at(
                 stop,
                 "control character (U+0000 to U+001F) in a string must be escaped",
@@ -464,10 +467,10 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The slow path of [`Self::string`], from `stop`, the first `\` or non-ASCII byte:
-    /// escapes (rare for routing attributes, common in `data` free text) and UTF-8
-    /// validation of non-ASCII runs. With `decode`, a string that carried an escape is
-    /// decoded into the side buffer; otherwise the result is the raw span.
+    /// The slow path of [`Self::string`], from `stop`, the first `\`: escapes (rare for
+    /// routing attributes, common in `data` free text). With `decode`, a string that
+    /// carried an escape is decoded into the side buffer; otherwise the result is the
+    /// raw span.
     fn string_slow(&mut self, start: usize, stop: usize, decode: bool) -> Result<Text, Fault> {
         let b = self.b;
         let mark = self.unescaped.len();
@@ -495,7 +498,6 @@ impl<'a> Scanner<'a> {
                     i = self.pos;
                     run = i;
                 }
-                Some(0x80..=0xff) => i = self.non_ascii(i)?,
                 Some(_) => {
                     let next = self.find_special(i);
                     if next == i {
@@ -511,22 +513,6 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Validates the non-ASCII run of a string that starts at `i` (a byte >= 0x80) as
-    /// UTF-8, up to the next `"` or `\` (neither can be part of a multi-byte character,
-    /// so the cut never splits one). Returns where scanning goes on: that quote or
-    /// backslash, or a control character inside the run, which the caller refuses.
-    #[inline(never)]
-    fn non_ascii(&mut self, i: usize) -> Result<usize, Fault> {
-        let rest = self.b.get(i..).unwrap_or_default();
-        let end = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
-        let run = rest.get(..end).unwrap_or_default();
-        if std::str::from_utf8(run).is_err() {
-            // The message and offset come from `utf8_fault` over the whole input.
-            return Err(self.syntax_at(i, "invalid UTF-8"));
-        }
-        Ok(i + run.iter().position(|&c| c < 0x20).unwrap_or(end))
-    }
-
     /// Appends `b[from..to]` (unescaped text between escapes) to the side buffer.
     fn push_raw(&mut self, from: usize, to: usize) -> Result<(), Fault> {
         let run = self.b.get(from..to).unwrap_or_default();
@@ -535,8 +521,8 @@ impl<'a> Scanner<'a> {
                 self.unescaped.push_str(s);
                 Ok(())
             }
-            // Unreachable: non-ASCII runs were validated as UTF-8 before any escape
-            // after them, and runs are cut at ASCII bytes. Refuse rather than panic.
+            // Runs are cut at ASCII bytes, so this is invalid UTF-8 in the input, which
+            // `scan` reports (with `utf8_fault`) instead of this fault.
             Err(_) => Err(self.syntax_at(from, "invalid UTF-8 in a string")),
         }
     }
@@ -1604,13 +1590,14 @@ mod tests {
         assert_eq!(accepted("{\"id\":\"a\u{7f}b\"}").id(), "a\u{7f}b");
     }
 
-    /// UTF-8 is validated in the scanning pass (non-ASCII runs of strings): every
+    /// UTF-8 is validated once for the whole Event (the scanner passes non-ASCII string
+    /// bytes as plain): every
     /// invalid sequence, wherever it stands in a string (before or after an escape, in
     /// a member name, deep in `data`, cut by the closing quote), is refused with the
     /// offset `std::str::from_utf8` gives and the member named; valid text around
     /// escapes is accepted and kept raw unless an escape needs decoding.
     #[test]
-    fn utf8_is_validated_in_the_same_pass() {
+    fn utf8_is_validated_whole() {
         let bad: [&[u8]; 7] = [
             b"\xff",
             b"\xc3",             // truncated before the closing quote
@@ -1671,7 +1658,7 @@ mod tests {
 
     #[test]
     fn swar_special_byte_detection_is_exact() {
-        for special in (0u8..0x20).chain([b'"', b'\\']).chain(0x80..=0xff) {
+        for special in (0u8..0x20).chain([b'"', b'\\']) {
             for lane in 0..8 {
                 let mut w = [b'a'; 8];
                 w[lane] = special;
@@ -1681,7 +1668,7 @@ mod tests {
                 );
             }
         }
-        for plain in (0x20u8..0x80).filter(|&b| b != b'"' && b != b'\\') {
+        for plain in (0x20u8..=0xff).filter(|&b| b != b'"' && b != b'\\') {
             assert!(!has_special(u64::from_le_bytes([plain; 8])), "{plain:#x}");
             let mut w = [b' '; 8];
             w[3] = plain;
