@@ -300,15 +300,23 @@ fn not_plain(c: u8) -> bool {
     c < 0x20
 }
 
-/// Whether any byte of the little-endian word `w` is special ([`is_special`]; SWAR, the
-/// three tests are exact as booleans: a borrow can only raise a higher lane's flag when
-/// a lower lane already matched, and `& !v` keeps bytes >= 0x80 out).
+/// The special bytes ([`is_special`]) of the little-endian word `w` as flags (bit 7 of
+/// each lane; SWAR). The lowest flag is exact: a borrow only runs upwards, from a lane
+/// that matched, so it can raise flags above the first special byte but never below
+/// it; `& !v` keeps bytes >= 0x80 out. Hence `trailing_zeros / 8` is the first special
+/// byte's lane, and the mask is non-zero exactly when some byte is special.
 #[inline]
+fn special_mask(w: u64) -> u64 {
+    let zero = |v: u64| v.wrapping_sub(LO) & !v;
+    let q = w ^ (LO * u64::from(b'"'));
+    let bs = w ^ (LO * u64::from(b'\\'));
+    (zero(q) | zero(bs) | w.wrapping_sub(LO * 0x20) & !w) & HI
+}
+
+/// Whether any byte of the little-endian word `w` is special ([`special_mask`]).
+#[cfg(test)]
 fn has_special(w: u64) -> bool {
-    let zero = |v: u64| v.wrapping_sub(LO) & !v & HI != 0;
-    zero(w ^ (LO * u64::from(b'"')))
-        || zero(w ^ (LO * u64::from(b'\\')))
-        || w.wrapping_sub(LO * 0x20) & !w & HI != 0
+    special_mask(w) != 0
 }
 
 /// `10^e` exactly as the literal `1e{e}` (what `serde_json`'s `POW10` table holds), for
@@ -384,7 +392,8 @@ impl<'a> Scanner<'a> {
     /// First index `>= i` holding `"`, `\` or a control character (or `b.len()`).
     ///
     /// Routing attributes are short: up to [`SWAR_WORDS`] words go through the SWAR test,
-    /// 8 bytes at a time. A longer run (free text in `data`) goes to
+    /// 8 bytes at a time, which also gives the special byte's position; only the last
+    /// few bytes of the input go byte by byte. A longer run (free text in `data`) goes to
     /// [`Self::find_special_long`].
     #[inline]
     fn find_special(&self, mut i: usize) -> usize {
@@ -393,8 +402,9 @@ impl<'a> Scanner<'a> {
         while let Some(chunk) = b.get(i..i.saturating_add(8)) {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
-            if has_special(u64::from_le_bytes(word)) {
-                break;
+            let m = special_mask(u64::from_le_bytes(word));
+            if m != 0 {
+                return i + (m.trailing_zeros() / 8) as usize;
             }
             i += 8;
             words += 1;
@@ -1673,6 +1683,25 @@ mod tests {
             let mut w = [b' '; 8];
             w[3] = plain;
             assert!(!has_special(u64::from_le_bytes(w)), "{plain:#x}");
+        }
+        // The first special lane is found exactly, whatever stands above it.
+        let specials = (0u8..0x20).chain([b'"', b'\\']);
+        for special in specials {
+            for lane in 0..8 {
+                for above in [b'a', 0x00, 0x1f, b'"', b'\\', 0x80, 0xff, 0x20, 0x21] {
+                    let mut w = [b'a'; 8];
+                    w[lane] = special;
+                    for x in w.iter_mut().skip(lane + 1) {
+                        *x = above;
+                    }
+                    let m = special_mask(u64::from_le_bytes(w));
+                    assert_eq!(
+                        m.trailing_zeros() / 8,
+                        lane as u32,
+                        "{special:#x} at {lane}"
+                    );
+                }
+            }
         }
         // Long strings cross the 8-byte fast path with specials at every offset.
         for k in 0..40 {
