@@ -45,7 +45,6 @@
 //! AEP-0001 §5 (an Event is one JSON object, relays MUST NOT require parsing `data`),
 //! §5.1 (attribute types, no `null`), §5.4 (extension attributes), §8 (enums).
 
-use super::validate::is_valid_extension_name;
 use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text};
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -1088,8 +1087,15 @@ impl<'a> Scanner<'a> {
 
     /// An extension attribute member (AEP-0001 §5.4): `key` was just scanned.
     fn extension(&mut self, key: Text) -> Result<(), Fault> {
-        let name = self.text_str(key);
-        if !is_valid_extension_name(name) {
+        // `is_valid_extension_name` on the bytes, less its core-name test: the caller
+        // came here because `Member::classify` found no core name (the same 17).
+        let raw = self.text_bytes(key);
+        let legal = (1..=20).contains(&raw.len())
+            && raw
+                .iter()
+                .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !legal {
+            let name = self.text_str(key);
             let shown: String = name.chars().take(40).collect();
             let more = if name.chars().count() > 40 { "…" } else { "" };
             return Err(fault(format!(
@@ -1414,6 +1420,21 @@ mod tests {
         .map(|n| name_key(n.as_bytes()))
         .collect();
         assert_eq!(keys.len(), 9);
+    }
+
+    /// `extension` skips the core-name test because `Member::classify` knows exactly
+    /// the core names of AEP-0001 §5.1 (`CORE_NAMES`).
+    #[test]
+    fn classify_knows_every_core_name() {
+        for name in super::super::CORE_NAMES {
+            assert_ne!(
+                Member::classify(name.as_bytes()),
+                Member::Extension,
+                "{name}"
+            );
+            assert!(!super::super::is_valid_extension_name(name));
+        }
+        assert_eq!(Member::classify(b"acme"), Member::Extension);
     }
 
     #[test]
