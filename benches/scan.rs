@@ -1,6 +1,8 @@
 //! `scan`: the envelope scanner's throughput, in **MB/s** (groups `*/bytes`) and
-//! **Events/s** (groups `*/events`), on the golden corpus (64 Events, ~24 KB) and on the
-//! AEP-0001 §5.3 worked example, next to `serde_json::from_slice::<Value>` and
+//! **Events/s** (groups `*/events`), on the golden corpus (64 Events, ~24 KB), on the
+//! AEP-0001 §5.3 worked example, and on 64 generated Events of 580 bytes and of 4 KiB
+//! (`support::event`: the load tool's shape, routing attributes plus one extension, the
+//! rest ASCII free text in `data`), next to `serde_json::from_slice::<Value>` and
 //! simd-json's borrowed parse of the same bytes in the same run.
 //!
 //! - `event_parse`: `Event::parse`, what every ingest path calls (scan + envelope
@@ -82,6 +84,12 @@ fn benches(c: &mut Criterion<support::CpuTime>) {
         "worked_example",
         &[support::WORKED_EXAMPLE.as_bytes().to_vec()],
     );
+    for (name, size) in [("event_580b", 580), ("event_4kib", 4096)] {
+        let lines: Vec<Vec<u8>> = (0..64)
+            .map(|n| support::event(n, "s_8f2c", size).into_bytes())
+            .collect();
+        run(c, name, &lines);
+    }
 }
 
 criterion_group! {

@@ -15,6 +15,7 @@
 //!   (filter conformance cases, tools).
 
 use bytes::Bytes;
+use bytestring::ByteString;
 use smallvec::SmallVec;
 
 mod scan;
@@ -293,38 +294,121 @@ pub enum Scalar<'a> {
     Bool(bool),
 }
 
-/// Where a decoded string lives: a span of the Event's own bytes when it had no escapes,
-/// or a span of the Event's side buffer of unescaped text.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Text {
-    /// `bytes[start..end]`, between the quotes.
-    Raw { start: u32, end: u32 },
-    /// `unescaped[start..end]`.
-    Unescaped { start: u32, end: u32 },
+/// Where a decoded string lives, in 8 bytes: a span of the Event's own bytes when it had
+/// no escapes, or a span of the Event's side buffer of unescaped text.
+///
+/// Stored as two `u32` offsets `(a, b)`: `a <= b` is the raw span `bytes[a..b]` (between
+/// the quotes), `a > b` the unescaped span `unescaped[b..a]`. The two cannot be confused:
+/// a decoded string that went to the side buffer holds at least one character (each
+/// escape decodes to one), so its span is never empty, and an empty span is `""` in
+/// either buffer.
+#[derive(Copy, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Text {
+    a: u32,
+    b: u32,
 }
 
-/// An extension attribute's value as stored (spans, not borrowed).
+impl Text {
+    /// `bytes[start..end]`.
+    #[inline]
+    pub(crate) fn raw(start: u32, end: u32) -> Text {
+        Text { a: start, b: end }
+    }
+
+    /// `unescaped[start..end]`; `start < end` (see the type's doc).
+    #[inline]
+    pub(crate) fn unescaped(start: u32, end: u32) -> Text {
+        Text { a: end, b: start }
+    }
+
+    /// Whether the span indexes the side buffer.
+    #[inline]
+    pub(crate) fn is_unescaped(self) -> bool {
+        self.a > self.b
+    }
+
+    /// `(start, end)` in whichever buffer [`Text::is_unescaped`] names.
+    #[inline]
+    pub(crate) fn range(self) -> (usize, usize) {
+        if self.a > self.b {
+            (self.b as usize, self.a as usize)
+        } else {
+            (self.a as usize, self.b as usize)
+        }
+    }
+}
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (s, e) = self.range();
+        let buf = if self.is_unescaped() {
+            "unescaped"
+        } else {
+            "raw"
+        };
+        write!(f, "{buf}[{s}..{e}]")
+    }
+}
+
+/// An extension attribute's value as stored (spans, not borrowed; integers without the
+/// 16-byte alignment of `i128`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum StoredScalar {
     Str(Text),
-    Int(i128),
+    /// A non-negative integer (what `serde_json` holds as `u64`).
+    U64(u64),
+    /// A negative integer (what `serde_json` holds as `i64`).
+    I64(i64),
     Bool(bool),
 }
 
+/// One extension attribute: its name and its value, in wire order.
+pub(crate) type Extension = (Text, StoredScalar);
+
+/// Bits of [`Attrs::present`]: `1 << (a as u32)` for a string-valued core attribute `a`,
+/// then `seq`, `epoch`, `severity`, `capture`, `data` (the scanner's `Member::bit`).
+pub(crate) const SEQ_BIT: u32 = 1 << Attr::COUNT;
+pub(crate) const EPOCH_BIT: u32 = 1 << (Attr::COUNT + 1);
+pub(crate) const DATA_BIT: u32 = 1 << (Attr::COUNT + 4);
+
 /// The routing attributes the scanner extracted (crate-internal layout; read them through
-/// [`Event`]'s accessors).
+/// [`Event`]'s accessors). Compact: presence is one bit mask, not an `Option` per field,
+/// and one extension attribute fits inline (the usual Event has none or one).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Attrs {
-    /// Indexed by `Attr as usize`.
-    pub(crate) text: [Option<Text>; Attr::COUNT],
-    pub(crate) seq: Option<u64>,
-    pub(crate) epoch: Option<u64>,
+    /// Indexed by `Attr as usize`; meaningful where `present` has the attribute's bit.
+    pub(crate) text: [Text; Attr::COUNT],
+    /// Which members the Event carries (`1 << (a as u32)`, [`SEQ_BIT`], ...).
+    pub(crate) present: u32,
     pub(crate) severity: Option<Severity>,
     pub(crate) capture: Option<Capture>,
+    /// Byte range of the `data` member's value within the Event's bytes (a raw span,
+    /// braces included), when `present` has [`DATA_BIT`].
+    pub(crate) data: Text,
+    pub(crate) seq: u64,
+    pub(crate) epoch: u64,
     /// (name, value), in wire order.
-    pub(crate) extensions: SmallVec<[(Text, StoredScalar); 2]>,
-    /// Byte range of the `data` member's value within the Event's bytes.
-    pub(crate) data: Option<(u32, u32)>,
+    pub(crate) extensions: SmallVec<[Extension; 1]>,
+}
+
+impl Attrs {
+    /// The span of `a`, when present.
+    #[inline]
+    pub(crate) fn text(&self, a: Attr) -> Option<Text> {
+        (self.present & 1 << (a as u32) != 0).then(|| self.text[a as usize])
+    }
+
+    /// `seq`, when present.
+    #[inline]
+    pub(crate) fn seq(&self) -> Option<u64> {
+        (self.present & SEQ_BIT != 0).then_some(self.seq)
+    }
+
+    /// `epoch`, when present.
+    #[inline]
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        (self.present & EPOCH_BIT != 0).then_some(self.epoch)
+    }
 }
 
 /// How an Event relates to session order (AEP-0001 §5.2).
@@ -369,12 +453,20 @@ impl InvalidEvent {
 ///
 /// Cloning is cheap only for the bytes; share Events behind an `Rc`/`Arc` on the fan-out
 /// path.
+///
+/// Its layout is compact (`size_of::<Event>()` is under 256 bytes; it is moved through
+/// the ingest path by value): the bytes, a span per routing attribute, and a side buffer
+/// only for the rare string that carried escapes. The bytes are held as UTF-8 text
+/// (checked once when the Event is scanned), so the `&str` accessors are slices, not
+/// re-validations.
 #[derive(Clone, Debug)]
 pub struct Event {
-    bytes: Bytes,
+    /// The Event object, known to be UTF-8 (a `Bytes` underneath: [`Event::bytes`]).
+    bytes: ByteString,
     attrs: Attrs,
-    /// Decoded text of string attributes that carried escapes; usually empty.
-    unescaped: String,
+    /// Decoded text of string attributes that carried escapes; usually empty (and then
+    /// not allocated).
+    unescaped: Box<str>,
 }
 
 impl Event {
@@ -401,13 +493,13 @@ impl Event {
         Ok(Event {
             bytes,
             attrs,
-            unescaped,
+            unescaped: unescaped.into_boxed_str(),
         })
     }
 
     /// The Event exactly as received (surrounding whitespace trimmed).
     pub fn bytes(&self) -> &Bytes {
-        &self.bytes
+        self.bytes.as_bytes()
     }
 
     /// Gives the Event an allocation of its own when its bytes are a strict part of the
@@ -425,28 +517,34 @@ impl Event {
         if backing <= self.bytes.len() {
             return false;
         }
-        self.bytes = Bytes::copy_from_slice(&self.bytes);
-        self.unescaped.shrink_to_fit();
+        self.bytes = ByteString::from(&*self.bytes);
         true
     }
 
+    /// The text `t` denotes: a slice of UTF-8 already checked, so only the two char
+    /// boundaries are tested (the scanner records spans between quotes, which are
+    /// boundaries; `""` if a span were ever off one).
+    #[inline]
     fn text(&self, t: Text) -> &str {
-        let (buf, s, e) = match t {
-            Text::Raw { start, end } => (&self.bytes[..], start, end),
-            Text::Unescaped { start, end } => (self.unescaped.as_bytes(), start, end),
+        let buf: &str = if t.is_unescaped() {
+            &self.unescaped
+        } else {
+            &self.bytes
         };
-        // The scanner only records spans of validated UTF-8 on char boundaries.
-        std::str::from_utf8(&buf[s as usize..e as usize]).unwrap_or_default()
+        let (s, e) = t.range();
+        buf.get(s..e).unwrap_or_default()
     }
 
     /// Whether the string-valued core attribute `a` is present (no text is read).
+    #[inline]
     pub fn has(&self, a: Attr) -> bool {
-        self.attrs.text[a as usize].is_some()
+        self.attrs.present & 1 << (a as u32) != 0
     }
 
     /// A string-valued core attribute, decoded; `None` when absent.
+    #[inline]
     pub fn attr(&self, a: Attr) -> Option<&str> {
-        self.attrs.text[a as usize].map(|t| self.text(t))
+        self.attrs.text(a).map(|t| self.text(t))
     }
 
     /// `id` (empty only for an Event from [`Event::scan`] that lacks it).
@@ -471,17 +569,17 @@ impl Event {
 
     /// `seq`, when present.
     pub fn seq(&self) -> Option<u64> {
-        self.attrs.seq
+        self.attrs.seq()
     }
 
     /// `epoch` with the AEP-0001 §5.1 default applied (`0` when absent).
     pub fn epoch(&self) -> u64 {
-        self.attrs.epoch.unwrap_or(0)
+        self.attrs.epoch().unwrap_or(0)
     }
 
     /// `epoch` as declared (`None` when absent).
     pub fn epoch_declared(&self) -> Option<u64> {
-        self.attrs.epoch
+        self.attrs.epoch()
     }
 
     /// `severity` with the default applied (`info` when absent).
@@ -507,7 +605,8 @@ impl Event {
     fn scalar(&self, v: StoredScalar) -> Scalar<'_> {
         match v {
             StoredScalar::Str(t) => Scalar::Str(self.text(t)),
-            StoredScalar::Int(i) => Scalar::Int(i),
+            StoredScalar::U64(i) => Scalar::Int(i128::from(i)),
+            StoredScalar::I64(i) => Scalar::Int(i128::from(i)),
             StoredScalar::Bool(b) => Scalar::Bool(b),
         }
     }
@@ -531,16 +630,18 @@ impl Event {
 
     /// The raw bytes of the `data` member's value, when present.
     pub fn data(&self) -> Option<&[u8]> {
-        self.attrs
-            .data
-            .map(|(s, e)| &self.bytes[s as usize..e as usize])
+        if self.attrs.present & DATA_BIT == 0 {
+            return None;
+        }
+        let (s, e) = self.attrs.data.range();
+        self.bytes.as_bytes().get(s..e)
     }
 
     /// The Event's relation to session order (AEP-0001 §5.2), from `type` and `seq`.
     pub fn scope(&self) -> Scope {
         if self.event_type().starts_with("agent.") {
             Scope::Agent
-        } else if self.attrs.seq.is_some() {
+        } else if self.attrs.present & SEQ_BIT != 0 {
             Scope::Sequenced
         } else {
             Scope::Foreign
@@ -566,4 +667,45 @@ pub fn is_command_type(t: &str) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24: an Event is moved by value through the ingest path, so its size is a
+    /// cost per Event. It was 368 bytes with an `Option` per span and an inline
+    /// `i128`-aligned extension list; this bounds the compact layout (structural).
+    #[test]
+    fn an_event_is_compact() {
+        let size = std::mem::size_of::<Event>();
+        assert!(size <= 216, "size_of::<Event>() = {size}");
+        assert_eq!(std::mem::size_of::<Text>(), 8);
+        assert!(std::mem::size_of::<Extension>() <= 24);
+    }
+
+    /// The accessors read spans as text: raw, unescaped, empty, absent.
+    #[test]
+    fn accessors_slice_the_checked_text() {
+        let ev = Event::scan(Bytes::from_static(
+            "{\"id\":\"é1\",\"session\":\"s\\u00e9\",\"acme\":\"\",\"n\":-3,\"u\":7}".as_bytes(),
+        ))
+        .unwrap();
+        assert_eq!(ev.id(), "é1");
+        assert_eq!(ev.session(), Some("sé"));
+        assert_eq!(ev.attr(Attr::Run), None);
+        assert!(!ev.has(Attr::Run));
+        let ext: Vec<_> = ev.extensions().collect();
+        assert_eq!(
+            ext,
+            [
+                ("acme", Scalar::Str("")),
+                ("n", Scalar::Int(-3)),
+                ("u", Scalar::Int(7))
+            ]
+        );
+        assert_eq!(ev.data(), None);
+        assert_eq!(ev.seq(), None);
+        assert_eq!(ev.epoch_declared(), None);
+    }
 }

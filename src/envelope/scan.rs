@@ -6,12 +6,13 @@
 //! - In: one JSON object, UTF-8, optionally surrounded by JSON whitespace (space, tab, LF,
 //!   CR). Form feed, NBSP, a BOM, or anything after the object is refused, as
 //!   `serde_json::from_slice` refuses them.
-//! - Out: the trimmed object as a zero-copy `Bytes::slice`, the [`Attrs`] whose spans index
-//!   that slice (`Text::Raw`) or the returned side buffer (`Text::Unescaped`, only for
-//!   strings that carried escapes), and that side buffer (empty for almost every Event).
+//! - Out: the trimmed object as a zero-copy `Bytes::slice` held as a `ByteString` (known
+//!   UTF-8), the [`Attrs`] whose spans index that slice (raw `Text`) or the returned side
+//!   buffer (unescaped `Text`, only for strings that carried escapes), and that side
+//!   buffer (empty for almost every Event).
 //!
 //! # What is checked here (and only here)
-//! - JSON: UTF-8, string escapes (`\u` surrogates must pair, as `serde_json` requires when
+//! - JSON: UTF-8 (once, whole, after the scan), string escapes (`\u` surrogates must pair, as `serde_json` requires when
 //!   it builds a `String`), no raw control characters in strings, number grammar and
 //!   `serde_json`'s "number out of range" rule for floats, literals, nesting depth
 //!   (`serde_json` refuses a container nested 128 deep, so at most 127 levels counting the
@@ -33,17 +34,20 @@
 //! address) are refused up front. The scanner is a fuzz target.
 //!
 //! # Cost
-//! One pass, no allocation for an Event whose strings carry no escapes and that has at
-//! most eight extension attributes; strings are skipped eight bytes at a time (SWAR).
+//! One pass over the bytes, then one UTF-8 check of the accepted object (`is_ascii`, a
+//! word at a time, for an all-ASCII Event). No allocation for an Event whose strings
+//! carry no escapes and that has at most one extension attribute (more go to a heap
+//! list; up to eight are checked for duplicates without allocating); strings are
+//! skipped eight bytes at a time (SWAR), long ones with `memchr`.
 //! Duplicate extension names are found in O(n) even for adversarially many members.
 //!
 //! # Spec
 //! AEP-0001 §5 (an Event is one JSON object, relays MUST NOT require parsing `data`),
 //! §5.1 (attribute types, no `null`), §5.4 (extension attributes), §8 (enums).
 
-use super::validate::is_valid_extension_name;
 use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text};
 use bytes::Bytes;
+use bytestring::ByteString;
 use smallvec::SmallVec;
 use std::collections::HashSet;
 
@@ -73,7 +77,7 @@ fn is_ws(b: u8) -> bool {
 ///
 /// Error offsets (`InvalidEvent::at`) are byte offsets into `bytes` as given, before
 /// trimming.
-pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent> {
+pub(crate) fn scan(bytes: Bytes) -> Result<(ByteString, Attrs, String), InvalidEvent> {
     let input = &bytes[..];
     if u32::try_from(input.len()).is_err() {
         return Err(InvalidEvent::new(format!(
@@ -109,16 +113,23 @@ pub(crate) fn scan(bytes: Bytes) -> Result<(Bytes, Attrs, String), InvalidEvent>
             Err(e) => Err(*e),
         }
     };
-    // UTF-8 is checked in the same pass: bytes >= 0x80 can only stand inside strings,
-    // and the scanner validates each string's non-ASCII runs where it meets them. So an
-    // Event the scanner accepts is valid UTF-8 throughout. A refused one is checked
-    // whole here, on the error path only, because invalid UTF-8 anywhere is reported
-    // before any other fault, as `serde_json` does.
+    // UTF-8 is checked once, over the whole object, not by the scanner: bytes >= 0x80
+    // can only stand inside strings, where the scanner passes them as plain string
+    // bytes. A refused input is checked whole here, because invalid UTF-8 anywhere is
+    // reported before any other fault, as `serde_json` does; an accepted one below.
     let (attrs, unescaped) = match scanned {
         Ok(v) => v,
         Err(e) => return Err(utf8_fault(input, start).unwrap_or(e)),
     };
-    Ok((object, attrs, unescaped))
+    // The accepted object is held as text, so that the Event's `&str` accessors are
+    // slices rather than re-validations. `ByteString` checks it (an `is_ascii` pass, a
+    // word at a time, for the usual all-ASCII Event; `str::from_utf8` otherwise). The
+    // trimmed object is UTF-8 exactly when the input is (only ASCII was cut off).
+    match ByteString::try_from(object) {
+        Ok(object) => Ok((object, attrs, unescaped)),
+        Err(_) => Err(utf8_fault(input, start)
+            .unwrap_or_else(|| InvalidEvent::new("invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)"))),
+    }
 }
 
 /// The refusal of an input that is not UTF-8, naming the member whose value holds the
@@ -142,7 +153,7 @@ fn utf8_fault(input: &[u8], start: usize) -> Option<InvalidEvent> {
     Some(InvalidEvent::at(detail, at))
 }
 
-/// What a top-level member name denotes. Core names map to a bit of `Scanner::seen`
+/// What a top-level member name denotes. Core names map to a bit of `Attrs::present`
 /// (`Member::bit`) for duplicate detection; extension names to a `name_key`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Member {
@@ -183,7 +194,8 @@ impl Member {
         }
     }
 
-    /// Bit in `Scanner::seen`; `None` for extensions (checked against the list instead).
+    /// Bit in `Attrs::present` (`super::SEQ_BIT`, ...), which is also the scanner's set of
+    /// core members seen so far; `None` for extensions (checked against the list instead).
     fn bit(self) -> Option<u32> {
         Some(match self {
             Member::Text(a) => a as u32,
@@ -227,8 +239,6 @@ struct Scanner<'a> {
     off: usize,
     attrs: Attrs,
     unescaped: String,
-    /// Core members seen so far (bit = `Member::bit`).
-    seen: u32,
     /// Extension names seen so far, as [`name_key`]s: scanned linearly while few, moved
     /// into `ext_set` beyond [`EXT_LINEAR_MAX`] so an Event with very many extension
     /// attributes costs O(n), not O(n²).
@@ -276,28 +286,36 @@ const HI: u64 = 0x8080_8080_8080_8080;
 /// Words of 8 bytes a string is scanned with SWAR before the vectorized long-string path.
 const SWAR_WORDS: u32 = 4;
 
-/// Whether byte `c` ends a run of plain string bytes: `"`, `\`, a control character
-/// (below 0x20), or a non-ASCII byte (0x80 and up, whose UTF-8 is then validated).
+/// Whether byte `c` ends a run of plain string bytes: `"`, `\` or a control character
+/// (below 0x20). Non-ASCII bytes are plain: UTF-8 is checked once for the whole Event.
 #[inline]
 fn is_special(c: u8) -> bool {
     c == b'"' || c == b'\\' || not_plain(c)
 }
 
-/// A control character (below 0x20) or a non-ASCII byte (0x80 and up), in one compare.
+/// A control character (below 0x20).
 #[inline]
 fn not_plain(c: u8) -> bool {
-    c.wrapping_sub(0x20) >= 0x60
+    c < 0x20
 }
 
-/// Whether any byte of the little-endian word `w` is special ([`is_special`]; SWAR, the
-/// four tests are exact as booleans).
+/// The special bytes ([`is_special`]) of the little-endian word `w` as flags (bit 7 of
+/// each lane; SWAR). The lowest flag is exact: a borrow only runs upwards, from a lane
+/// that matched, so it can raise flags above the first special byte but never below
+/// it; `& !v` keeps bytes >= 0x80 out. Hence `trailing_zeros / 8` is the first special
+/// byte's lane, and the mask is non-zero exactly when some byte is special.
 #[inline]
+fn special_mask(w: u64) -> u64 {
+    let zero = |v: u64| v.wrapping_sub(LO) & !v;
+    let q = w ^ (LO * u64::from(b'"'));
+    let bs = w ^ (LO * u64::from(b'\\'));
+    (zero(q) | zero(bs) | w.wrapping_sub(LO * 0x20) & !w) & HI
+}
+
+/// Whether any byte of the little-endian word `w` is special ([`special_mask`]).
+#[cfg(test)]
 fn has_special(w: u64) -> bool {
-    let zero = |v: u64| v.wrapping_sub(LO) & !v & HI != 0;
-    w & HI != 0
-        || zero(w ^ (LO * u64::from(b'"')))
-        || zero(w ^ (LO * u64::from(b'\\')))
-        || w.wrapping_sub(LO * 0x20) & !w & HI != 0
+    special_mask(w) != 0
 }
 
 /// `10^e` exactly as the literal `1e{e}` (what `serde_json`'s `POW10` table holds), for
@@ -321,7 +339,6 @@ impl<'a> Scanner<'a> {
             off,
             attrs: Attrs::default(),
             unescaped: String::new(),
-            seen: 0,
             ext_keys: SmallVec::new(),
             ext_set: None,
             member_at: NO_MEMBER,
@@ -374,7 +391,8 @@ impl<'a> Scanner<'a> {
     /// First index `>= i` holding `"`, `\` or a control character (or `b.len()`).
     ///
     /// Routing attributes are short: up to [`SWAR_WORDS`] words go through the SWAR test,
-    /// 8 bytes at a time. A longer run (free text in `data`) goes to
+    /// 8 bytes at a time, which also gives the special byte's position; only the last
+    /// few bytes of the input go byte by byte. A longer run (free text in `data`) goes to
     /// [`Self::find_special_long`].
     #[inline]
     fn find_special(&self, mut i: usize) -> usize {
@@ -383,8 +401,9 @@ impl<'a> Scanner<'a> {
         while let Some(chunk) = b.get(i..i.saturating_add(8)) {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
-            if has_special(u64::from_le_bytes(word)) {
-                break;
+            let m = special_mask(u64::from_le_bytes(word));
+            if m != 0 {
+                return i + (m.trailing_zeros() / 8) as usize;
             }
             i += 8;
             words += 1;
@@ -420,11 +439,13 @@ impl<'a> Scanner<'a> {
 
     /// The bytes a `Text` denotes.
     fn text_bytes(&self, t: Text) -> &[u8] {
-        let (buf, s, e) = match t {
-            Text::Raw { start, end } => (self.b, start, end),
-            Text::Unescaped { start, end } => (self.unescaped.as_bytes(), start, end),
+        let buf = if t.is_unescaped() {
+            self.unescaped.as_bytes()
+        } else {
+            self.b
         };
-        buf.get(s as usize..e as usize).unwrap_or_default()
+        let (s, e) = t.range();
+        buf.get(s..e).unwrap_or_default()
     }
 
     fn text_str(&self, t: Text) -> &str {
@@ -435,7 +456,7 @@ impl<'a> Scanner<'a> {
 
     /// Scans the string at `pos` (which holds `"`), leaving `pos` after the closing quote.
     /// With `decode`, a string carrying escapes is decoded into `self.unescaped` and
-    /// returned as `Text::Unescaped`; otherwise (or without escapes) the result is the
+    /// returned as an unescaped `Text`; otherwise (or without escapes) the result is the
     /// raw span between the quotes.
     fn string(&mut self, decode: bool) -> Result<Text, Fault> {
         self.pos += 1;
@@ -444,12 +465,9 @@ impl<'a> Scanner<'a> {
         match self.b.get(stop) {
             Some(b'"') => {
                 self.pos = stop + 1;
-                Ok(Text::Raw {
-                    start: start as u32,
-                    end: stop as u32,
-                })
+                Ok(Text::raw(start as u32, stop as u32))
             }
-            Some(b'\\' | 0x80..=0xff) => self.string_slow(start, stop, decode),
+            Some(b'\\') => self.string_slow(start, stop, decode),
             Some(_) => Err(self.syntax_at(
                 stop,
                 "control character (U+0000 to U+001F) in a string must be escaped",
@@ -458,10 +476,10 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The slow path of [`Self::string`], from `stop`, the first `\` or non-ASCII byte:
-    /// escapes (rare for routing attributes, common in `data` free text) and UTF-8
-    /// validation of non-ASCII runs. With `decode`, a string that carried an escape is
-    /// decoded into the side buffer; otherwise the result is the raw span.
+    /// The slow path of [`Self::string`], from `stop`, the first `\`: escapes (rare for
+    /// routing attributes, common in `data` free text). With `decode`, a string that
+    /// carried an escape is decoded into the side buffer; otherwise the result is the
+    /// raw span.
     fn string_slow(&mut self, start: usize, stop: usize, decode: bool) -> Result<Text, Fault> {
         let b = self.b;
         let mark = self.unescaped.len();
@@ -474,15 +492,10 @@ impl<'a> Scanner<'a> {
                     self.pos = i + 1;
                     if decode && escaped {
                         self.push_raw(run, i)?;
-                        return Ok(Text::Unescaped {
-                            start: mark as u32,
-                            end: self.unescaped.len() as u32,
-                        });
+                        // Not empty: the escape decoded to a character (`Text`'s rule).
+                        return Ok(Text::unescaped(mark as u32, self.unescaped.len() as u32));
                     }
-                    return Ok(Text::Raw {
-                        start: start as u32,
-                        end: i as u32,
-                    });
+                    return Ok(Text::raw(start as u32, i as u32));
                 }
                 Some(b'\\') => {
                     if decode {
@@ -494,7 +507,6 @@ impl<'a> Scanner<'a> {
                     i = self.pos;
                     run = i;
                 }
-                Some(0x80..=0xff) => i = self.non_ascii(i)?,
                 Some(_) => {
                     let next = self.find_special(i);
                     if next == i {
@@ -510,22 +522,6 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Validates the non-ASCII run of a string that starts at `i` (a byte >= 0x80) as
-    /// UTF-8, up to the next `"` or `\` (neither can be part of a multi-byte character,
-    /// so the cut never splits one). Returns where scanning goes on: that quote or
-    /// backslash, or a control character inside the run, which the caller refuses.
-    #[inline(never)]
-    fn non_ascii(&mut self, i: usize) -> Result<usize, Fault> {
-        let rest = self.b.get(i..).unwrap_or_default();
-        let end = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
-        let run = rest.get(..end).unwrap_or_default();
-        if std::str::from_utf8(run).is_err() {
-            // The message and offset come from `utf8_fault` over the whole input.
-            return Err(self.syntax_at(i, "invalid UTF-8"));
-        }
-        Ok(i + run.iter().position(|&c| c < 0x20).unwrap_or(end))
-    }
-
     /// Appends `b[from..to]` (unescaped text between escapes) to the side buffer.
     fn push_raw(&mut self, from: usize, to: usize) -> Result<(), Fault> {
         let run = self.b.get(from..to).unwrap_or_default();
@@ -534,8 +530,8 @@ impl<'a> Scanner<'a> {
                 self.unescaped.push_str(s);
                 Ok(())
             }
-            // Unreachable: non-ASCII runs were validated as UTF-8 before any escape
-            // after them, and runs are cut at ASCII bytes. Refuse rather than panic.
+            // Runs are cut at ASCII bytes, so this is invalid UTF-8 in the input, which
+            // `scan` reports (with `utf8_fault`) instead of this fault.
             Err(_) => Err(self.syntax_at(from, "invalid UTF-8 in a string")),
         }
     }
@@ -907,13 +903,13 @@ impl<'a> Scanner<'a> {
             if let Some(bit) = member.bit() {
                 // A core name's decoded spelling is not kept.
                 self.unescaped.truncate(mark);
-                if self.seen & 1 << bit != 0 {
+                if self.attrs.present & 1 << bit != 0 {
                     return Err(fault(format!(
                         "duplicate top-level member `{}` (AEP-0001 §5; RFC 8259 §4: readers could disagree on which one counts)",
                         member.describe().0
                     )));
                 }
-                self.seen |= 1 << bit;
+                self.attrs.present |= 1 << bit;
                 self.member_at = name_at;
                 let r = self.core_value(member);
                 self.in_member(r)?;
@@ -1022,7 +1018,7 @@ impl<'a> Scanner<'a> {
                         "`{name}` must be a non-empty string (AEP-0001 §5.1 {row})"
                     )));
                 }
-                self.attrs.text[attr as usize] = Some(text);
+                self.attrs.text[attr as usize] = text;
             }
             Member::Seq | Member::Epoch => {
                 // Built only on the error paths: `seq` is in almost every Event.
@@ -1035,9 +1031,9 @@ impl<'a> Scanner<'a> {
                     return Err(fault(format!("{}, got {}", rule(), self.shown(start))));
                 };
                 if member == Member::Seq {
-                    self.attrs.seq = Some(v);
+                    self.attrs.seq = v;
                 } else {
-                    self.attrs.epoch = Some(v);
+                    self.attrs.epoch = v;
                 }
             }
             Member::Severity | Member::Capture => {
@@ -1072,7 +1068,7 @@ impl<'a> Scanner<'a> {
                 }
                 let start = self.pos;
                 self.skip_value(1)?;
-                self.attrs.data = Some((start as u32, self.pos as u32));
+                self.attrs.data = Text::raw(start as u32, self.pos as u32);
             }
             Member::Extension => {}
         }
@@ -1091,8 +1087,15 @@ impl<'a> Scanner<'a> {
 
     /// An extension attribute member (AEP-0001 §5.4): `key` was just scanned.
     fn extension(&mut self, key: Text) -> Result<(), Fault> {
-        let name = self.text_str(key);
-        if !is_valid_extension_name(name) {
+        // `is_valid_extension_name` on the bytes, less its core-name test: the caller
+        // came here because `Member::classify` found no core name (the same 17).
+        let raw = self.text_bytes(key);
+        let legal = (1..=20).contains(&raw.len())
+            && raw
+                .iter()
+                .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !legal {
+            let name = self.text_str(key);
             let shown: String = name.chars().take(40).collect();
             let more = if name.chars().count() > 40 { "…" } else { "" };
             return Err(fault(format!(
@@ -1129,8 +1132,8 @@ impl<'a> Scanner<'a> {
                 StoredScalar::Bool(false)
             }
             Some(b'-' | b'0'..=b'9') => match self.number()? {
-                Num::U64(v) => StoredScalar::Int(i128::from(v)),
-                Num::I64(v) => StoredScalar::Int(i128::from(v)),
+                Num::U64(v) => StoredScalar::U64(v),
+                Num::I64(v) => StoredScalar::I64(v),
                 Num::Float => {
                     let name = self.text_str(key).to_owned();
                     return Err(fault(format!(
@@ -1154,7 +1157,7 @@ impl<'a> Scanner<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Attr, Capture, Event, Scalar, Severity, Text};
+    use super::super::{Attr, Capture, Event, Scalar, Severity};
     use super::*;
 
     /// A minimal member list around `extra` (no envelope rules apply to `scan`).
@@ -1179,19 +1182,13 @@ mod tests {
             r#"{"id":"plain","session":"s\u0031","subject":"a\"b\\c\/d\u00e9\n\t\b\f\r","agent":"é中"}"#,
         );
         assert_eq!(ev.id(), "plain");
-        assert!(matches!(
-            ev.attrs.text[Attr::Id as usize],
-            Some(Text::Raw { .. })
-        ));
+        assert!(!ev.attrs.text(Attr::Id).unwrap().is_unescaped());
         assert_eq!(ev.session(), Some("s1"));
-        assert!(matches!(
-            ev.attrs.text[Attr::Session as usize],
-            Some(Text::Unescaped { .. })
-        ));
+        assert!(ev.attrs.text(Attr::Session).unwrap().is_unescaped());
         assert_eq!(ev.attr(Attr::Subject), Some("a\"b\\c/dé\n\t\u{8}\u{c}\r"));
         assert_eq!(ev.attr(Attr::Agent), Some("é中"));
         // Only escaped values reach the side buffer.
-        assert_eq!(ev.unescaped, "s1a\"b\\c/dé\n\t\u{8}\u{c}\r");
+        assert_eq!(&*ev.unescaped, "s1a\"b\\c/dé\n\t\u{8}\u{c}\r");
     }
 
     #[test]
@@ -1201,7 +1198,7 @@ mod tests {
         assert_eq!(ev.seq(), Some(3));
         assert_eq!(ev.extension("acme"), Some(Scalar::Str("v")));
         // Core names are dropped from the side buffer; the extension name stays.
-        assert_eq!(ev.unescaped, "acme");
+        assert_eq!(&*ev.unescaped, "acme");
     }
 
     #[test]
@@ -1425,6 +1422,21 @@ mod tests {
         assert_eq!(keys.len(), 9);
     }
 
+    /// `extension` skips the core-name test because `Member::classify` knows exactly
+    /// the core names of AEP-0001 §5.1 (`CORE_NAMES`).
+    #[test]
+    fn classify_knows_every_core_name() {
+        for name in super::super::CORE_NAMES {
+            assert_ne!(
+                Member::classify(name.as_bytes()),
+                Member::Extension,
+                "{name}"
+            );
+            assert!(!super::super::is_valid_extension_name(name));
+        }
+        assert_eq!(Member::classify(b"acme"), Member::Extension);
+    }
+
     #[test]
     fn extension_names_at_20_and_21_chars() {
         let twenty = "a".repeat(20);
@@ -1609,13 +1621,14 @@ mod tests {
         assert_eq!(accepted("{\"id\":\"a\u{7f}b\"}").id(), "a\u{7f}b");
     }
 
-    /// UTF-8 is validated in the scanning pass (non-ASCII runs of strings): every
+    /// UTF-8 is validated once for the whole Event (the scanner passes non-ASCII string
+    /// bytes as plain): every
     /// invalid sequence, wherever it stands in a string (before or after an escape, in
     /// a member name, deep in `data`, cut by the closing quote), is refused with the
     /// offset `std::str::from_utf8` gives and the member named; valid text around
     /// escapes is accepted and kept raw unless an escape needs decoding.
     #[test]
-    fn utf8_is_validated_in_the_same_pass() {
+    fn utf8_is_validated_whole() {
         let bad: [&[u8]; 7] = [
             b"\xff",
             b"\xc3",             // truncated before the closing quote
@@ -1668,10 +1681,7 @@ mod tests {
         let ev = accepted("{\"id\":\"é中\u{1F600}\",\"session\":\"a\\né\",\"acme\":\"ü\"}");
         assert_eq!(ev.id(), "é中\u{1F600}");
         assert_eq!(ev.session(), Some("a\né"));
-        assert!(matches!(
-            ev.attrs.text[Attr::Id as usize],
-            Some(Text::Raw { .. })
-        ));
+        assert!(!ev.attrs.text(Attr::Id).unwrap().is_unescaped());
         // A raw control character after a non-ASCII run is still refused.
         refused("{\"id\":\"é\u{1}\"}");
         refused("{\"id\":\"中a\u{1f}b\"}");
@@ -1679,7 +1689,7 @@ mod tests {
 
     #[test]
     fn swar_special_byte_detection_is_exact() {
-        for special in (0u8..0x20).chain([b'"', b'\\']).chain(0x80..=0xff) {
+        for special in (0u8..0x20).chain([b'"', b'\\']) {
             for lane in 0..8 {
                 let mut w = [b'a'; 8];
                 w[lane] = special;
@@ -1689,11 +1699,30 @@ mod tests {
                 );
             }
         }
-        for plain in (0x20u8..0x80).filter(|&b| b != b'"' && b != b'\\') {
+        for plain in (0x20u8..=0xff).filter(|&b| b != b'"' && b != b'\\') {
             assert!(!has_special(u64::from_le_bytes([plain; 8])), "{plain:#x}");
             let mut w = [b' '; 8];
             w[3] = plain;
             assert!(!has_special(u64::from_le_bytes(w)), "{plain:#x}");
+        }
+        // The first special lane is found exactly, whatever stands above it.
+        let specials = (0u8..0x20).chain([b'"', b'\\']);
+        for special in specials {
+            for lane in 0..8 {
+                for above in [b'a', 0x00, 0x1f, b'"', b'\\', 0x80, 0xff, 0x20, 0x21] {
+                    let mut w = [b'a'; 8];
+                    w[lane] = special;
+                    for x in w.iter_mut().skip(lane + 1) {
+                        *x = above;
+                    }
+                    let m = special_mask(u64::from_le_bytes(w));
+                    assert_eq!(
+                        m.trailing_zeros() / 8,
+                        lane as u32,
+                        "{special:#x} at {lane}"
+                    );
+                }
+            }
         }
         // Long strings cross the 8-byte fast path with specials at every offset.
         for k in 0..40 {
