@@ -54,7 +54,7 @@
 //! the end has been ingested. At end of input an unterminated last line counts as a line.
 
 use crate::envelope::{self, Event};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use mio::Waker;
 use std::fs::File;
 use std::io::{self, Read};
@@ -67,13 +67,17 @@ use std::time::{Duration, Instant};
 
 /// Default interval between two looks at a followed file (`--follow-interval-ms`): 200 ms.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
-/// Bytes read from a source in one go.
-const CHUNK: usize = 64 * 1024;
+/// Size of a fresh read buffer. The lines read into it become the Events' bytes (slices
+/// of it, no copy); it is freed once the store copied what it holds and the fan-out let
+/// go of them.
+const CHUNK: usize = 256 * 1024;
+/// Room below which a read buffer is not read into again (a fresh one is taken).
+const MIN_ROOM: usize = 16 * 1024;
 /// Chunks in flight between the readers and the reactor (the backpressure bound: about
 /// `CHUNK × CHANNEL` bytes of Events).
-const CHANNEL: usize = 32;
+const CHANNEL: usize = 8;
 /// Chunks the reactor ingests per wake-up before it serves its sockets again.
-const BUDGET: usize = 16;
+const BUDGET: usize = 4;
 /// How long the reactor waits before retrying a chunk the history refused.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -116,9 +120,10 @@ impl JsonlConfig {
 
 /// One line out of a [`LineSplitter`].
 #[derive(Debug, PartialEq, Eq)]
-pub enum Piece<'a> {
-    /// A complete line without its `\n` (a trailing `\r` is kept).
-    Line(&'a [u8]),
+pub enum Piece {
+    /// A complete line without its `\n` (a trailing `\r` is kept): a slice of the
+    /// pushed bytes (no copy), or, for a line that spanned pushes, its own allocation.
+    Line(Bytes),
     /// A line longer than the splitter's limit; it was dropped. Its length in bytes.
     TooLong(u64),
 }
@@ -127,7 +132,8 @@ pub enum Piece<'a> {
 /// `max_line` bytes of an unfinished line. Sans-IO: feed it what was read.
 #[derive(Debug)]
 pub struct LineSplitter {
-    partial: Vec<u8>,
+    /// The start of a line that spans pushes (a copy: only this line's bytes).
+    partial: BytesMut,
     /// Length of the line being dropped, when it went over the limit.
     skipping: Option<u64>,
     line: u64,
@@ -138,7 +144,7 @@ impl LineSplitter {
     /// A splitter for lines of at most `max_line` bytes (excluding the `\n`).
     pub fn new(max_line: usize) -> LineSplitter {
         LineSplitter {
-            partial: Vec::new(),
+            partial: BytesMut::new(),
             skipping: None,
             line: 0,
             max_line,
@@ -157,42 +163,43 @@ impl LineSplitter {
         self.line = 0;
     }
 
-    /// Feeds `data`; calls `out(line_number, piece)` for every line it completes.
-    pub fn push(&mut self, mut data: &[u8], out: &mut impl FnMut(u64, Piece<'_>)) {
-        while !data.is_empty() {
-            match memchr::memchr(b'\n', data) {
+    /// Feeds `data`; calls `out(line_number, piece)` for every line it completes. A line
+    /// wholly inside `data` is handed out as a slice of it (it keeps `data`'s buffer
+    /// alive while it lives).
+    pub fn push(&mut self, data: Bytes, out: &mut impl FnMut(u64, Piece)) {
+        let mut at = 0;
+        while at < data.len() {
+            let rest = &data[at..];
+            match memchr::memchr(b'\n', rest) {
                 Some(i) => {
                     self.line += 1;
-                    let seg = &data[..i];
+                    let seg = &rest[..i];
                     if let Some(n) = self.skipping.take() {
                         out(self.line, Piece::TooLong(n + seg.len() as u64));
                     } else if self.partial.is_empty() {
                         if seg.len() > self.max_line {
                             out(self.line, Piece::TooLong(seg.len() as u64));
                         } else {
-                            out(self.line, Piece::Line(seg));
+                            out(self.line, Piece::Line(data.slice(at..at + i)));
                         }
                     } else if self.partial.len() + seg.len() > self.max_line {
                         let n = (self.partial.len() + seg.len()) as u64;
-                        self.partial.clear();
+                        self.partial = BytesMut::new();
                         out(self.line, Piece::TooLong(n));
                     } else {
                         self.partial.extend_from_slice(seg);
-                        let line = std::mem::take(&mut self.partial);
-                        out(self.line, Piece::Line(&line));
-                        self.partial = line;
-                        self.partial.clear();
+                        out(self.line, Piece::Line(self.partial.split().freeze()));
                     }
-                    data = &data[i + 1..];
+                    at += i + 1;
                 }
                 None => {
                     if let Some(n) = &mut self.skipping {
-                        *n += data.len() as u64;
-                    } else if self.partial.len() + data.len() > self.max_line {
-                        self.skipping = Some((self.partial.len() + data.len()) as u64);
-                        self.partial = Vec::new();
+                        *n += rest.len() as u64;
+                    } else if self.partial.len() + rest.len() > self.max_line {
+                        self.skipping = Some((self.partial.len() + rest.len()) as u64);
+                        self.partial = BytesMut::new();
                     } else {
-                        self.partial.extend_from_slice(data);
+                        self.partial.extend_from_slice(rest);
                     }
                     return;
                 }
@@ -201,23 +208,26 @@ impl LineSplitter {
     }
 
     /// End of input: an unfinished line counts as a line.
-    pub fn finish(&mut self, out: &mut impl FnMut(u64, Piece<'_>)) {
+    pub fn finish(&mut self, out: &mut impl FnMut(u64, Piece)) {
         if let Some(n) = self.skipping.take() {
             self.line += 1;
             out(self.line, Piece::TooLong(n));
         } else if !self.partial.is_empty() {
             self.line += 1;
-            let line = std::mem::take(&mut self.partial);
-            out(self.line, Piece::Line(&line));
+            let line = std::mem::take(&mut self.partial).freeze();
+            out(self.line, Piece::Line(line));
         }
     }
 }
 
 /// What one JSONL line is.
+// `Event` is large beside the other variants, but a `LineKind` is matched at once and
+// never stored: boxing it would cost an allocation per line.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum LineKind {
-    /// A valid Event that may be ingested.
-    Event(Box<Event>),
+    /// A valid Event that may be ingested (its bytes are the line's, trimmed).
+    Event(Event),
     /// Empty or whitespace only.
     Blank,
     /// A well-formed `aep` version this relay does not speak (AEP-0003 §3.1.3): skipped.
@@ -238,11 +248,11 @@ fn well_formed_version(v: &str) -> bool {
 
 /// The `aep` value of a line that failed validation, when it is a well-formed version
 /// this relay does not speak.
-fn unsupported_version(line: &[u8]) -> Option<String> {
-    let aep = match Event::scan(Bytes::copy_from_slice(line)) {
+fn unsupported_version(line: &Bytes) -> Option<String> {
+    let aep = match Event::scan(line.clone()) {
         Ok(ev) => ev.attr(envelope::Attr::Aep).map(str::to_string),
         // A future version may use value types this scanner refuses: read just `aep`.
-        Err(_) => serde_json::from_slice::<serde_json::Value>(line)
+        Err(_) => serde_json::from_slice::<serde_json::Value>(line.as_ref())
             .ok()?
             .get("aep")?
             .as_str()
@@ -251,27 +261,25 @@ fn unsupported_version(line: &[u8]) -> Option<String> {
     (well_formed_version(&aep) && !envelope::version_supported(&aep)).then_some(aep)
 }
 
-/// Classifies one line with the relay's envelope scanner and validator.
+/// Classifies one line with the relay's envelope scanner and validator. A valid Event's
+/// bytes are a slice of `line` (no copy; the store copies what it holds).
 ///
 /// ```
 /// use aep_relay::jsonl::{classify, LineKind};
-/// assert!(matches!(classify(b"  "), LineKind::Blank));
-/// assert!(matches!(classify(br#"{"aep":"9.0","id":"x"}"#), LineKind::Unsupported(v) if v == "9.0"));
-/// assert!(matches!(classify(b"{"), LineKind::Invalid(_)));
+/// use bytes::Bytes;
+/// assert!(matches!(classify(Bytes::from_static(b"  ")), LineKind::Blank));
+/// let v9 = Bytes::from_static(br#"{"aep":"9.0","id":"x"}"#);
+/// assert!(matches!(classify(v9), LineKind::Unsupported(v) if v == "9.0"));
+/// assert!(matches!(classify(Bytes::from_static(b"{")), LineKind::Invalid(_)));
 /// ```
-pub fn classify(line: &[u8]) -> LineKind {
+pub fn classify(line: Bytes) -> LineKind {
     if line.iter().all(u8::is_ascii_whitespace) {
         return LineKind::Blank;
     }
-    // Each Event gets its own allocation: a buffered Event must not pin a read chunk.
-    // `compact`: whitespace around the Event would otherwise stay allocated with it.
-    match Event::parse(Bytes::copy_from_slice(line)) {
+    match Event::parse(line.clone()) {
         Ok(ev) if ev.is_command() => LineKind::Command(ev.event_type().to_string()),
-        Ok(mut ev) => {
-            ev.compact(line.len());
-            LineKind::Event(Box::new(ev))
-        }
-        Err(e) => match unsupported_version(line) {
+        Ok(ev) => LineKind::Event(ev),
+        Err(e) => match unsupported_version(&line) {
             Some(v) => LineKind::Unsupported(v),
             None => LineKind::Invalid(e.detail),
         },
@@ -294,7 +302,7 @@ impl Reporter {
     }
 
     /// Classifies a piece; returns the Event to ingest, reporting everything else.
-    fn take(&mut self, line: u64, piece: Piece<'_>, max_line: usize) -> Option<Event> {
+    fn take(&mut self, line: u64, piece: Piece, max_line: usize) -> Option<Event> {
         let label = &self.label;
         match piece {
             Piece::TooLong(n) => {
@@ -304,7 +312,7 @@ impl Reporter {
                 None
             }
             Piece::Line(bytes) => match classify(bytes) {
-                LineKind::Event(ev) => Some(*ev),
+                LineKind::Event(ev) => Some(ev),
                 LineKind::Blank => None,
                 LineKind::Invalid(detail) => {
                     log::warn!("{label}:{line}: invalid Event skipped: {detail}");
@@ -370,9 +378,11 @@ impl Outlet {
         if events.is_empty() {
             return !self.closed.load(Ordering::Relaxed);
         }
+        // The next batch is likely as long: no regrowth (an Event is a large struct).
+        let next = Vec::with_capacity(events.len());
         self.send(Msg::Events {
             source: source.clone(),
-            events: std::mem::take(events),
+            events: std::mem::replace(events, next),
         })
     }
 }
@@ -450,14 +460,15 @@ impl Ingest {
         }))
     }
 
-    /// Hands up to a budget of chunks to `ingest` (history append + publish), in order.
-    /// A chunk `ingest` refuses is kept and retried after a pause, and nothing behind it
+    /// Hands up to a budget of chunks to `ingest` (history append + publish), in order;
+    /// `ingest` moves the Events out of the chunk it takes. A chunk `ingest` refuses
+    /// (leaving it as it was) is kept and retried after a pause, and nothing behind it
     /// is taken meanwhile (the readers block on the full channel). Returns `true` when the
     /// relay should stop (standard input ended and `exit_on_stdin_eof`).
     pub(crate) fn drain<E: std::fmt::Display>(
         &mut self,
         now: Instant,
-        mut ingest: impl FnMut(&[Event]) -> Result<(), E>,
+        mut ingest: impl FnMut(&mut Vec<Event>) -> Result<(), E>,
     ) -> bool {
         if self.retry_at.is_some_and(|t| now < t) {
             self.more = false;
@@ -475,7 +486,7 @@ impl Ingest {
                 },
             };
             match msg {
-                Msg::Events { source, events } => match ingest(&events) {
+                Msg::Events { source, mut events } => match ingest(&mut events) {
                     Ok(()) => {
                         if self.retry_at.take().is_some() {
                             log::info!("history writable again; JSONL ingest resumed");
@@ -524,11 +535,11 @@ fn read_stdin(out: Outlet, max_line: usize) {
     let mut reporter = Reporter::new(&label);
     let mut splitter = LineSplitter::new(max_line);
     let mut stdin = io::stdin().lock();
-    let mut buf = vec![0u8; CHUNK];
+    let mut buf = BytesMut::new();
     let mut batch = Vec::new();
     loop {
-        match stdin.read(&mut buf) {
-            Ok(0) => {
+        match read_chunk(&mut stdin, &mut buf) {
+            Ok(data) if data.is_empty() => {
                 splitter.finish(&mut |n, p| {
                     if let Some(ev) = reporter.take(n, p, max_line) {
                         batch.push(ev);
@@ -539,8 +550,8 @@ fn read_stdin(out: Outlet, max_line: usize) {
                 }
                 return;
             }
-            Ok(n) => {
-                splitter.push(&buf[..n], &mut |n, p| {
+            Ok(data) => {
+                splitter.push(data, &mut |n, p| {
                     if let Some(ev) = reporter.take(n, p, max_line) {
                         batch.push(ev);
                     }
@@ -557,6 +568,28 @@ fn read_stdin(out: Outlet, max_line: usize) {
                 }
                 return;
             }
+        }
+    }
+}
+
+/// Reads once from `r` into the free room of `buf` (a fresh [`CHUNK`] when little is
+/// left) and returns what was read, empty at end of input. The room is zeroed first (no
+/// `unsafe` reads into uninitialised memory).
+fn read_chunk(r: &mut impl Read, buf: &mut BytesMut) -> io::Result<Bytes> {
+    let room = if buf.capacity() >= MIN_ROOM {
+        buf.capacity()
+    } else {
+        CHUNK
+    };
+    buf.resize(room, 0);
+    match r.read(&mut buf[..]) {
+        Ok(n) => {
+            buf.truncate(n);
+            Ok(buf.split().freeze())
+        }
+        Err(e) => {
+            buf.clear();
+            Err(e)
         }
     }
 }
@@ -593,7 +626,7 @@ impl Follower {
     }
 
     fn run(mut self, out: Outlet, interval: Duration) {
-        let mut buf = vec![0u8; CHUNK];
+        let mut buf = BytesMut::new();
         let mut batch = Vec::new();
         loop {
             let progressed = self.poll(&mut buf, &mut batch);
@@ -606,9 +639,9 @@ impl Follower {
         }
     }
 
-    fn take(&mut self, data: Option<&[u8]>, batch: &mut Vec<Event>) {
+    fn take(&mut self, data: Option<Bytes>, batch: &mut Vec<Event>) {
         let (reporter, max_line) = (&mut self.reporter, self.max_line);
-        let mut sink = |n: u64, p: Piece<'_>| {
+        let mut sink = |n: u64, p: Piece| {
             if let Some(ev) = reporter.take(n, p, max_line) {
                 batch.push(ev);
             }
@@ -621,15 +654,14 @@ impl Follower {
 
     /// One step: read what is new, or notice truncation / replacement. `true` when it
     /// did something (call again at once), `false` when there was nothing to do.
-    fn poll(&mut self, buf: &mut [u8], batch: &mut Vec<Event>) -> bool {
+    fn poll(&mut self, buf: &mut BytesMut, batch: &mut Vec<Event>) -> bool {
         let Some(file) = self.file.as_mut() else {
             return self.open();
         };
-        match file.read(buf) {
-            Ok(0) => {}
-            Ok(n) => {
-                self.offset += n as u64;
-                let data = &buf[..n];
+        match read_chunk(file, buf) {
+            Ok(data) if data.is_empty() => {}
+            Ok(data) => {
+                self.offset += data.len() as u64;
                 self.take(Some(data), batch);
                 return true;
             }
@@ -707,7 +739,7 @@ mod tests {
     fn split(max: usize, chunks: &[&[u8]], finish: bool) -> Vec<(u64, Result<Vec<u8>, u64>)> {
         let mut s = LineSplitter::new(max);
         let mut out = Vec::new();
-        let mut f = |n, p: Piece<'_>| {
+        let mut f = |n, p: Piece| {
             out.push((
                 n,
                 match p {
@@ -717,7 +749,7 @@ mod tests {
             ))
         };
         for c in chunks {
-            s.push(c, &mut f);
+            s.push(Bytes::copy_from_slice(c), &mut f);
         }
         if finish {
             s.finish(&mut f);
@@ -748,17 +780,35 @@ mod tests {
     }
 
     #[test]
+    fn a_line_inside_one_push_is_a_slice_of_it() {
+        let data = Bytes::from_static(b"one\ntw");
+        let mut s = LineSplitter::new(16);
+        let mut lines = Vec::new();
+        s.push(data.clone(), &mut |_, p| lines.push(p));
+        s.push(Bytes::from_static(b"o\n"), &mut |_, p| lines.push(p));
+        let [Piece::Line(one), Piece::Line(two)] = &lines[..] else {
+            panic!("{lines:?}");
+        };
+        assert_eq!(one.as_ptr(), data.as_ptr(), "no copy");
+        assert_eq!((&one[..], &two[..]), (&b"one"[..], &b"two"[..]));
+    }
+
+    fn kind(line: &[u8]) -> LineKind {
+        classify(Bytes::copy_from_slice(line))
+    }
+
+    #[test]
     fn classification() {
         let ok = br#"{"aep":"0.1","id":"1","type":"tool.completed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a","session":"s","seq":0}"#;
-        assert!(matches!(classify(ok), LineKind::Event(_)));
+        assert!(matches!(kind(ok), LineKind::Event(_)));
         let v2 = String::from_utf8_lossy(ok).replace("\"0.1\"", "\"1.0\"");
-        assert!(matches!(classify(v2.as_bytes()), LineKind::Unsupported(v) if v == "1.0"));
+        assert!(matches!(kind(v2.as_bytes()), LineKind::Unsupported(v) if v == "1.0"));
         // A future version may use shapes 0.1 refuses (`seq` as a string here).
         let odd = r#"{"aep":"2.0","seq":"x","seq":"y"}"#;
-        assert!(matches!(classify(odd.as_bytes()), LineKind::Unsupported(v) if v == "2.0"));
+        assert!(matches!(kind(odd.as_bytes()), LineKind::Unsupported(v) if v == "2.0"));
         let bad = String::from_utf8_lossy(ok).replace("\"0.1\"", "\"zero\"");
-        assert!(matches!(classify(bad.as_bytes()), LineKind::Invalid(_)));
+        assert!(matches!(kind(bad.as_bytes()), LineKind::Invalid(_)));
         let cmd = br#"{"aep":"0.1","id":"c","type":"control.cancel","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/a","agent":"a","session":"s","data":{"scope":"run"}}"#;
-        assert!(matches!(classify(cmd), LineKind::Command(t) if t == "control.cancel"));
+        assert!(matches!(kind(cmd), LineKind::Command(t) if t == "control.cancel"));
     }
 }

@@ -51,7 +51,7 @@ fn check(
     let mut splitter = LineSplitter::new(max_line);
     let mut buf = vec![0u8; 1 << 20];
     let mut write_err = None;
-    let mut report = |c: &mut Counts, n: u64, p: Piece<'_>| {
+    let mut report = |c: &mut Counts, n: u64, p: Piece| {
         c.lines += 1;
         let detail = match p {
             Piece::TooLong(len) => {
@@ -60,7 +60,7 @@ fn check(
             Piece::Line(l) if l.iter().all(u8::is_ascii_whitespace) => {
                 "blank line (AEP-0003 §3.1.1: one Event per line, no blank lines)".to_string()
             }
-            Piece::Line(l) => match Event::parse(Bytes::copy_from_slice(l)) {
+            Piece::Line(l) => match Event::parse(l) {
                 Ok(_) => return,
                 Err(e) => e.detail,
             },
@@ -80,7 +80,9 @@ fn check(
             Err(e) => return Err(e),
         };
         c.bytes += n as u64;
-        splitter.push(&buf[..n], &mut |n, p| report(&mut c, n, p));
+        splitter.push(Bytes::copy_from_slice(&buf[..n]), &mut |n, p| {
+            report(&mut c, n, p)
+        });
     }
     splitter.finish(&mut |n, p| report(&mut c, n, p));
     match write_err {

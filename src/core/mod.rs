@@ -598,19 +598,23 @@ impl Core {
     }
 
     /// Publishes Events already parsed and validated (a JSONL chunk), as one ingest unit:
-    /// kept by the [`Journal`] first.
+    /// kept by the [`Journal`] first. The Events are moved out of `events` (no clone):
+    /// on success `events` is left empty, its allocation kept.
     ///
     /// # Errors
-    /// [`Refusal::HistoryUnavailable`]: nothing was published; retry later.
-    pub fn publish_events(&mut self, events: &[Event], now: Instant) -> Result<(), Refusal> {
+    /// [`Refusal::HistoryUnavailable`]: nothing was published and `events` is as it was;
+    /// retry later.
+    pub fn publish_events(&mut self, events: &mut Vec<Event>, now: Instant) -> Result<(), Refusal> {
         self.now = now;
+        let n = events.len();
         if self.clustered() {
             self.submit(events.to_vec(), cluster::Waiter::None)?;
+            events.clear();
         } else {
             self.persist(events)?;
-            self.publish_unit(events.iter().cloned());
+            self.publish_unit(events.drain(..));
         }
-        self.count_ingested(Origin::Jsonl, events.len());
+        self.count_ingested(Origin::Jsonl, n);
         Ok(())
     }
 

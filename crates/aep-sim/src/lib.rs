@@ -309,7 +309,7 @@ impl Sim {
     /// # Errors
     /// [`Refusal::HistoryUnavailable`] from the journal; nothing was published.
     pub fn publish_events(&mut self, events: &[Event]) -> Result<(), Refusal> {
-        self.core.publish_events(events, self.now)?;
+        self.core.publish_events(&mut events.to_vec(), self.now)?;
         self.run();
         Ok(())
     }
