@@ -356,9 +356,9 @@ impl Core {
             let d = format!("a {} request carries no body", head.method);
             return self.reply_skipping_body(key, head, Code::BadRequest, &d, &[], &[]);
         }
-        let allowed = routes::allow(&head.path);
         if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
-            if let Some(methods) = &allowed {
+            // Only a preflight needs the path's methods (building them allocates).
+            if let Some(methods) = &routes::allow(&head.path) {
                 // A CORS preflight (Fetch standard §3.2.2), for the methods of this path.
                 let close = head.wants_close();
                 let resp = http::response(
