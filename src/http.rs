@@ -547,6 +547,81 @@ mod tests {
         );
     }
 
+    /// Issue 24: a head parsed into a reused `RequestHead` (a connection's) is exactly
+    /// the head `parse_head` returns, whatever the heads parsed into it before (more or
+    /// fewer header lines, longer or shorter strings, a query or none).
+    #[test]
+    fn parse_head_into_a_reused_head_equals_a_fresh_parse() {
+        let heads: [&[u8]; 4] = [
+            b"POST /events HTTP/1.1\r\nHost: a\r\nContent-Type: application/x-ndjson\r\nContent-Length: 3\r\nX-Long: aaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n",
+            b"GET /stream?session=s1&live=0 HTTP/1.0\r\nCONNECTION:  Keep-Alive \r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"OPTIONS /events HTTP/1.1\r\nOrigin: http://x\r\nA: 1\r\nB: \xff2\r\nC: 3\r\nD: 4\r\nE: 5\r\n\r\nrest",
+        ];
+        let mut reused = RequestHead::default();
+        for round in 0..2 {
+            for (i, wire) in heads.iter().enumerate() {
+                let (fresh, n) = parse_head(wire).unwrap().unwrap();
+                assert_eq!(parse_head_into(wire, &mut reused), Ok(Some(n)));
+                let show = |h: &RequestHead| format!("{h:?}");
+                assert_eq!(show(&reused), show(&fresh), "round {round}, head {i}");
+            }
+        }
+        assert_eq!(parse_head_into(b"GET / HT", &mut reused), Ok(None));
+    }
+
+    /// `response` writes exactly the bytes it always did, into a buffer exactly as long
+    /// as its capacity, and `accepted_response` is the 202 `{"accepted":n}` answer.
+    #[test]
+    fn responses_fill_their_buffer_exactly() {
+        for (status, extra, body, close) in [
+            (202u16, &[][..], &b"{\"accepted\":64}"[..], false),
+            (204, &[("Allow", "GET, POST"), ("Vary", "Origin")][..], &b""[..], true),
+            (413, &[][..], &[b'x'; 12345][..], true),
+        ] {
+            let out = response(status, "application/json", extra, body, close);
+            assert_eq!(out.len(), out.capacity());
+            let mut want = format!(
+                "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nCache-Control: no-store\r\n",
+                reason(status),
+                body.len()
+            );
+            for (k, v) in extra {
+                want.push_str(&format!("{k}: {v}\r\n"));
+            }
+            if close {
+                want.push_str("Connection: close\r\n");
+            }
+            want.push_str("\r\n");
+            let mut want = want.into_bytes();
+            want.extend_from_slice(body);
+            assert_eq!(out, want);
+        }
+        for (n, close) in [(0, false), (9, true), (10, false), (1000, false), (usize::MAX, true)] {
+            let body = format!("{{\"accepted\":{n}}}");
+            let want = response(202, "application/json", &[], body.as_bytes(), close);
+            assert_eq!(accepted_response(n, close), want);
+        }
+    }
+
+    #[test]
+    fn connection_and_media_type_match_any_case() {
+        let mut h = RequestHead {
+            minor_version: 1,
+            ..Default::default()
+        };
+        assert!(!h.wants_close());
+        h.headers.push(("connection".into(), "Keep-Alive, CLOSE".into()));
+        h.headers
+            .push(("content-type".into(), " Application/X-NDJSON ; charset=utf-8".into()));
+        assert!(h.wants_close());
+        assert_eq!(h.media_type_as_sent(), Some("Application/X-NDJSON"));
+        assert_eq!(h.media_type().as_deref(), Some("application/x-ndjson"));
+        h.minor_version = 0;
+        h.headers[0].1 = "keep-alive".into();
+        assert!(!h.wants_close());
+    }
+
     #[test]
     fn framing_rules() {
         let mut h = RequestHead::default();
