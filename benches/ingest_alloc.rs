@@ -272,40 +272,7 @@ fn retained() {
     black_box(relay);
 }
 
-fn traced(path: Path, batch: usize) {
-    let mut run = Run::new(Sub::None);
-    while run.next < 2 * BUFFER as u64 {
-        run.body(path, 64, 580);
-    }
-    alloc::TRACE.store(true, std::sync::atomic::Ordering::Relaxed);
-    for _ in 0..4 {
-        run.body(path, batch, 580);
-    }
-    alloc::TRACE.store(false, std::sync::atomic::Ordering::Relaxed);
-    let traces = std::mem::take(&mut *alloc::TRACES.lock().unwrap());
-    let mut keys: std::collections::BTreeMap<String, usize> = Default::default();
-    for t in traces {
-        let s = t.to_string();
-        let frames: Vec<&str> = s
-            .lines()
-            .filter(|l| l.contains(": ") && !l.contains("at /"))
-            .map(|l| l.trim())
-            .filter(|l| !l.contains("alloc::") && !l.contains("backtrace") && !l.contains("trace"))
-            .take(7)
-            .collect();
-        *keys.entry(frames.join("\n    ")).or_default() += 1;
-    }
-    for (k, n) in keys {
-        println!("{:.2} per body:\n    {k}", n as f64 / 4.0);
-    }
-}
-
 fn main() {
-    if let Ok(v) = std::env::var("ALLOC_TRACE") {
-        let path = if v.starts_with("core") { Path::Core } else { Path::Http };
-        let batch = if v.ends_with("1") { 1 } else { 64 };
-        return traced(path, batch);
-    }
     allocations();
     retained();
 }

@@ -13,27 +13,14 @@ static LIVE: AtomicIsize = AtomicIsize::new(0);
 static ASKED: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: every call defers to `System`; the counters are plain atomics.
-pub static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-thread_local! { static IN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
-pub static TRACES: std::sync::Mutex<Vec<std::backtrace::Backtrace>> = std::sync::Mutex::new(Vec::new());
-fn trace() {
-    if TRACE.load(Relaxed) && !IN.with(|c| c.get()) {
-        IN.with(|c| c.set(true));
-        let bt = std::backtrace::Backtrace::force_capture();
-        TRACES.lock().unwrap().push(bt);
-        IN.with(|c| c.set(false));
-    }
-}
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        trace();
         ALLOCS.fetch_add(1, Relaxed);
         ASKED.fetch_add(l.size(), Relaxed);
         LIVE.fetch_add(l.size() as isize, Relaxed);
         System.alloc(l)
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        trace();
         ALLOCS.fetch_add(1, Relaxed);
         ASKED.fetch_add(l.size(), Relaxed);
         LIVE.fetch_add(l.size() as isize, Relaxed);
@@ -44,7 +31,6 @@ unsafe impl GlobalAlloc for Counting {
         System.dealloc(p, l)
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        trace();
         ALLOCS.fetch_add(1, Relaxed);
         ASKED.fetch_add(n, Relaxed);
         LIVE.fetch_add(n as isize - l.size() as isize, Relaxed);
