@@ -3,7 +3,7 @@
 //!
 //! Everything here is sans-IO: it takes bytes and returns decisions or bytes to send.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 
 /// Most header lines in one request head.
 pub const MAX_HEADERS: usize = 64;
@@ -46,23 +46,24 @@ impl RequestHead {
     /// Whether the connection should close after the response (`Connection: close`, or
     /// HTTP/1.0 without `keep-alive`).
     pub fn wants_close(&self) -> bool {
-        let conn = self.header("connection").map(|v| v.to_ascii_lowercase());
-        match conn.as_deref() {
-            Some(v) if v.split(',').any(|t| t.trim() == "close") => true,
-            Some(v) if v.split(',').any(|t| t.trim() == "keep-alive") => false,
+        let has = |v: &str, token: &str| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token));
+        match self.header("connection") {
+            Some(v) if has(v, "close") => true,
+            Some(v) if has(v, "keep-alive") => false,
             _ => self.minor_version == 0,
         }
     }
 
     /// The media type of `Content-Type` without parameters, lowercased.
     pub fn media_type(&self) -> Option<String> {
-        self.header("content-type").map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
+        self.media_type_as_sent().map(str::to_ascii_lowercase)
+    }
+
+    /// The media type of `Content-Type` without parameters, trimmed, in the case it was
+    /// sent (compare with `eq_ignore_ascii_case`; no allocation, unlike [`Self::media_type`]).
+    pub fn media_type_as_sent(&self) -> Option<&str> {
+        self.header("content-type")
+            .map(|v| v.split(';').next().unwrap_or("").trim())
     }
 
     /// The query string's `name=value` pairs, percent- and `+`-decoded.
@@ -90,6 +91,21 @@ pub enum HeadError {
 /// # Errors
 /// [`HeadError`] for a malformed head or too many headers.
 pub fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let mut head = RequestHead::default();
+    Ok(parse_head_into(buf, &mut head)?.map(|n| (head, n)))
+}
+
+/// [`parse_head`] into `head`, reusing its strings and header list (a connection keeps
+/// one `RequestHead` for its requests, so a head parsed into it allocates nothing once
+/// the strings have grown to its requests' sizes).
+///
+/// Returns `Ok(None)` when more bytes are needed, `Ok(Some(consumed))` when the head is
+/// complete (`consumed` bytes, through the blank line) and `head` holds it, exactly as
+/// [`parse_head`] would return it. On `Ok(None)` or an error `head` holds nothing usable.
+///
+/// # Errors
+/// [`HeadError`] for a malformed head or too many headers.
+pub fn parse_head_into(buf: &[u8], head: &mut RequestHead) -> Result<Option<usize>, HeadError> {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut storage);
     match req.parse(buf) {
@@ -100,26 +116,31 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError>
                 Some((p, q)) => (p, q),
                 None => (target, ""),
             };
-            let headers = req
-                .headers
-                .iter()
-                .map(|h| {
-                    (
-                        h.name.to_ascii_lowercase(),
-                        String::from_utf8_lossy(h.value).trim().to_string(),
-                    )
-                })
-                .collect();
-            Ok(Some((
-                RequestHead {
-                    method: req.method.unwrap_or("").to_string(),
-                    path: path.to_string(),
-                    query: query.to_string(),
-                    minor_version: req.version.unwrap_or(1),
-                    headers,
-                },
-                n,
-            )))
+            let set = |s: &mut String, v: &str| {
+                s.clear();
+                s.push_str(v);
+            };
+            set(&mut head.method, req.method.unwrap_or(""));
+            set(&mut head.path, path);
+            set(&mut head.query, query);
+            head.minor_version = req.version.unwrap_or(1);
+            let lines = req.headers.len();
+            for (i, h) in req.headers.iter().enumerate() {
+                let value = String::from_utf8_lossy(h.value);
+                let value = value.trim();
+                match head.headers.get_mut(i) {
+                    Some((name, v)) => {
+                        set(name, h.name);
+                        name.make_ascii_lowercase();
+                        set(v, value);
+                    }
+                    None => head
+                        .headers
+                        .push((h.name.to_ascii_lowercase(), value.to_string())),
+                }
+            }
+            head.headers.truncate(lines);
+            Ok(Some(n))
         }
         Err(httparse::Error::TooManyHeaders) => Err(HeadError::TooManyHeaders),
         Err(e) => Err(HeadError::Malformed(e.to_string())),
@@ -153,14 +174,14 @@ pub enum FramingError {
 /// [`FramingError`].
 pub fn framing(head: &RequestHead, max_body: usize) -> Result<Framing, FramingError> {
     let te = head.header("transfer-encoding");
-    let cls: Vec<&str> = head
+    let mut cls = head
         .headers
         .iter()
         .filter(|(n, _)| n == "content-length")
-        .map(|(_, v)| v.as_str())
-        .collect();
+        .map(|(_, v)| v.as_str());
+    let first = cls.next();
     if let Some(te) = te {
-        if !cls.is_empty() {
+        if first.is_some() {
             return Err(FramingError::Bad(
                 "both Content-Length and Transfer-Encoding are present",
             ));
@@ -172,10 +193,10 @@ pub fn framing(head: &RequestHead, max_body: usize) -> Result<Framing, FramingEr
             "only Transfer-Encoding: chunked is supported",
         ));
     }
-    let Some(first) = cls.first() else {
+    let Some(first) = first else {
         return Ok(Framing::None);
     };
-    if cls.iter().any(|v| v != first) {
+    if cls.any(|v| v != first) {
         return Err(FramingError::Bad("conflicting Content-Length headers"));
     }
     if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
@@ -377,6 +398,8 @@ pub fn reason(status: u16) -> &'static str {
 
 /// A complete response: status line, `Content-Type`, `Content-Length`, the `extra`
 /// header lines (each without CRLF), `Connection: close` when `close`, then `body`.
+/// The vector is exactly as long as its capacity (so `Bytes::from` it allocates nothing
+/// more).
 pub fn response(
     status: u16,
     content_type: &str,
@@ -384,12 +407,27 @@ pub fn response(
     body: &[u8],
     close: bool,
 ) -> Vec<u8> {
-    let mut out = String::with_capacity(128 + body.len());
+    const CLOSE: &str = "Connection: close\r\n";
+    let reason = reason(status);
+    let len = "HTTP/1.1 ".len()
+        + digits(status as usize)
+        + 1
+        + reason.len()
+        + "\r\nContent-Type: ".len()
+        + content_type.len()
+        + "\r\nContent-Length: ".len()
+        + digits(body.len())
+        + "\r\nCache-Control: no-store\r\n".len()
+        + extra.iter().map(|(k, v)| k.len() + 2 + v.len() + 2).sum::<usize>()
+        + if close { CLOSE.len() } else { 0 }
+        + 2
+        + body.len();
+    let mut out = Vec::with_capacity(len);
     let _ = write!(
         out,
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\n",
         status,
-        reason(status),
+        reason,
         content_type,
         body.len()
     );
@@ -397,12 +435,32 @@ pub fn response(
         let _ = write!(out, "{k}: {v}\r\n");
     }
     if close {
-        out.push_str("Connection: close\r\n");
+        out.extend_from_slice(CLOSE.as_bytes());
     }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
+    debug_assert_eq!(out.len(), len);
     out
+}
+
+/// The `202 Accepted` answer to a `POST /events` that admitted `n` Events, body
+/// `{"accepted":n}` (AEP-0003 §3.2.3): [`response`] without a body buffer of its own.
+pub fn accepted_response(n: usize, close: bool) -> Vec<u8> {
+    let mut body = [0u8; 40];
+    let mut w = &mut body[..];
+    let _ = write!(w, "{{\"accepted\":{n}}}");
+    let left = w.len();
+    response(202, "application/json", &[], &body[..40 - left], close)
+}
+
+/// Decimal digits of `n`.
+fn digits(mut n: usize) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
 }
 
 /// Inserts header lines right after the status line of a response head in `resp`.
@@ -487,6 +545,81 @@ mod tests {
             ChunkedDecoder::default().decode(b"1\r\nab", &mut out, 8),
             Err(ChunkError::Malformed)
         );
+    }
+
+    /// Issue 24: a head parsed into a reused `RequestHead` (a connection's) is exactly
+    /// the head `parse_head` returns, whatever the heads parsed into it before (more or
+    /// fewer header lines, longer or shorter strings, a query or none).
+    #[test]
+    fn parse_head_into_a_reused_head_equals_a_fresh_parse() {
+        let heads: [&[u8]; 4] = [
+            b"POST /events HTTP/1.1\r\nHost: a\r\nContent-Type: application/x-ndjson\r\nContent-Length: 3\r\nX-Long: aaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n",
+            b"GET /stream?session=s1&live=0 HTTP/1.0\r\nCONNECTION:  Keep-Alive \r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"OPTIONS /events HTTP/1.1\r\nOrigin: http://x\r\nA: 1\r\nB: \xff2\r\nC: 3\r\nD: 4\r\nE: 5\r\n\r\nrest",
+        ];
+        let mut reused = RequestHead::default();
+        for round in 0..2 {
+            for (i, wire) in heads.iter().enumerate() {
+                let (fresh, n) = parse_head(wire).unwrap().unwrap();
+                assert_eq!(parse_head_into(wire, &mut reused), Ok(Some(n)));
+                let show = |h: &RequestHead| format!("{h:?}");
+                assert_eq!(show(&reused), show(&fresh), "round {round}, head {i}");
+            }
+        }
+        assert_eq!(parse_head_into(b"GET / HT", &mut reused), Ok(None));
+    }
+
+    /// `response` writes exactly the bytes it always did, into a buffer exactly as long
+    /// as its capacity, and `accepted_response` is the 202 `{"accepted":n}` answer.
+    #[test]
+    fn responses_fill_their_buffer_exactly() {
+        for (status, extra, body, close) in [
+            (202u16, &[][..], &b"{\"accepted\":64}"[..], false),
+            (204, &[("Allow", "GET, POST"), ("Vary", "Origin")][..], &b""[..], true),
+            (413, &[][..], &[b'x'; 12345][..], true),
+        ] {
+            let out = response(status, "application/json", extra, body, close);
+            assert_eq!(out.len(), out.capacity());
+            let mut want = format!(
+                "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nCache-Control: no-store\r\n",
+                reason(status),
+                body.len()
+            );
+            for (k, v) in extra {
+                want.push_str(&format!("{k}: {v}\r\n"));
+            }
+            if close {
+                want.push_str("Connection: close\r\n");
+            }
+            want.push_str("\r\n");
+            let mut want = want.into_bytes();
+            want.extend_from_slice(body);
+            assert_eq!(out, want);
+        }
+        for (n, close) in [(0, false), (9, true), (10, false), (1000, false), (usize::MAX, true)] {
+            let body = format!("{{\"accepted\":{n}}}");
+            let want = response(202, "application/json", &[], body.as_bytes(), close);
+            assert_eq!(accepted_response(n, close), want);
+        }
+    }
+
+    #[test]
+    fn connection_and_media_type_match_any_case() {
+        let mut h = RequestHead {
+            minor_version: 1,
+            ..Default::default()
+        };
+        assert!(!h.wants_close());
+        h.headers.push(("connection".into(), "Keep-Alive, CLOSE".into()));
+        h.headers
+            .push(("content-type".into(), " Application/X-NDJSON ; charset=utf-8".into()));
+        assert!(h.wants_close());
+        assert_eq!(h.media_type_as_sent(), Some("Application/X-NDJSON"));
+        assert_eq!(h.media_type().as_deref(), Some("application/x-ndjson"));
+        h.minor_version = 0;
+        h.headers[0].1 = "keep-alive".into();
+        assert!(!h.wants_close());
     }
 
     #[test]

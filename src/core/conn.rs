@@ -262,11 +262,13 @@ impl BodyReader {
 pub(crate) enum Phase {
     /// Reading a request head (keep-alive idle when the read buffer is empty).
     Head,
-    /// Reading the body of `head`.
+    /// Reading the body of a `POST /events`: how it is framed, the bytes so far, and
+    /// what its head said (`Connection: close` or HTTP/1.0; an NDJSON batch).
     Body {
-        head: Box<RequestHead>,
         reader: BodyReader,
         body: Vec<u8>,
+        close: bool,
+        batch: bool,
     },
     /// Discarding a body whose request was already answered, then back to `Head`.
     Discard(BodyReader),
@@ -295,6 +297,10 @@ pub(crate) enum Answer {
 pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
+    /// The head of the request being handled, parsed in place (`http::parse_head_into`)
+    /// so its strings are reused from one request to the next; emptied when the
+    /// connection leaves HTTP requests or a head was large (`Core::keep_head`).
+    pub(crate) head: RequestHead,
     /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
     /// without completing the head (`Core::process` parses again only once a line
     /// feed arrives after them: linear work for a head trickled in byte by byte).
@@ -384,6 +390,7 @@ impl Conn {
         Conn {
             peer,
             rbuf: Vec::new(),
+            head: RequestHead::default(),
             head_scanned: 0,
             out: OutQueue::default(),
             phase: Phase::Head,

@@ -18,6 +18,10 @@ use serde_json::json;
 #[cfg(feature = "status-page")]
 const STATUS_PAGE: &str = include_str!("../status.html");
 
+/// Most heap bytes a connection keeps in its reused request head between requests
+/// (`Core::keep_head`); a larger head is dropped once handled.
+const KEPT_HEAD_BYTES: usize = 4096;
+
 /// `METHOD /path` of a request for the log: never its query string (it may carry
 /// `access_token`, AEP-0003 §8.1).
 fn request_line(head: &RequestHead) -> String {
@@ -167,11 +171,16 @@ impl Core {
                         None => true,
                     };
                     // No new line feed: still incomplete, as `parse_head` would say.
+                    let mut head = std::mem::take(&mut conn.head);
                     let parsed = if fresh {
-                        http::parse_head(&conn.rbuf)
+                        http::parse_head_into(&conn.rbuf, &mut head)
                     } else {
                         Ok(None)
                     };
+                    if !matches!(parsed, Ok(Some(_))) {
+                        conn.head = head;
+                        head = RequestHead::default();
+                    }
                     match parsed {
                         Ok(None) => {
                             conn.head_scanned = conn.rbuf.len();
@@ -181,7 +190,7 @@ impl Core {
                             }
                             return;
                         }
-                        Ok(Some((head, n))) => {
+                        Ok(Some(n)) => {
                             if n > max_head {
                                 let d = format!("the request head exceeds {max_head} bytes");
                                 self.reply_error(key, Code::HeadTooLarge, &d, true);
@@ -189,7 +198,8 @@ impl Core {
                             }
                             conn.rbuf.drain(..n);
                             conn.head_scanned = 0;
-                            self.on_head(key, head);
+                            self.on_head(key, &head);
+                            self.keep_head(key, head);
                         }
                         Err(HeadError::TooManyHeaders) => {
                             let d = format!("more than {} header lines", http::MAX_HEADERS);
@@ -209,13 +219,14 @@ impl Core {
                         Ok(false) => return,
                         Err(e) => return self.chunk_error(key, e),
                     }
-                    let Phase::Body { head, body, .. } =
-                        std::mem::replace(&mut conn.phase, Phase::Head)
+                    let Phase::Body {
+                        body, close, batch, ..
+                    } = std::mem::replace(&mut conn.phase, Phase::Head)
                     else {
                         return;
                     };
                     conn.since = self.now;
-                    self.on_request(key, *head, body);
+                    self.on_request(key, close, batch, body);
                 }
                 Phase::Discard(reader) => {
                     // The answer went out already: read the body to its end and drop it.
@@ -235,6 +246,31 @@ impl Core {
                 }
                 Phase::Ws(_) => return self.ws_process(key),
             }
+        }
+    }
+
+    /// Gives `head`, handled, back to `key` for its next request, unless the connection
+    /// no longer reads requests (a stream, a WebSocket, closing) or the head's strings
+    /// grew past [`KEPT_HEAD_BYTES`]: an idle connection keeps no more than that.
+    fn keep_head(&mut self, key: usize, head: RequestHead) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let reading = matches!(
+            conn.phase,
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
+        );
+        let held = head.method.capacity()
+            + head.path.capacity()
+            + head.query.capacity()
+            + head.headers.capacity() * std::mem::size_of::<(String, String)>()
+            + head
+                .headers
+                .iter()
+                .map(|(n, v)| n.capacity() + v.capacity())
+                .sum::<usize>();
+        if reading && held <= KEPT_HEAD_BYTES {
+            conn.head = head;
         }
     }
 
@@ -303,8 +339,8 @@ impl Core {
         }
     }
 
-    pub(super) fn on_head(&mut self, key: usize, head: RequestHead) {
-        let cors = self.cors_origin(&head);
+    pub(super) fn on_head(&mut self, key: usize, head: &RequestHead) {
+        let cors = self.cors_origin(head);
         if let Some(conn) = self.conns.get_mut(key) {
             conn.cors = cors;
         }
@@ -313,16 +349,16 @@ impl Core {
         // (RFC 9112 §6.3: the framing headers delimit a body whatever the method).
         if head.method != "POST"
             && !matches!(
-                http::framing(&head, self.config.max_body_bytes),
+                http::framing(head, self.config.max_body_bytes),
                 Ok(Framing::None)
             )
         {
             let d = format!("a {} request carries no body", head.method);
-            return self.reply_skipping_body(key, &head, Code::BadRequest, &d, &[], &[]);
+            return self.reply_skipping_body(key, head, Code::BadRequest, &d, &[], &[]);
         }
-        let allowed = routes::allow(&head.path);
         if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
-            if let Some(methods) = &allowed {
+            // Only a preflight needs the path's methods (building them allocates).
+            if let Some(methods) = &routes::allow(&head.path) {
                 // A CORS preflight (Fetch standard §3.2.2), for the methods of this path.
                 let close = head.wants_close();
                 let resp = http::response(
@@ -346,7 +382,7 @@ impl Core {
             Lookup::Found(r) => r,
             Lookup::NotFound => {
                 let d = format!("no resource at {}", head.path);
-                return self.reply_skipping_body(key, &head, Code::NotFound, &d, &[], &[]);
+                return self.reply_skipping_body(key, head, Code::NotFound, &d, &[], &[]);
             }
             Lookup::MethodNotAllowed(allow) => {
                 let d = format!(
@@ -355,7 +391,7 @@ impl Core {
                 );
                 return self.reply_skipping_body(
                     key,
-                    &head,
+                    head,
                     Code::MethodNotAllowed,
                     &d,
                     &[],
@@ -380,20 +416,20 @@ impl Core {
             let body = self.health(
                 self.config
                     .auth
-                    .check(&head)
+                    .check(head)
                     .is_ok_and(|g| g.authenticated || !self.config.auth.enabled()),
             );
             let close = head.wants_close();
             let resp = http::response(200, "application/json", &[], &body, close);
             return self.reply(key, resp, close);
         }
-        let grant = match self.config.auth.check(&head) {
+        let grant = match self.config.auth.check(head) {
             Ok(g) => g,
             Err(e) => {
                 let extra = [("WWW-Authenticate", "Bearer")];
                 return self.reply_skipping_body(
                     key,
-                    &head,
+                    head,
                     Code::Unauthorized,
                     e.detail(),
                     &[],
@@ -408,7 +444,7 @@ impl Core {
                 head.method,
                 head.path
             );
-            return self.reply_skipping_body(key, &head, Code::Forbidden, &d, &[], &[]);
+            return self.reply_skipping_body(key, head, Code::Forbidden, &d, &[], &[]);
         }
         match route.handler {
             Handler::Ingest => self.begin_ingest(key, head),
@@ -471,13 +507,13 @@ impl Core {
         }
     }
 
-    pub(super) fn begin_ingest(&mut self, key: usize, head: RequestHead) {
+    pub(super) fn begin_ingest(&mut self, key: usize, head: &RequestHead) {
         // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
         // request, from the answer before it) to this request's answer (`reply`).
         if let Some(conn) = self.conns.get_mut(key) {
             conn.post_since = Some(conn.since);
         }
-        let framing = match http::framing(&head, self.config.max_body_bytes) {
+        let framing = match http::framing(head, self.config.max_body_bytes) {
             Ok(f) => f,
             // Unreadable framing: `reply_skipping_body` closes after the answer.
             Err(FramingError::TooLarge(n)) => {
@@ -485,23 +521,23 @@ impl Core {
                     "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
                     self.config.max_body_bytes
                 );
-                return self.reply_skipping_body(key, &head, Code::BodyTooLarge, &d, &[], &[]);
+                return self.reply_skipping_body(key, head, Code::BodyTooLarge, &d, &[], &[]);
             }
             Err(FramingError::Bad(why)) => {
-                return self.reply_skipping_body(key, &head, Code::BadRequest, why, &[], &[]);
+                return self.reply_skipping_body(key, head, Code::BadRequest, why, &[], &[]);
             }
         };
         match head.header("aep-version") {
             None => {
                 let d = "the AEP-Version request header is required (AEP-0003 §3.2.2)";
-                return self.reply_skipping_body(key, &head, Code::VersionRequired, d, &[], &[]);
+                return self.reply_skipping_body(key, head, Code::VersionRequired, d, &[], &[]);
             }
             Some(v) if !envelope::header_version_supported(v) => {
                 let d = format!("AEP-Version {v:?} is not supported (AEP-0003 §3.2.2)");
                 let more = [("versions", json!(envelope::SUPPORTED_VERSIONS))];
                 return self.reply_skipping_body(
                     key,
-                    &head,
+                    head,
                     Code::VersionUnsupported,
                     &d,
                     &more,
@@ -510,25 +546,19 @@ impl Core {
             }
             Some(_) => {}
         }
-        match head.media_type().as_deref() {
-            Some("application/json") | Some("application/x-ndjson") => {}
-            other => {
-                let d = format!(
-                    "Content-Type must be application/json (one Event) or application/x-ndjson (a batch), got {} (AEP-0003 §3.2.1)",
-                    other.unwrap_or("none")
-                );
-                return self.reply_skipping_body(
-                    key,
-                    &head,
-                    Code::UnsupportedMediaType,
-                    &d,
-                    &[],
-                    &[],
-                );
-            }
+        let media = head.media_type_as_sent().unwrap_or("");
+        let batch = media.eq_ignore_ascii_case("application/x-ndjson");
+        if !batch && !media.eq_ignore_ascii_case("application/json") {
+            let d = format!(
+                "Content-Type must be application/json (one Event) or application/x-ndjson (a batch), got {} (AEP-0003 §3.2.1)",
+                head.media_type().as_deref().unwrap_or("none")
+            );
+            let code = Code::UnsupportedMediaType;
+            return self.reply_skipping_body(key, head, code, &d, &[], &[]);
         }
+        let close = head.wants_close();
         let reader = match framing {
-            Framing::None => return self.on_request(key, head, Vec::new()),
+            Framing::None => return self.on_request(key, close, batch, Vec::new()),
             Framing::Length(n) => BodyReader::Length(n),
             Framing::Chunked => BodyReader::Chunked(Default::default()),
         };
@@ -547,16 +577,17 @@ impl Core {
         };
         if let Some(conn) = self.conns.get_mut(key) {
             conn.phase = Phase::Body {
-                head: Box::new(head),
                 reader,
                 body: Vec::with_capacity(cap),
+                close,
+                batch,
             };
         }
     }
 
-    pub(super) fn on_request(&mut self, key: usize, head: RequestHead, body: Vec<u8>) {
-        let close = head.wants_close();
-        let batch = head.media_type().as_deref() == Some("application/x-ndjson");
+    /// Answers a `POST /events` whose body is read: `close` when its head asked for the
+    /// connection to close after the answer, `batch` for an NDJSON body.
+    pub(super) fn on_request(&mut self, key: usize, close: bool, batch: bool, body: Vec<u8>) {
         if self.clustered() {
             let submitted = self
                 .validate_body(Bytes::from(body), batch)
@@ -586,10 +617,7 @@ impl Core {
         close: bool,
     ) -> Vec<u8> {
         match outcome {
-            Ok(n) => {
-                let body = format!("{{\"accepted\":{n}}}");
-                http::response(202, "application/json", &[], body.as_bytes(), close)
-            }
+            Ok(n) => http::accepted_response(n, close),
             Err(r) => {
                 let detail = r.to_string();
                 self.refused(key, "POST /events", Some(r.status()), r.code(), &detail);
@@ -685,15 +713,15 @@ impl Core {
         Ok(ok)
     }
 
-    pub(super) fn begin_sse(&mut self, key: usize, head: RequestHead) {
+    pub(super) fn begin_sse(&mut self, key: usize, head: &RequestHead) {
         if let Some(d) = self.catching_up() {
             let code = Code::ClusterUnavailable;
-            return self.reply_skipping_body(key, &head, code, d, &[], &[("Retry-After", "1")]);
+            return self.reply_skipping_body(key, head, code, d, &[], &[("Retry-After", "1")]);
         }
-        let req = match sse::parse_request(&head, self.config.max_from_positions) {
+        let req = match sse::parse_request(head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {
-                return self.reply_skipping_body(key, &head, e.code, &e.detail, &[], &[]);
+                return self.reply_skipping_body(key, head, e.code, &e.detail, &[], &[]);
             }
         };
         let Some(conn) = self.conns.get_mut(key) else {

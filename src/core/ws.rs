@@ -42,8 +42,8 @@ impl Core {
     /// the handshake and switches the connection to the `Ws` phase, keeping `grant` for
     /// the per-frame scope checks. Bytes the client sent after its request head stay in
     /// the read buffer and are decoded as frames.
-    pub(super) fn begin_ws(&mut self, key: usize, head: RequestHead, grant: Grant) {
-        let (resp, deflate) = match handshake::accept(&head, self.config.ws_deflate) {
+    pub(super) fn begin_ws(&mut self, key: usize, head: &RequestHead, grant: Grant) {
+        let (resp, deflate) = match handshake::accept(head, self.config.ws_deflate) {
             Ok(r) => r,
             Err(e) => {
                 let extra: &[(&str, &str)] = if e.code == Code::UpgradeRequired {
@@ -51,7 +51,7 @@ impl Core {
                 } else {
                     &[]
                 };
-                return self.reply_skipping_body(key, &head, e.code, e.detail, &[], extra);
+                return self.reply_skipping_body(key, head, e.code, e.detail, &[], extra);
             }
         };
         let now = self.now;
