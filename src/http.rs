@@ -418,7 +418,10 @@ pub fn response(
         + "\r\nContent-Length: ".len()
         + digits(body.len())
         + "\r\nCache-Control: no-store\r\n".len()
-        + extra.iter().map(|(k, v)| k.len() + 2 + v.len() + 2).sum::<usize>()
+        + extra
+            .iter()
+            .map(|(k, v)| k.len() + 2 + v.len() + 2)
+            .sum::<usize>()
         + if close { CLOSE.len() } else { 0 }
         + 2
         + body.len();
@@ -576,7 +579,12 @@ mod tests {
     fn responses_fill_their_buffer_exactly() {
         for (status, extra, body, close) in [
             (202u16, &[][..], &b"{\"accepted\":64}"[..], false),
-            (204, &[("Allow", "GET, POST"), ("Vary", "Origin")][..], &b""[..], true),
+            (
+                204,
+                &[("Allow", "GET, POST"), ("Vary", "Origin")][..],
+                &b""[..],
+                true,
+            ),
             (413, &[][..], &[b'x'; 12345][..], true),
         ] {
             let out = response(status, "application/json", extra, body, close);
@@ -597,7 +605,13 @@ mod tests {
             want.extend_from_slice(body);
             assert_eq!(out, want);
         }
-        for (n, close) in [(0, false), (9, true), (10, false), (1000, false), (usize::MAX, true)] {
+        for (n, close) in [
+            (0, false),
+            (9, true),
+            (10, false),
+            (1000, false),
+            (usize::MAX, true),
+        ] {
             let body = format!("{{\"accepted\":{n}}}");
             let want = response(202, "application/json", &[], body.as_bytes(), close);
             assert_eq!(accepted_response(n, close), want);
@@ -611,9 +625,12 @@ mod tests {
             ..Default::default()
         };
         assert!(!h.wants_close());
-        h.headers.push(("connection".into(), "Keep-Alive, CLOSE".into()));
         h.headers
-            .push(("content-type".into(), " Application/X-NDJSON ; charset=utf-8".into()));
+            .push(("connection".into(), "Keep-Alive, CLOSE".into()));
+        h.headers.push((
+            "content-type".into(),
+            " Application/X-NDJSON ; charset=utf-8".into(),
+        ));
         assert!(h.wants_close());
         assert_eq!(h.media_type_as_sent(), Some("Application/X-NDJSON"));
         assert_eq!(h.media_type().as_deref(), Some("application/x-ndjson"));

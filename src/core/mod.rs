@@ -319,6 +319,8 @@ pub struct Core {
     /// command's claimant, which got it directly). `front_placed`: the streams the front
     /// one was admitted to, once admitted.
     publishing: VecDeque<(Event, Option<ConnId>)>,
+    /// The Events of the body being ingested, kept between bodies (`ingest_body`).
+    body_events: Vec<Event>,
     front_placed: Option<SmallVec<[StreamId; 2]>>,
     /// Events admitted for publication so far: the front one's number (`Conn::decided`).
     publication: u64,
@@ -361,6 +363,7 @@ impl Core {
             doomed: Vec::new(),
             outputs: VecDeque::new(),
             publishing: VecDeque::new(),
+            body_events: Vec::new(),
             front_placed: None,
             publication: 0,
             shutdown_deadline: None,

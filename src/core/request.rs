@@ -642,14 +642,25 @@ impl Core {
         batch: bool,
         origin: Origin,
     ) -> Result<usize, Refusal> {
-        let ok = self.validate_body(body, batch)?;
-        let n = ok.len();
-        // Kept in the history before it is published or answered (issue 5).
-        self.persist(&ok)?;
-        self.count_ingested(origin, n);
-        // One ingest unit: the batch's frames are coalesced (see `fanout`).
-        self.publish_unit(ok);
-        Ok(n)
+        // The Vec the Events are parsed into is kept between bodies (no allocation
+        // per request), unless a huge batch grew it.
+        let mut ok = std::mem::take(&mut self.body_events);
+        let done = self
+            .validate_body_into(body, batch, &mut ok)
+            .and_then(|()| {
+                // Kept in the history before it is published or answered (issue 5).
+                self.persist(&ok)?;
+                let n = ok.len();
+                self.count_ingested(origin, n);
+                // One ingest unit: the batch's frames are coalesced (see `fanout`).
+                self.publish_unit(ok.drain(..));
+                Ok(n)
+            });
+        ok.clear();
+        if ok.capacity() <= 4096 {
+            self.body_events = ok;
+        }
+        done
     }
 
     /// Parses and validates every Event of a body, in order: all or none, the first
@@ -660,13 +671,29 @@ impl Core {
         body: Bytes,
         batch: bool,
     ) -> Result<Vec<Event>, Refusal> {
+        let mut ok = Vec::new();
+        self.validate_body_into(body, batch, &mut ok)?;
+        Ok(ok)
+    }
+
+    /// [`Core::validate_body`] into `ok` (empty on entry; what it holds after a refusal
+    /// is to be discarded).
+    fn validate_body_into(
+        &mut self,
+        body: Bytes,
+        batch: bool,
+        ok: &mut Vec<Event>,
+    ) -> Result<(), Refusal> {
         if !batch {
             return match Event::parse(body) {
                 Ok(ev) if ev.is_command() => Err(Refusal::Command {
                     line: 1,
                     event_type: ev.event_type().to_string(),
                 }),
-                Ok(ev) => Ok(vec![ev]),
+                Ok(ev) => {
+                    ok.push(ev);
+                    Ok(())
+                }
                 Err(e) => Err(Refusal::InvalidEvent {
                     line: 1,
                     detail: e.detail,
@@ -685,7 +712,7 @@ impl Core {
                 return Err(Refusal::TooManyEvents { count: real, max });
             }
         }
-        let mut ok = Vec::with_capacity(count);
+        ok.reserve(count);
         let mut start = 0;
         let mut line = 0;
         while start < body.len() {
@@ -710,7 +737,7 @@ impl Core {
             }
             start = end + 1;
         }
-        Ok(ok)
+        Ok(())
     }
 
     pub(super) fn begin_sse(&mut self, key: usize, head: &RequestHead) {
