@@ -35,6 +35,7 @@ Usage: clients.py --bin target/debug/aep-relay [--out DIR] [--only NAME,...]
 Run through tests/clients/run.sh, which installs what this needs.
 """
 
+import asyncio
 import base64
 import http.server
 import json
@@ -53,6 +54,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
 from harness import (Failure, Nats, arguments, check, configure, http as http_bytes, log, run_all,
@@ -683,17 +685,18 @@ class WssClient:
     client waits until the relay's idle timeout. The asyncio client is one thread."""
 
     def __init__(self, url, **kwargs):
-        import asyncio
-        from websockets.asyncio.client import connect
         self._loop = asyncio.new_event_loop()
-        self._ws = self._loop.run_until_complete(connect(url, **kwargs))
+        try:
+            self._ws = self._loop.run_until_complete(ws_connect_async(url, **kwargs))
+        except BaseException:
+            self._loop.close()
+            raise
         self.response, self.protocol = self._ws.response, self._ws.protocol
 
     def send(self, text):
         self._loop.run_until_complete(self._ws.send(text))
 
     def recv(self, timeout=None):
-        import asyncio
         return self._loop.run_until_complete(asyncio.wait_for(self._ws.recv(), timeout))
 
     def __enter__(self):
