@@ -324,7 +324,11 @@ pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     b.put_slice(b"data: ");
     let start = b.len();
     b.put_slice(payload);
-    crate::envelope::line_breaks_to_spaces(&mut b[start..]);
+    // The scan knows whether the Event as received holds a line break; a down-leveled
+    // payload is other bytes, looked at.
+    if ev.has_line_breaks() || !std::ptr::eq(payload, &ev.bytes()[..]) {
+        crate::envelope::line_breaks_to_spaces(&mut b[start..]);
+    }
     b.put_slice(b"\n\n");
 }
 

@@ -185,6 +185,9 @@ fn check(input: &[u8]) -> bool {
                 })
                 .unwrap_or_default();
             assert_eq!(&ev.bytes()[..], trimmed);
+            // SSE and the history rewrite line breaks only when this says so.
+            let breaks = trimmed.iter().any(|b| matches!(b, b'\n' | b'\r'));
+            assert_eq!(ev.has_line_breaks(), breaks, "line breaks of {:?}", shown());
             true
         }
         (Err(_), Err(e)) => {

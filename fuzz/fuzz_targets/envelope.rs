@@ -16,7 +16,8 @@
 //!    any) lies within the input.
 //! 4. `Event::parse` never panics, accepts only what `Event::scan` accepts, and what it
 //!    accepts carries the REQUIRED attributes of AEP-0001 §5.1 and the version `0.1`.
-//! 5. The derived accessors agree with the attributes: `scope()` (AEP-0001 §5.2),
+//! 5. `has_line_breaks()` is true iff the Event's bytes hold a CR or LF.
+//! 6. The derived accessors agree with the attributes: `scope()` (AEP-0001 §5.2),
 //!    `is_command()` (AEP-0004 §2), the defaults of `epoch`, `severity`, `capture`
 //!    (AEP-0001 §5.1 #12, #15, #16).
 #![no_main]
@@ -188,6 +189,9 @@ fuzz_target!(|input: &[u8]| {
             let start = input.iter().position(|b| !is_json_ws(b)).unwrap();
             let end = input.iter().rposition(|b| !is_json_ws(b)).unwrap() + 1;
             assert_eq!(&ev.bytes()[..], &input[start..end]);
+            // SSE and the history skip the line-break rewrite on this flag alone.
+            let breaks = ev.bytes().iter().any(|b| matches!(b, b'\n' | b'\r'));
+            assert_eq!(ev.has_line_breaks(), breaks, "line breaks of {:?}", shown());
             check_accessors(ev);
         }
         (Err(_), Err(e)) => {

@@ -370,6 +370,9 @@ pub(crate) type Extension = (Text, StoredScalar);
 pub(crate) const SEQ_BIT: u32 = 1 << Attr::COUNT;
 pub(crate) const EPOCH_BIT: u32 = 1 << (Attr::COUNT + 1);
 pub(crate) const DATA_BIT: u32 = 1 << (Attr::COUNT + 4);
+/// Set when the Event's bytes hold a raw CR or LF (whitespace between tokens, the only
+/// place a valid Event can hold one, RFC 8259 §7), seen by the scanner as it skips it.
+pub(crate) const LINE_BREAK_BIT: u32 = 1 << (Attr::COUNT + 5);
 
 /// The routing attributes the scanner extracted (crate-internal layout; read them through
 /// [`Event`]'s accessors). Compact: presence is one bit mask, not an `Option` per field,
@@ -595,6 +598,13 @@ impl Event {
     /// `capture` with the default applied (`metadata` when absent).
     pub fn capture(&self) -> Capture {
         self.attrs.capture.unwrap_or(Capture::Metadata)
+    }
+
+    /// Whether the Event's bytes hold a raw CR or LF: then an SSE `data:` line or a JSONL
+    /// history line needs them as spaces ([`line_breaks_to_spaces`]); otherwise its bytes
+    /// are one line as they are. Known from the scan (no pass over the bytes).
+    pub fn has_line_breaks(&self) -> bool {
+        self.attrs.present & LINE_BREAK_BIT != 0
     }
 
     /// `capture` as declared.

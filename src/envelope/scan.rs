@@ -45,7 +45,7 @@
 //! AEP-0001 §5 (an Event is one JSON object, relays MUST NOT require parsing `data`),
 //! §5.1 (attribute types, no `null`), §5.4 (extension attributes), §8 (enums).
 
-use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text};
+use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text, LINE_BREAK_BIT};
 use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::SmallVec;
@@ -369,11 +369,15 @@ impl<'a> Scanner<'a> {
         self.b.get(self.pos).copied()
     }
 
+    /// Skips JSON whitespace, noting a CR or LF in it (`LINE_BREAK_BIT`).
     #[inline]
     fn skip_ws(&mut self) {
         while let Some(&c) = self.b.get(self.pos) {
             if !is_ws(c) {
                 break;
+            }
+            if c == b'\n' || c == b'\r' {
+                self.attrs.present |= LINE_BREAK_BIT;
             }
             self.pos += 1;
         }

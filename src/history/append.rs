@@ -196,7 +196,7 @@ impl History {
                 // are copied.
                 let bytes = ev.bytes();
                 let mut flat;
-                let line = if memchr::memchr2(b'\n', b'\r', bytes).is_some() {
+                let line = if ev.has_line_breaks() {
                     flat = bytes.to_vec();
                     crate::envelope::line_breaks_to_spaces(&mut flat);
                     &flat[..]
