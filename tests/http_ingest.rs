@@ -112,6 +112,39 @@ fn batch_over_max_batch_is_413_and_nothing_is_ingested() {
     assert_eq!(status, 202);
 }
 
+/// The bound is judged on the whole body, before any line's validity (AEP-0003
+/// §3.2.2): an oversized batch is `too-many-events` with its real count, even when an
+/// early line is invalid or a command; blank lines are not Events and do not count.
+#[test]
+fn too_many_events_wins_over_a_bad_line_and_counts_only_events() {
+    let relay = TestRelay::with(|c| c.max_batch_events = 5);
+    let good: Vec<String> = (0..7).map(ev).collect();
+    let cmd = r#"{"aep":"0.1","id":"c1","type":"control.cancel","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/ops","agent":"ops","session":"s1","data":{"scope":"run"}}"#;
+    for bad in ["{not json", cmd] {
+        for at in [0, 4, 6] {
+            let mut lines = good.clone();
+            lines[at] = bad.to_string();
+            let (status, json) = relay.post("application/x-ndjson", &lines.join("\n"));
+            assert_eq!(status, 413, "bad line {at}: {json}");
+            assert_eq!(json["error"], "too-many-events");
+            assert!(json["detail"].as_str().unwrap().contains('7'), "{json}");
+        }
+    }
+    // Five Events among blank lines are within the bound; a bad line among them is
+    // that line's refusal.
+    let spaced = format!("\n\n{}\n  \n\n", good[..5].join("\n\n"));
+    let (status, _) = relay.post("application/x-ndjson", &spaced);
+    assert_eq!(status, 202);
+    let mut lines = good[..5].to_vec();
+    lines[4] = "{not json".to_string();
+    let (status, json) = relay.post("application/x-ndjson", &lines.join("\n"));
+    assert_eq!((status, json["line"].as_u64()), (400, Some(5)));
+    assert!(
+        relay.replay_all().len() == 5,
+        "only the spaced batch was ingested"
+    );
+}
+
 #[test]
 fn commands_are_refused_over_http_403() {
     let relay = TestRelay::start();

@@ -1120,6 +1120,7 @@ impl Core {
         for o in msgs {
             self.insert_outbox(o);
         }
+        self.size_unit(&events);
         self.publish_unit(events);
         Ok(n)
     }
@@ -1471,6 +1472,7 @@ impl Core {
                 batch.len()
             );
         }
+        self.size_unit(&batch);
         self.publish_unit(batch.iter().cloned());
         if let Some(bus) = self.bus.as_mut() {
             // The room stays for the next batch.

@@ -36,7 +36,7 @@ use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
 use crate::Code;
 use bytes::Bytes;
-use conn::{Conn, Flush, Phase};
+use conn::{BodyReader, Conn, Flush, Phase};
 use fanout::{Fanned, Hub};
 use serde_json::json;
 use slab::Slab;
@@ -455,6 +455,24 @@ impl Core {
                 if conn.rbuf.is_empty() && matches!(conn.phase, Phase::Head) {
                     conn.since = now;
                 }
+                let mut bytes = bytes;
+                if let (
+                    true,
+                    Phase::Body {
+                        reader: BodyReader::Length(rem),
+                        body,
+                        ..
+                    },
+                ) = (conn.rbuf.is_empty(), &mut conn.phase)
+                {
+                    // A body of known length goes straight into its buffer, not through
+                    // `rbuf` (one copy of each body byte fewer); what follows it is the
+                    // next request's.
+                    let take = (*rem).min(bytes.len());
+                    body.extend_from_slice(&bytes[..take]);
+                    *rem -= take;
+                    bytes = &bytes[take..];
+                }
                 conn.rbuf.extend_from_slice(bytes);
                 self.process(key);
             }
@@ -615,6 +633,7 @@ impl Core {
             events.clear();
         } else {
             self.persist(events)?;
+            self.size_unit(events);
             self.publish_unit(events.drain(..));
         }
         self.count_ingested(Origin::Jsonl, n);
@@ -976,6 +995,13 @@ impl Core {
         if own_unit {
             self.end_unit();
         }
+    }
+
+    /// Announces the Events of a unit about to be published to the hub, which sizes the
+    /// unit's frame arenas for them at once.
+    fn size_unit(&mut self, events: &[Event]) {
+        let bytes = events.iter().map(|ev| ev.bytes().len()).sum();
+        self.hub.size_unit(events.len(), bytes);
     }
 
     /// Publishes one Event on its own (a WebSocket message; a command's copy for

@@ -654,6 +654,7 @@ impl Core {
                 let n = ok.len();
                 self.count_ingested(origin, n);
                 // One ingest unit: the batch's frames are coalesced (see `fanout`).
+                self.size_unit(&ok);
                 self.publish_unit(ok.drain(..));
                 Ok(n)
             });
@@ -701,40 +702,39 @@ impl Core {
                 }),
             };
         }
-        let count = memchr::memchr_iter(b'\n', &body).count() + 1;
+        // The Events are counted as they are parsed: a body over the bound is refused
+        // as too many (before any invalid line, as if counted first), without a pass
+        // over the bytes only to count their lines.
         let max = self.config.max_batch_events;
-        if count > max {
-            // Blank lines do not count; only refuse when the Events really are too many.
-            let real = body
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
-                .count();
-            if real > max {
-                return Err(Refusal::TooManyEvents { count: real, max });
-            }
-        }
-        ok.reserve(count);
+        let too_many = |rest: &[u8], so_far: usize| {
+            let real = so_far + non_blank_lines(rest);
+            (real > max).then_some(Refusal::TooManyEvents { count: real, max })
+        };
         let mut start = 0;
         let mut line = 0;
         while start < body.len() {
             let end = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |i| start + i);
             line += 1;
             if !body[start..end].iter().all(|b| b.is_ascii_whitespace()) {
-                match Event::parse(body.slice(start..end)) {
-                    Ok(ev) if ev.is_command() => {
-                        return Err(Refusal::Command {
-                            line,
-                            event_type: ev.event_type().to_string(),
-                        })
-                    }
-                    Ok(ev) => ok.push(ev),
-                    Err(e) => {
-                        return Err(Refusal::InvalidEvent {
-                            line,
-                            detail: e.detail,
-                        })
-                    }
+                if ok.len() == max {
+                    return Err(too_many(&body[start..], ok.len()).expect("over the bound"));
                 }
+                let refusal = match Event::parse(body.slice(start..end)) {
+                    Ok(ev) if ev.is_command() => Refusal::Command {
+                        line,
+                        event_type: ev.event_type().to_string(),
+                    },
+                    Ok(ev) => {
+                        ok.push(ev);
+                        start = end + 1;
+                        continue;
+                    }
+                    Err(e) => Refusal::InvalidEvent {
+                        line,
+                        detail: e.detail,
+                    },
+                };
+                return Err(too_many(&body[end..], ok.len() + 1).unwrap_or(refusal));
             }
             start = end + 1;
         }
@@ -798,4 +798,13 @@ impl Core {
             },
         );
     }
+}
+
+/// The lines of `bytes` that are not blank (all ASCII whitespace): the Events of an
+/// NDJSON body (AEP-0003 §3.2.2).
+fn non_blank_lines(bytes: &[u8]) -> usize {
+    bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
+        .count()
 }

@@ -101,6 +101,22 @@ const ARENAS: usize = 15;
 /// The capacity an arena starts with, and grows by at least: frames of many small
 /// units share one allocation.
 const ARENA_CHUNK: usize = 64 * 1024;
+/// The most an empty arena reserves up front for a unit's announced size
+/// (`Unit::hint`): beyond it, arenas grow by doubling as frames are placed.
+const ARENA_HINT_MAX: usize = 1024 * 1024;
+
+/// The room to reserve in `arena` for a frame of `need` bytes, when it lacks it: an
+/// empty arena reserves the unit's whole announced size (`hint`, bounded by
+/// [`ARENA_HINT_MAX`]), so the unit's frames are placed without growing it midway (a
+/// growth copies the frames placed so far); a full one doubles.
+fn arena_room(arena: &BytesMut, need: usize, hint: usize) -> usize {
+    let grow = if arena.is_empty() {
+        hint.min(ARENA_HINT_MAX)
+    } else {
+        arena.len()
+    };
+    ARENA_CHUNK.max(need).max(grow)
+}
 
 /// One connection's run of consecutive frames in one arena, not yet queued.
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +147,9 @@ pub(crate) struct Unit {
     /// Whether a caller opened a unit (`Hub::begin_unit`); otherwise each fan-out is a
     /// unit of its own.
     pub(crate) open: bool,
+    /// The bytes the unit's frames are expected to take in an arena (its Events' sizes
+    /// plus framing), announced by its caller (`Hub::size_unit`); 0 when unknown.
+    pub(crate) hint: usize,
 }
 
 impl Unit {
@@ -284,7 +303,7 @@ impl Frames {
         };
         let arena = &mut unit.arenas[a];
         if arena.capacity() - arena.len() < z.len() + 16 {
-            arena.reserve(ARENA_CHUNK.max(z.len() + 16));
+            arena.reserve(arena_room(arena, z.len() + 16, unit.hint));
         }
         let start = arena.len();
         deflate::write_compressed_text(z, arena);
@@ -333,7 +352,7 @@ impl Frames {
         let payload = self.payload(ev, slot);
         let arena = &mut unit.arenas[a];
         if arena.capacity() - arena.len() < payload.len() + 128 {
-            arena.reserve(ARENA_CHUNK.max(payload.len() + 128));
+            arena.reserve(arena_room(arena, payload.len() + 128, unit.hint));
         }
         let start = arena.len();
         if ws {

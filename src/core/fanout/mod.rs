@@ -166,6 +166,18 @@ impl Hub {
         self.unit.open = true;
     }
 
+    /// Announces `events` Events of `bytes` bytes in all to the open ingest unit, so
+    /// that its arenas are sized for them once rather than grown as frames are placed.
+    pub(crate) fn size_unit(&mut self, events: usize, bytes: usize) {
+        // Framing: an SSE message's `event:`, `id:` and `data:` lines, a WS header.
+        const FRAMING: usize = 128;
+        self.unit.hint = self
+            .unit
+            .hint
+            .saturating_add(bytes)
+            .saturating_add(events.saturating_mul(FRAMING));
+    }
+
     /// Whether a caller opened an ingest unit that is not ended yet.
     pub(crate) fn unit_open(&self) -> bool {
         self.unit.open
@@ -175,6 +187,7 @@ impl Hub {
     /// order, as one slice of its arena. Cheap when nothing is pending.
     pub(crate) fn end_unit(&mut self, conns: &mut Slab<Conn>) {
         self.unit.open = false;
+        self.unit.hint = 0;
         queue_runs(&mut self.unit, conns);
     }
 
