@@ -99,13 +99,19 @@ impl Severity {
 
     /// Parses the wire spelling (`"notice"`); `None` for anything outside the enum.
     pub fn parse(s: &str) -> Option<Severity> {
+        Severity::parse_bytes(s.as_bytes())
+    }
+
+    /// [`Severity::parse`] on the raw bytes of the string (the scanner's hot path: no
+    /// UTF-8 check of a word that can only match if it is ASCII).
+    pub(crate) fn parse_bytes(s: &[u8]) -> Option<Severity> {
         Some(match s {
-            "debug" => Severity::Debug,
-            "info" => Severity::Info,
-            "notice" => Severity::Notice,
-            "warning" => Severity::Warning,
-            "error" => Severity::Error,
-            "critical" => Severity::Critical,
+            b"debug" => Severity::Debug,
+            b"info" => Severity::Info,
+            b"notice" => Severity::Notice,
+            b"warning" => Severity::Warning,
+            b"error" => Severity::Error,
+            b"critical" => Severity::Critical,
             _ => return None,
         })
     }
@@ -147,11 +153,16 @@ impl Capture {
 
     /// Parses the wire spelling; `None` for anything outside the enum.
     pub fn parse(s: &str) -> Option<Capture> {
+        Capture::parse_bytes(s.as_bytes())
+    }
+
+    /// [`Capture::parse`] on the raw bytes of the string (see [`Severity::parse_bytes`]).
+    pub(crate) fn parse_bytes(s: &[u8]) -> Option<Capture> {
         Some(match s {
-            "none" => Capture::None,
-            "metadata" => Capture::Metadata,
-            "redacted" => Capture::Redacted,
-            "full" => Capture::Full,
+            b"none" => Capture::None,
+            b"metadata" => Capture::Metadata,
+            b"redacted" => Capture::Redacted,
+            b"full" => Capture::Full,
             _ => return None,
         })
     }

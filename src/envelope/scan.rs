@@ -171,6 +171,8 @@ enum Member {
 impl Member {
     /// A byte `match` rather than `Attr::from_name` / `CORE_NAMES`: it runs once per
     /// top-level member on the hot path and compiles to a length switch plus one compare.
+    /// Inlined, so that the caller's `bit` folds into each arm.
+    #[inline(always)]
     fn classify(name: &[u8]) -> Member {
         match name {
             b"aep" => Member::Text(Attr::Aep),
@@ -196,6 +198,7 @@ impl Member {
 
     /// Bit in `Attrs::present` (`super::SEQ_BIT`, ...), which is also the scanner's set of
     /// core members seen so far; `None` for extensions (checked against the list instead).
+    #[inline(always)]
     fn bit(self) -> Option<u32> {
         Some(match self {
             Member::Text(a) => a as u32,
@@ -370,8 +373,22 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skips JSON whitespace, noting a CR or LF in it (`LINE_BREAK_BIT`).
-    #[inline]
+    ///
+    /// Compact JSON has none: one compare settles it, since every byte that may follow
+    /// whitespace in valid JSON is above U+0020 (a byte at or below it that is not
+    /// whitespace is refused by whoever reads it next).
+    #[inline(always)]
     fn skip_ws(&mut self) {
+        match self.b.get(self.pos) {
+            Some(&c) if c > b' ' => {}
+            None => {}
+            Some(_) => self.skip_ws_run(),
+        }
+    }
+
+    /// [`Self::skip_ws`] past at least one byte at or below U+0020.
+    #[inline(never)]
+    fn skip_ws_run(&mut self) {
         while let Some(&c) = self.b.get(self.pos) {
             if !is_ws(c) {
                 break;
@@ -462,6 +479,7 @@ impl<'a> Scanner<'a> {
     /// With `decode`, a string carrying escapes is decoded into `self.unescaped` and
     /// returned as an unescaped `Text`; otherwise (or without escapes) the result is the
     /// raw span between the quotes.
+    #[inline]
     fn string(&mut self, decode: bool) -> Result<Text, Fault> {
         self.pos += 1;
         let start = self.pos;
@@ -484,6 +502,7 @@ impl<'a> Scanner<'a> {
     /// routing attributes, common in `data` free text). With `decode`, a string that
     /// carried an escape is decoded into the side buffer; otherwise the result is the
     /// raw span.
+    #[inline(never)]
     fn string_slow(&mut self, start: usize, stop: usize, decode: bool) -> Result<Text, Fault> {
         let b = self.b;
         let mark = self.unescaped.len();
@@ -1052,11 +1071,11 @@ impl<'a> Scanner<'a> {
                 let mark = self.unescaped.len();
                 let text = self.string(true)?;
                 let ok = if member == Member::Severity {
-                    let v = Severity::parse(self.text_str(text));
+                    let v = Severity::parse_bytes(self.text_bytes(text));
                     self.attrs.severity = v;
                     v.is_some()
                 } else {
-                    let v = Capture::parse(self.text_str(text));
+                    let v = Capture::parse_bytes(self.text_bytes(text));
                     self.attrs.capture = v;
                     v.is_some()
                 };
