@@ -332,19 +332,10 @@ pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     b.put_slice(b"\n\n");
 }
 
-/// Appends `v` in ASCII decimal (no allocation, unlike `format!`).
-fn put_decimal(b: &mut BytesMut, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    b.put_slice(&digits[i..]);
+/// Appends `v` in ASCII decimal (no allocation, unlike `format!`; `itoa` writes two
+/// digits per division).
+fn put_decimal(b: &mut BytesMut, v: u64) {
+    b.put_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// The `: replay-exhausted {session} {epoch}:{seq}` comment (AEP-0003 §3.3.3), the

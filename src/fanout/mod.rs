@@ -105,17 +105,27 @@ const ARENA_CHUNK: usize = 64 * 1024;
 /// (`Unit::hint`): beyond it, arenas grow by doubling as frames are placed.
 const ARENA_HINT_MAX: usize = 1024 * 1024;
 
-/// The room to reserve in `arena` for a frame of `need` bytes, when it lacks it: an
-/// empty arena reserves the unit's whole announced size (`hint`, bounded by
-/// [`ARENA_HINT_MAX`]), so the unit's frames are placed without growing it midway (a
-/// growth copies the frames placed so far); a full one doubles.
-fn arena_room(arena: &BytesMut, need: usize, hint: usize) -> usize {
-    let grow = if arena.is_empty() {
-        hint.min(ARENA_HINT_MAX)
-    } else {
-        arena.len()
-    };
-    ARENA_CHUNK.max(need).max(grow)
+/// Makes room in `arena` for a frame of `need` bytes.
+///
+/// An empty arena (a unit's first frame) gets room for the unit's whole announced size
+/// up front (`hint`, bounded by [`ARENA_HINT_MAX`]; at least [`ARENA_CHUNK`] when it
+/// must find room at all), so the unit's frames are placed without growing it midway: a
+/// growth copies the frames placed so far. The allocation that earlier units' frames
+/// were split from is taken back when all of them were written and dropped
+/// (`try_reclaim`, no allocation); otherwise a fresh one is made. It is never grown in
+/// place: that would copy frames already sent. A non-empty arena doubles.
+fn make_room(arena: &mut BytesMut, need: usize, hint: usize) {
+    if arena.is_empty() {
+        let want = need.max(hint.min(ARENA_HINT_MAX));
+        if arena.capacity() < want {
+            let room = ARENA_CHUNK.max(want);
+            if !arena.try_reclaim(room) {
+                *arena = BytesMut::with_capacity(room);
+            }
+        }
+    } else if arena.capacity() - arena.len() < need {
+        arena.reserve(ARENA_CHUNK.max(need).max(arena.len()));
+    }
 }
 
 /// One connection's run of consecutive frames in one arena, not yet queued.
@@ -302,9 +312,7 @@ impl Frames {
             return None;
         };
         let arena = &mut unit.arenas[a];
-        if arena.capacity() - arena.len() < z.len() + 16 {
-            arena.reserve(arena_room(arena, z.len() + 16, unit.hint));
-        }
+        make_room(arena, z.len() + 16, unit.hint);
         let start = arena.len();
         deflate::write_compressed_text(z, arena);
         let end = arena.len();
@@ -351,9 +359,7 @@ impl Frames {
         }
         let payload = self.payload(ev, slot);
         let arena = &mut unit.arenas[a];
-        if arena.capacity() - arena.len() < payload.len() + 128 {
-            arena.reserve(arena_room(arena, payload.len() + 128, unit.hint));
-        }
+        make_room(arena, payload.len() + 128, unit.hint);
         let start = arena.len();
         if ws {
             ws::rfc6455::write_text(&payload, arena);

@@ -574,7 +574,12 @@ impl Session {
     /// one value).
     fn insert(&mut self, idx: usize, entry: Entry) {
         let hash = table_hash(entry.hash);
-        self.ring.insert(idx, entry);
+        if idx == self.ring.len() {
+            // The usual case: the stream's newest position.
+            self.ring.push_back(entry);
+        } else {
+            self.ring.insert(idx, entry);
+        }
         for j in (idx + 1..self.ring.len()).rev() {
             let (h, old, new) = (self.ring[j].hash, self.place(j - 1), self.place(j));
             if let Some(p) = self.ids.find_mut(table_hash(h), |&p| p == old) {
