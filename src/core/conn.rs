@@ -243,7 +243,12 @@ impl BodyReader {
         match self {
             BodyReader::Length(rem) => {
                 let take = (*rem).min(rbuf.len());
-                body.extend_from_slice(&rbuf[..take]);
+                // A body of known length is sized up front and filled from the front
+                // (`Phase::Body`); a discarded one has no buffer.
+                let at = body.len().checked_sub(*rem);
+                if let Some(dst) = at.and_then(|at| body.get_mut(at..at + take)) {
+                    dst.copy_from_slice(&rbuf[..take]);
+                }
                 rbuf.drain(..take);
                 *rem -= take;
                 Ok(*rem == 0)
@@ -263,7 +268,9 @@ pub(crate) enum Phase {
     /// Reading a request head (keep-alive idle when the read buffer is empty).
     Head,
     /// Reading the body of a `POST /events`: how it is framed, the bytes so far, and
-    /// what its head said (`Connection: close` or HTTP/1.0; an NDJSON batch).
+    /// what its head said (`Connection: close` or HTTP/1.0; an NDJSON batch). A body of
+    /// known length (`BodyReader::Length(rem)`) is `Content-Length` bytes long from the
+    /// start, its first `len - rem` received ([`Conn::body_room`]); a chunked one grows.
     Body {
         reader: BodyReader,
         body: Vec<u8>,
@@ -386,6 +393,23 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// The unfilled rest of a body of known length being read (never empty), with the
+    /// count of bytes still to come that filling it must lower; `None` in any other
+    /// phase.
+    pub(crate) fn body_room(&mut self) -> Option<(&mut [u8], &mut usize)> {
+        match &mut self.phase {
+            Phase::Body {
+                reader: BodyReader::Length(rem),
+                body,
+                ..
+            } if *rem > 0 => {
+                let at = body.len().checked_sub(*rem)?;
+                Some((body.get_mut(at..)?, rem))
+            }
+            _ => None,
+        }
+    }
+
     pub(crate) fn new(peer: SocketAddr, now: Instant) -> Conn {
         Conn {
             peer,

@@ -21,6 +21,9 @@ const STATUS_PAGE: &str = include_str!("../status.html");
 /// Most heap bytes a connection keeps in its reused request head between requests
 /// (`Core::keep_head`); a larger head is dropped once handled.
 const KEPT_HEAD_BYTES: usize = 4096;
+/// The largest body buffer kept for the next body (`Core::spare_body`), in bytes of
+/// capacity: a 64-Event batch of 4 KiB Events fits; a larger body allocates its own.
+pub(super) const SPARE_BODY_MAX: usize = 1 << 20;
 
 /// `METHOD /path` of a request for the log: never its query string (it may carry
 /// `access_token`, AEP-0003 §8.1).
@@ -571,14 +574,14 @@ impl Core {
             }
             self.mark_dirty(key);
         }
-        let cap = match reader {
-            BodyReader::Length(n) => n,
-            _ => 0,
+        let body = match reader {
+            BodyReader::Length(n) => self.body_buffer(n),
+            BodyReader::Chunked(_) => Vec::new(),
         };
         if let Some(conn) = self.conns.get_mut(key) {
             conn.phase = Phase::Body {
                 reader,
-                body: Vec::with_capacity(cap),
+                body,
                 close,
                 batch,
             };
@@ -603,9 +606,42 @@ impl Core {
             let resp = self.post_answer(key, outcome, close);
             return self.reply(key, resp, close);
         }
-        let outcome = self.ingest_body(Bytes::from(body), batch, Origin::Http);
+        let body = Bytes::from(body);
+        let outcome = self.ingest_body(body.clone(), batch, Origin::Http);
+        self.keep_body_buffer(body);
         let resp = self.post_answer(key, outcome, close);
         self.reply(key, resp, close);
+    }
+
+    /// A buffer for a body of `len` bytes, `len` long (initialized, filled from the
+    /// front as the body arrives, `Conn::body_room`): the kept one when it is large
+    /// enough (zeroed only past what an earlier body already wrote), else a new one.
+    fn body_buffer(&mut self, len: usize) -> Vec<u8> {
+        if len <= self.spare_body.capacity() {
+            let mut body = std::mem::take(&mut self.spare_body);
+            body.resize(len, 0);
+            body
+        } else {
+            vec![0; len]
+        }
+    }
+
+    /// Keeps the buffer of an ingested body for the next body (`Core::spare_body`) when
+    /// nothing points into it any more: the store holds copies of what it admitted and
+    /// the frames are copies, so only Events still waiting in a paused publication hold
+    /// it (then it is dropped as before). Buffers over [`SPARE_BODY_MAX`] are not kept.
+    /// The buffer keeps its length: those bytes are initialized, so the next body of up
+    /// to that length needs no zeroing.
+    fn keep_body_buffer(&mut self, body: Bytes) {
+        if body.len() > SPARE_BODY_MAX || self.spare_body.capacity() >= body.len() {
+            return;
+        }
+        if let Ok(buf) = body.try_into_mut() {
+            let buf = Vec::from(buf);
+            if buf.capacity() <= SPARE_BODY_MAX {
+                self.spare_body = buf;
+            }
+        }
     }
 
     /// The answer to `POST /events` (AEP-0003 §3.2.3): 202 `{"accepted":n}`, or the

@@ -408,8 +408,15 @@ impl Relay {
             let Some(Some(s)) = self.sockets.get_mut(id.index()) else {
                 return;
             };
-            match s.io.read(&mut self.scratch) {
+            // A body of known length is read straight into its buffer; anything else
+            // through the scratch buffer.
+            let (read, direct) = match self.core.body_room(id) {
+                Some(room) => (s.io.read(room), true),
+                None => (s.io.read(&mut self.scratch), false),
+            };
+            match read {
                 Ok(0) => return self.core.handle_eof(id, self.now),
+                Ok(n) if direct => self.core.handle_body_read(id, n, self.now),
                 Ok(n) => self.core.handle_input(id, &self.scratch[..n], self.now),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // A TLS handshake may have output waiting for a writable socket.

@@ -341,9 +341,17 @@ impl Sim {
         if !p.input.is_empty() && self.core.wants_read(id) {
             let mut input = std::mem::take(&mut p.input);
             // In pieces as a socket would give them, so that reading pauses between
-            // requests exactly as it does on TCP.
+            // requests exactly as it does on TCP; a body of known length straight into
+            // its buffer, as the reactor reads it (`Core::body_room`).
             let mut at = 0;
             while at < input.len() && self.core.wants_read(id) {
+                if let Some(room) = self.core.body_room(id) {
+                    let n = room.len().min(input.len() - at);
+                    room[..n].copy_from_slice(&input[at..at + n]);
+                    self.core.handle_body_read(id, n, self.now);
+                    at += n;
+                    continue;
+                }
                 let end = (at + 64 * 1024).min(input.len());
                 self.core.handle_input(id, &input[at..end], self.now);
                 at = end;
