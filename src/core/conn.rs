@@ -397,12 +397,17 @@ impl Conn {
     /// count of bytes still to come that filling it must lower; `None` in any other
     /// phase.
     pub(crate) fn body_room(&mut self) -> Option<(&mut [u8], &mut usize)> {
+        self.body_room_from(1)
+    }
+
+    /// [`Conn::body_room`] when at least `min` bytes of the body are still to come.
+    pub(crate) fn body_room_from(&mut self, min: usize) -> Option<(&mut [u8], &mut usize)> {
         match &mut self.phase {
             Phase::Body {
                 reader: BodyReader::Length(rem),
                 body,
                 ..
-            } if *rem > 0 => {
+            } if *rem >= min.max(1) => {
                 let at = body.len().checked_sub(*rem)?;
                 Some((body.get_mut(at..)?, rem))
             }

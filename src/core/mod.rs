@@ -39,6 +39,10 @@ use crate::Code;
 use bytes::Bytes;
 use conn::{Conn, Flush, Phase};
 use fanout::{Fanned, Hub};
+
+/// The least of a body still to come for which [`Core::body_room`] lends its buffer to
+/// be read into directly, in bytes: the reactor's own read buffer's size.
+pub const BODY_READ_MIN: usize = 64 * 1024;
 use serde_json::json;
 use slab::Slab;
 use smallvec::SmallVec;
@@ -479,17 +483,20 @@ impl Core {
     }
 
     /// The unfilled rest of `id`'s request body of known length (RFC 9112 §6.2
-    /// `Content-Length`), when the reactor may read the socket straight into it: nothing
-    /// is buffered ahead of it. That saves the copy of every body byte through the
-    /// reactor's own read buffer, and one read takes up to the whole body. After reading
-    /// `n > 0` bytes into it the reactor calls [`Core::handle_body_read`]; on `None` it
-    /// reads into a buffer of its own and calls [`Core::handle_input`].
+    /// `Content-Length`), when the reactor should read the socket straight into it:
+    /// nothing is buffered ahead of it, and at least [`BODY_READ_MIN`] bytes of it are
+    /// still to come. That saves the copy of every body byte through the reactor's own
+    /// read buffer, and one read takes up to the whole rest. A smaller rest is better
+    /// read into the reactor's buffer: that read also takes the pipelined requests
+    /// behind it. After reading `n > 0` bytes into the room the reactor calls
+    /// [`Core::handle_body_read`]; on `None` it reads into a buffer of its own and calls
+    /// [`Core::handle_input`].
     pub fn body_room(&mut self, id: ConnId) -> Option<&mut [u8]> {
         let conn = self.conns.get_mut(id.0)?;
         if !conn.rbuf.is_empty() {
             return None;
         }
-        conn.body_room().map(|(room, _)| room)
+        conn.body_room_from(BODY_READ_MIN).map(|(room, _)| room)
     }
 
     /// `n` bytes of `id`'s body were read into [`Core::body_room`]: as
