@@ -1056,27 +1056,27 @@ impl Core {
     /// out, skipping `except`. `false` when a connection needs its socket offered first
     /// (`Fanned::Paused`): `ev` is then to be fanned out again, first, once it was.
     fn fan_one(&mut self, ev: &Event, except: Option<ConnId>) -> bool {
-        let placed = match self.front_placed.take() {
-            Some(p) => p,
-            None => {
-                self.ingested += 1;
-                self.publication += 1;
-                if let Admission::Conflict = self.store.admit(ev) {
-                    log::warn!(
-                        "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
-                        ev.session().unwrap_or_default(),
-                        ev.source(),
-                        ev.epoch(),
-                        ev.seq().unwrap_or_default()
-                    );
-                }
-                SmallVec::from_slice(self.store.last_placed())
+        let resumed = self.front_placed.take();
+        if resumed.is_none() {
+            self.ingested += 1;
+            self.publication += 1;
+            if let Admission::Conflict = self.store.admit(ev) {
+                log::warn!(
+                    "session {:?} of {:?}: two different Events claim position {}:{} (emitter fault, AEP-0001 §7.2); kept the first",
+                    ev.session().unwrap_or_default(),
+                    ev.source(),
+                    ev.epoch(),
+                    ev.seq().unwrap_or_default()
+                );
             }
-        };
+        }
+        // The streams it was admitted to: read in place from the store (no copy per
+        // Event), kept aside only when the fan-out pauses.
+        let placed = resumed.as_deref().unwrap_or(self.store.last_placed());
         self.hub.except = except;
         let fanned = self.hub.fanout(
             ev,
-            &placed,
+            placed,
             self.publication,
             &mut self.conns,
             self.config.max_output_bytes,
@@ -1088,7 +1088,8 @@ impl Core {
             Fanned::Done => true,
             Fanned::Paused(conn) => {
                 // Offer the queues to their sockets, then fan this Event out again.
-                self.front_placed = Some(placed);
+                self.front_placed =
+                    Some(resumed.unwrap_or_else(|| SmallVec::from_slice(self.store.last_placed())));
                 self.mark_dirty(conn.0);
                 false
             }

@@ -489,8 +489,9 @@ impl Event {
     ///
     /// # Errors
     /// [`InvalidEvent`] with a detail naming the attribute and the section.
+    #[inline]
     pub fn parse(bytes: Bytes) -> Result<Event, InvalidEvent> {
-        let ev = Event::scan(bytes)?;
+        let ev = scan::scan(bytes)?;
         validate::validate(&ev)?;
         Ok(ev)
     }
@@ -503,12 +504,7 @@ impl Event {
     /// # Errors
     /// [`InvalidEvent`] for anything `serde_json` would reject and for the value rules above.
     pub fn scan(bytes: Bytes) -> Result<Event, InvalidEvent> {
-        let (bytes, attrs, unescaped) = scan::scan(bytes)?;
-        Ok(Event {
-            bytes,
-            attrs,
-            unescaped: unescaped.into_boxed_str(),
-        })
+        scan::scan(bytes)
     }
 
     /// The Event exactly as received (surrounding whitespace trimmed).

@@ -45,7 +45,7 @@
 //! AEP-0001 §5 (an Event is one JSON object, relays MUST NOT require parsing `data`),
 //! §5.1 (attribute types, no `null`), §5.4 (extension attributes), §8 (enums).
 
-use super::{Attr, Attrs, Capture, InvalidEvent, Severity, StoredScalar, Text, LINE_BREAK_BIT};
+use super::{Attr, Attrs, Capture, Event, InvalidEvent, Severity, StoredScalar, Text, LINE_BREAK_BIT};
 use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::SmallVec;
@@ -77,7 +77,7 @@ fn is_ws(b: u8) -> bool {
 ///
 /// Error offsets (`InvalidEvent::at`) are byte offsets into `bytes` as given, before
 /// trimming.
-pub(crate) fn scan(bytes: Bytes) -> Result<(ByteString, Attrs, String), InvalidEvent> {
+pub(crate) fn scan(bytes: Bytes) -> Result<Event, InvalidEvent> {
     let input = &bytes[..];
     if u32::try_from(input.len()).is_err() {
         return Err(InvalidEvent::new(format!(
@@ -99,34 +99,37 @@ pub(crate) fn scan(bytes: Bytes) -> Result<(ByteString, Attrs, String), InvalidE
         .rposition(|&b| !is_ws(b))
         .map_or(start, |e| e + 1);
     let object = bytes.slice(start..end);
-    let scanned = {
-        let mut s = Scanner::new(&object[..], start);
-        match s.top_object() {
-            Ok(()) => {
-                s.skip_ws();
-                if s.pos == s.b.len() {
-                    Ok((s.attrs, s.unescaped))
-                } else {
-                    Err(*s.syntax("trailing characters after the Event object"))
-                }
-            }
-            Err(e) => Err(*e),
+    let mut s = Scanner::new(&object[..], start);
+    let scanned = s.top_object().and_then(|()| {
+        s.skip_ws();
+        if s.pos == s.b.len() {
+            Ok(())
+        } else {
+            Err(s.syntax("trailing characters after the Event object"))
         }
-    };
+    });
     // UTF-8 is checked once, over the whole object, not by the scanner: bytes >= 0x80
     // can only stand inside strings, where the scanner passes them as plain string
     // bytes. A refused input is checked whole here, because invalid UTF-8 anywhere is
     // reported before any other fault, as `serde_json` does; an accepted one below.
-    let (attrs, unescaped) = match scanned {
-        Ok(v) => v,
-        Err(e) => return Err(utf8_fault(input, start).unwrap_or(e)),
-    };
+    if let Err(e) = scanned {
+        return Err(utf8_fault(input, start).unwrap_or(*e));
+    }
+    let Scanner {
+        attrs, unescaped, ..
+    } = s;
     // The accepted object is held as text, so that the Event's `&str` accessors are
     // slices rather than re-validations. `ByteString` checks it (an `is_ascii` pass, a
     // word at a time, for the usual all-ASCII Event; `str::from_utf8` otherwise). The
-    // trimmed object is UTF-8 exactly when the input is (only ASCII was cut off).
+    // trimmed object is UTF-8 exactly when the input is (only ASCII was cut off). The
+    // Event is built here, in the caller's slot, not moved through a tuple (it is 208
+    // bytes: each move is a `memcpy` call).
     match ByteString::try_from(object) {
-        Ok(object) => Ok((object, attrs, unescaped)),
+        Ok(bytes) => Ok(Event {
+            bytes,
+            attrs,
+            unescaped: unescaped.into_boxed_str(),
+        }),
         Err(_) => Err(utf8_fault(input, start)
             .unwrap_or_else(|| InvalidEvent::new("invalid UTF-8 (RFC 8259 §8.1; AEP-0001 §5)"))),
     }
