@@ -774,7 +774,7 @@ fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
 
     nats.kill();
     let killed = Instant::now();
-    let heartbeat = aep_relay::cluster::bridge::HEARTBEAT;
+    let heartbeat = aep_relay::bridge::HEARTBEAT;
     for (i, r) in all.iter().enumerate() {
         wait_health(
             r,

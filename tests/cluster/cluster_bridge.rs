@@ -22,9 +22,8 @@
 
 use crate::support;
 
-use aep_relay::cluster::{
-    event_subject, kv_key, publish_id, Bridge, ClusterConfig, FromBus, ToBus,
-};
+use aep_relay::bridge::Bridge;
+use aep_relay::cluster::{event_subject, kv_key, publish_id, ClusterConfig, FromBus, ToBus};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -623,7 +622,7 @@ fn stalled_engine_missed_heartbeats_recreate_the_consumer_without_loss() {
     for i in 11..=20 {
         b.send(publish(i, i));
     }
-    std::thread::sleep(aep_relay::cluster::bridge::HEARTBEAT * 3);
+    std::thread::sleep(aep_relay::bridge::HEARTBEAT * 3);
     server.resume();
     a.wait_for("ConsumerReset", |v| matches!(v, FromBus::ConsumerReset));
     b.acks(11..=20);

@@ -34,7 +34,7 @@
 //!   open and answers nothing (a SIGSTOPped nats-server), which neither the client nor
 //!   the publishes would tell it.
 
-use super::{
+use crate::cluster::{
     relay_subject, ClusterAuth, ClusterConfig, FromBus, ToBus, NOT_CONNECTED, NO_RESPONDERS,
     PROBE_EVERY, PROBE_MISSES, PROBE_TIMEOUT, TIMEOUT,
 };
@@ -353,7 +353,7 @@ async fn run(
         .timeout(config.ack_timeout)
         .build(client.clone());
     let claims = ClaimWriter::start(js.clone(), config.clone());
-    let own_prefix = super::publish_id_prefix(&config.relay_id);
+    let own_prefix = crate::cluster::publish_id_prefix(&config.relay_id);
     let mut link = Link {
         config,
         client,
@@ -497,7 +497,7 @@ struct Link {
     consumer_made: bool,
     /// The last stream sequence delivered to the reactor.
     last_seq: u64,
-    /// This relay's [`super::publish_id_prefix`].
+    /// This relay's [`crate::cluster::publish_id_prefix`].
     own_prefix: String,
     watch: Option<kv::Watch>,
     /// Claims reported present, and when each expires unless put again.

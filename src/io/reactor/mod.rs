@@ -11,8 +11,8 @@
 use crate::config::Config;
 use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Refusal, Stop};
 #[cfg(feature = "tls")]
-use crate::tls::TlsStream;
-use crate::transport::Transport;
+use super::tls::TlsStream;
+use super::transport::Transport;
 use bytes::Bytes;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -73,12 +73,12 @@ pub struct Relay {
     graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
     /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
-    jsonl: Option<crate::jsonl::Ingest>,
+    jsonl: Option<super::jsonl::Ingest>,
     /// Cluster mode (issue 15): the bridge thread to the engine, and what the core gave
     /// for it that its channel had no room for yet.
     #[cfg(feature = "cluster")]
     bus: Option<(
-        crate::cluster::Bridge,
+        super::bridge::Bridge,
         std::collections::VecDeque<crate::cluster::ToBus>,
     )>,
     /// Why the core asked to stop, once it did.
@@ -121,7 +121,7 @@ impl Relay {
         #[cfg(feature = "cluster")]
         let bus = match config.cluster.clone() {
             Some(c) => Some((
-                crate::cluster::Bridge::start(c, waker.clone())
+                super::bridge::Bridge::start(c, waker.clone())
                     .map_err(|e| StartError::Cluster(e.to_string()))?,
                 Default::default(),
             )),
@@ -134,13 +134,13 @@ impl Relay {
             ));
         }
         let jsonl =
-            crate::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
+            super::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
                 .map_err(StartError::Jsonl)?;
         let mut core = Core::new(config, Box::new(NoJournal), now, unix_ms);
         // JSONL and history (issue 5): rebuild the replay buffers, then keep appending.
         if let Some(h) = history {
-            let (dir, sync) = (h.dir.clone(), h.fsync != crate::history::Fsync::Never);
-            let (h, st) = crate::history::History::open(h, core.store_mut())?;
+            let (dir, sync) = (h.dir.clone(), h.fsync != super::history::Fsync::Never);
+            let (h, st) = super::history::History::open(h, core.store_mut())?;
             log::info!(
                 "history {}: {} of {} session files read, {} Events offered to the replay buffers, {} invalid and {} torn lines skipped (fsync {})",
                 h.config().dir.display(), st.files_read, st.files, st.events, st.invalid, st.torn, h.config().fsync
@@ -148,10 +148,10 @@ impl Relay {
             core.set_journal(Box::new(h));
             if core.clustered() {
                 // The cluster outbox on disk beside the history (issue 23), under its lock.
-                let (f, kept) = crate::outbox::OutboxFile::open(&dir, sync).map_err(|e| {
+                let (f, kept) = super::outbox::OutboxFile::open(&dir, sync).map_err(|e| {
                     StartError::Cluster(format!(
                         "{}: {e}",
-                        dir.join(crate::outbox::OUTBOX_FILE).display()
+                        dir.join(super::outbox::OUTBOX_FILE).display()
                     ))
                 })?;
                 let kept = kept.into_iter().map(|k| (k.id, k.subject, k.payload));

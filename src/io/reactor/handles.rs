@@ -25,7 +25,7 @@ pub enum StartError {
     },
     /// The history directory (`--history`) cannot be opened (JSONL and history, issue 5).
     #[error(transparent)]
-    History(#[from] crate::history::HistoryError),
+    History(#[from] crate::io::history::HistoryError),
     /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
     #[error("cannot start JSONL ingest: {0}")]
     Jsonl(io::Error),

@@ -2,7 +2,7 @@
 //! TCP. The core never knows which one it talks to: it writes into any `Write`.
 
 #[cfg(feature = "tls")]
-use crate::tls::TlsStream;
+use super::tls::TlsStream;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use std::io::{self, IoSlice, Read, Write};
