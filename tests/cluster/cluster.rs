@@ -1489,6 +1489,9 @@ fn issue23_pipelined_posts_of_one_turn_are_one_message_answered_in_order() {
         sentinel(0),
         "R2: nothing more before the sentinel"
     );
+    // R1 admits the sentinel when the stream delivers it back, which may be after R2
+    // delivered it.
+    wait_settled(&r1, "R1", stream_messages(&nats));
     let replay = replay_body(&r1);
     assert_eq!(data_lines(&replay).len(), want.len() + 1);
     assert!(
