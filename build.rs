@@ -11,7 +11,7 @@
 //!
 //! A root that appears later is noticed when `AEP_SHARED_DIR` changes or this file is
 //! touched (`touch build.rs`); a root that disappears is noticed by itself (its files are
-//! watched). Under `CI=true`, `tests/envelope_fixtures.rs` fails when the cfg is set, so
+//! watched). Under `CI=true`, `tests/sans_io/envelope_fixtures.rs` fails when the cfg is set, so
 //! CI never ignores a fixture test.
 
 use std::path::PathBuf;

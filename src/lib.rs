@@ -28,8 +28,9 @@
 //! ```
 //!
 //! Two layers: the sans-IO [`core::Core`] (every decision, from bytes and `now`; it names
-//! no socket, clock or file) and the reactor, [`Relay`] (one thread, one `mio::Poll`,
-//! the only code that does I/O). An Event is kept as the byte slice the emitter sent;
+//! no socket, clock or file) and the I/O layer around it (`src/io`): the reactor,
+//! [`Relay`] (one thread, one `mio::Poll`), with the sockets, files and threads it drives,
+//! the only code that does I/O. An Event is kept as the byte slice the emitter sent;
 //! each wire frame is built once per Event (and capture level) and shared by every
 //! subscriber: no copy and no JSON re-serialization per subscriber. The frames of one
 //! ingest unit (an NDJSON body, the WebSocket messages of one read, a JSONL chunk) are
@@ -93,7 +94,7 @@
 //!   signal-hook, ureq, aep-check); the library uses none of them.
 //! - `tls` (default): native TLS with rustls and the ring provider.
 //! - `status-page` (default): the HTML status page at `GET /`.
-//! - `cluster` (default): the bridge thread to NATS JetStream ([`cluster::Bridge`], with
+//! - `cluster` (default): the bridge thread to NATS JetStream ([`bridge::Bridge`], with
 //!   async-nats on a current-thread tokio runtime) that cluster mode (`--cluster`,
 //!   [`Config::cluster`]) needs; the core's cluster logic and the [`cluster`] boundary
 //!   types are always there.
@@ -121,24 +122,24 @@ pub mod core;
 pub mod envelope;
 pub mod fanout;
 pub mod filter;
-pub mod history;
 pub mod http;
 mod ids;
+mod io;
 pub mod jsonl;
 pub mod metrics;
-mod outbox;
-mod reactor;
 mod refusal;
 pub mod sse;
 pub mod store;
 pub mod subscription;
-#[cfg(feature = "tls")]
-pub mod tls;
-pub(crate) mod transport;
 pub mod ws;
 
 pub use crate::core::{Core, Output, Refusal};
 pub use config::Config;
 pub use ids::ConnId;
-pub use reactor::{Relay, StartError, StopHandle};
+#[cfg(feature = "cluster")]
+pub use io::bridge;
+pub use io::history;
+pub use io::reactor::{Relay, StartError, StopHandle};
+#[cfg(feature = "tls")]
+pub use io::tls;
 pub use refusal::Code;

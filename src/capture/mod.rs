@@ -14,7 +14,7 @@
 //!   "forward the original bytes", `Some` is the rewritten copy serialized once (the
 //!   caller caches it per `(Event, level)`).
 //! - [`schema`]: the gating table, generated from the AEP-0002 payload schemas'
-//!   `x-aep-capture` annotations into `table.rs` by `tests/capture_table.rs`.
+//!   `x-aep-capture` annotations into `table.rs` by `tests/sans_io/capture_table.rs`.
 //!
 //! What a down-leveled copy looks like (AEP-0002 §5.1):
 //!

@@ -14,8 +14,8 @@
 //!
 //! This module is always compiled and holds no I/O: the two message enums ([`ToBus`],
 //! [`FromBus`]), the engine settings ([`ClusterConfig`]) and the names on the bus
-//! (subjects, message ids, KV keys). The thread that speaks NATS is `bridge`, behind the
-//! cargo feature `cluster`. Keeping the boundary a pair of small enums means a client
+//! (subjects, message ids, KV keys). The thread that speaks NATS is the bridge, in the I/O
+//! layer (`aep_relay::bridge`, `src/io/bridge.rs`), behind the cargo feature `cluster`. Keeping the boundary a pair of small enums means a client
 //! spoken by the reactor itself could replace the bridge without touching the core.
 //!
 //! # Names on the bus
@@ -32,12 +32,6 @@
 //! to a length and hashed past it. Relays route on the Event's scanned attributes, never on
 //! the subject: the subject only places an Event under the stream's per-subject limit, so
 //! that each session's retention in the engine is bounded on its own.
-
-#[cfg(feature = "cluster")]
-pub mod bridge;
-
-#[cfg(feature = "cluster")]
-pub use bridge::{Bridge, BridgeError};
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};

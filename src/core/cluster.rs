@@ -1,7 +1,7 @@
 //! Cluster mode, the core's side (issue 15): what to publish to the engine, what to admit
 //! from it, the claims of other relays, and commands routed between relays. Sans-IO like
 //! the rest of the core: it takes [`FromBus`] values and `now`, and leaves [`ToBus`]
-//! values for the reactor to hand to the bridge thread ([`crate::cluster::Bridge`]).
+//! values for the reactor to hand to the bridge thread ([`crate::bridge::Bridge`]).
 //!
 //! # One stream, one order
 //!

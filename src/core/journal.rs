@@ -49,7 +49,7 @@ impl Journal for UnavailableJournal {
 /// Keeps the cluster outbox durably (issue 23): the messages a clustered relay admitted
 /// locally while the engine was away, until the stream has them. The core calls it
 /// synchronously, before the Events are answered; the reactor opens the file
-/// (`crate::outbox::OutboxFile`) and hands the core what a previous run left.
+/// (`crate::io::outbox::OutboxFile`) and hands the core what a previous run left.
 pub trait OutboxLog: std::fmt::Debug + Send {
     /// Keeps one message (its publish id, subject and payload) before it is answered.
     ///

@@ -87,7 +87,7 @@
 //! but is clamped to `buffer_per_session`, never beyond. Each stream adds a fixed ~400
 //! bytes (its struct, its name twice, its `source` and `agent`, its index slot), which
 //! is noise for buffers of ~50 Events or more; the store keeps at most 8 spare chunks.
-//! `tests/store_memory.rs` measures all of this with a counting allocator (about 80 to
+//! `tests/memory/store_memory.rs` measures all of this with a counting allocator (about 80 to
 //! 120 bytes per Event beyond its own bytes, for buffers of 1 000 to 100 Events of 600
 //! bytes, in steady churn); `cargo bench --bench ingest_alloc` prints it for 1 000
 //! streams of 1 000 Events of 580 bytes (about 58 bytes).

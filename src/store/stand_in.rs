@@ -1,5 +1,5 @@
 //! A stand-in for `envelope::Event` in the store's tests (`src/store/tests.rs`,
-//! `tests/store_model.rs`): the fields the store asks for, and bytes that spell them so
+//! `tests/sans_io/store_model.rs`): the fields the store asks for, and bytes that spell them so
 //! the store can read a held one back ([`Stored::reread`]).
 
 use std::sync::Arc;

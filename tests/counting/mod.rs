@@ -1,14 +1,16 @@
 //! A counting global allocator for memory tests: `live()` is the number of bytes
-//! allocated and not yet freed, across every thread of the test process. A test file
-//! that uses it should measure under [`one_at_a_time`], so no other test of the file
-//! allocates meanwhile. It declares the `#[global_allocator]`: a test binary includes
-//! this module once (`mod counting;`) and declares no other.
+//! allocated and not yet freed, across every thread of the test process, and
+//! `allocs_here()` the number of allocations the calling thread has made. Every test of a
+//! binary that uses it runs under [`one_at_a_time`], so no other test allocates while one
+//! measures `live()`. It declares the `#[global_allocator]`: a test binary includes this
+//! module once (`mod counting;`) and declares no other.
 //!
 //! Also the measures the held-Event memory tests share (`tests/ingest_memory*.rs`,
 //! issue 12 §3): [`assert_held_at_own_size`] and [`buffered_of_metrics`].
 #![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -16,9 +18,16 @@ struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: defers to `System`; the per-thread counter is a const-initialised thread-local
+// `Cell`, which does not allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size(), Ordering::SeqCst);
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
         System.alloc(layout)
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -28,6 +37,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
         LIVE.fetch_add(new_size, Ordering::SeqCst);
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
         System.realloc(ptr, layout, new_size)
     }
 }
@@ -40,9 +50,15 @@ pub fn live() -> usize {
     LIVE.load(Ordering::SeqCst)
 }
 
+/// Allocations (and reallocations) the calling thread has made: what other threads do
+/// does not move it.
+pub fn allocs_here() -> usize {
+    ALLOCS.with(Cell::get)
+}
+
 static ONE: Mutex<()> = Mutex::new(());
 
-/// Serializes the measuring tests of one test file.
+/// Serializes the tests of one test binary: each holds the guard for its whole run.
 pub fn one_at_a_time() -> MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -1,4 +1,6 @@
-//! Test support for every integration test (`mod support;` then `use support::*;`): a
+//! Test support for every integration test binary (its root declares `mod support;`,
+//! with `#[path = "../support/mod.rs"]` in a `tests/NAME/main.rs`, and a file under it
+//! says `use crate::support;`): a
 //! relay to talk to, in a thread ([`TestRelay`]) or as the real binary
 //! ([`RelayProcess`]), and the clients that talk to it over real TCP: ureq and a raw
 //! HTTP/1.1 reader ([`http`]), an SSE reader ([`sse`]), a WHATWG `EventSource` parser
@@ -6,7 +8,8 @@
 //! tests share ([`fixtures`]), and a real nats-server for the cluster tests ([`nats`]).
 //!
 //! Every wait is bounded by [`WAIT`] and fails the test with a message; nothing sleeps
-//! to synchronise. A test binary uses a part of this, hence unused items and re-exports are allowed.
+//! to synchronise. A test binary uses a part of this, hence unused items and re-exports
+//! are allowed.
 #![allow(dead_code, unused_imports)]
 
 pub mod fixtures;
