@@ -56,13 +56,13 @@
 use std::time::Duration;
 
 use aep_relay::ws::rfc6455::client_frame;
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
-use std::borrow::Cow;
 use aep_relay::{Config, ConnId};
 use aep_relay_fuzz::harness;
 use aep_sim::Sim;
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
+use std::borrow::Cow;
 
 const MAX_OUTPUT: usize = 64 * 1024;
 /// Most chunks the client stream is split into; the rest goes whole (as in `http`).
@@ -72,7 +72,8 @@ const MAX_WS_MESSAGE: usize = 4096;
 const ONE_ANSWER: usize = 4 * MAX_WS_MESSAGE + 1024;
 
 const HANDSHAKE: &[u8] = b"GET /socket HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
-const OFFER: &[u8] = b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
+const OFFER: &[u8] =
+    b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
 const HELLO: &[u8] =
     br#"{"type":"hello","versions":["0.1"],"role":"both","identity":{"agent":"fuzz"}}"#;
 

@@ -45,7 +45,9 @@
 //! AEP-0001 §5 (an Event is one JSON object, relays MUST NOT require parsing `data`),
 //! §5.1 (attribute types, no `null`), §5.4 (extension attributes), §8 (enums).
 
-use super::{Attr, Attrs, Capture, Event, InvalidEvent, Severity, StoredScalar, Text, LINE_BREAK_BIT};
+use super::{
+    Attr, Attrs, Capture, Event, InvalidEvent, Severity, StoredScalar, Text, LINE_BREAK_BIT,
+};
 use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::SmallVec;

@@ -54,7 +54,9 @@ fn consumer(sim: &mut Sim, write_limit: Option<usize>) -> aep_relay::ConnId {
 fn a_body_read_in_pieces_keeps_every_event_byte_for_byte() {
     let mut sim = Sim::new(Config::default()).unwrap();
     let sub = consumer(&mut sim, None);
-    let events: Vec<String> = (1..=3).map(|i| event("s", i, 30_000 * i as usize)).collect();
+    let events: Vec<String> = (1..=3)
+        .map(|i| event("s", i, 30_000 * i as usize))
+        .collect();
     let body = events.join("\n") + "\n";
     let mut wire = post(&body);
     wire.extend_from_slice(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -65,7 +67,12 @@ fn a_body_read_in_pieces_keeps_every_event_byte_for_byte() {
         sim.feed(emitter, &wire[w[0]..w[1]], false);
     }
     let out = sim.take_output(emitter).unwrap();
-    assert_eq!(statuses(&out), ["202", "200"], "{}", String::from_utf8_lossy(&out));
+    assert_eq!(
+        statuses(&out),
+        ["202", "200"],
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     assert!(String::from_utf8_lossy(&out).contains(r#"{"accepted":3}"#));
     assert_same(&data_lines(&sim.take_output(sub).unwrap()), &events);
 }
@@ -78,7 +85,10 @@ fn a_kept_body_buffer_never_shows_an_earlier_body() {
     let sub = consumer(&mut sim, None);
     let emitter = sim.connect(None);
     let mut sent = Vec::new();
-    for (n, (count, pad)) in [(4, 20_000), (1, 10), (2, 500), (6, 30_000), (1, 0)].into_iter().enumerate() {
+    for (n, (count, pad)) in [(4, 20_000), (1, 10), (2, 500), (6, 30_000), (1, 0)]
+        .into_iter()
+        .enumerate()
+    {
         let events: Vec<String> = (0..count)
             .map(|i| event(&format!("s{n}"), i, pad + i as usize))
             .collect();
@@ -95,7 +105,12 @@ fn a_kept_body_buffer_never_shows_an_earlier_body() {
 /// long): the first difference by index and length.
 fn assert_same(got: &[String], sent: &[String]) {
     for (i, (g, s)) in got.iter().zip(sent).enumerate() {
-        assert!(g == s, "Event {i} differs: {} bytes against {} sent", g.len(), s.len());
+        assert!(
+            g == s,
+            "Event {i} differs: {} bytes against {} sent",
+            g.len(),
+            s.len()
+        );
     }
     assert_eq!(got.len(), sent.len(), "Events delivered");
 }
@@ -118,7 +133,9 @@ fn bodies_accepted_around_a_paused_publication_arrive_intact() {
     let mut sent = Vec::new();
     let mut wire = Vec::new();
     for b in 0..6 {
-        let events: Vec<String> = (0..8).map(|i| event(&format!("p{b}"), i, 9000 + b)).collect();
+        let events: Vec<String> = (0..8)
+            .map(|i| event(&format!("p{b}"), i, 9000 + b))
+            .collect();
         wire.extend(post(&(events.join("\n") + "\n")));
         sent.extend(events);
     }
@@ -145,6 +162,9 @@ fn bodies_accepted_around_a_paused_publication_arrive_intact() {
     // What it got is a subsequence of what was sent, each Event whole.
     let mut rest = sent.iter();
     for (i, got) in partial.iter().enumerate() {
-        assert!(rest.any(|s| s == got), "Event {i} of the stalled consumer was not sent as it is");
+        assert!(
+            rest.any(|s| s == got),
+            "Event {i} of the stalled consumer was not sent as it is"
+        );
     }
 }

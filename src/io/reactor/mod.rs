@@ -8,11 +8,11 @@
 //! the core's interest changes, run the core's due deadlines, and last (cluster mode)
 //! hand the bridge thread what the core has for it, once for the whole turn.
 
-use crate::config::Config;
-use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Refusal, Stop};
 #[cfg(feature = "tls")]
 use super::tls::TlsStream;
 use super::transport::Transport;
+use crate::config::Config;
+use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Refusal, Stop};
 use bytes::Bytes;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
