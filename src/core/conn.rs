@@ -393,15 +393,10 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// The unfilled rest of a body of known length being read (never empty), with the
-    /// count of bytes still to come that filling it must lower; `None` in any other
-    /// phase.
-    pub(crate) fn body_room(&mut self) -> Option<(&mut [u8], &mut usize)> {
-        self.body_room_from(1)
-    }
-
-    /// [`Conn::body_room`] when at least `min` bytes of the body are still to come.
-    pub(crate) fn body_room_from(&mut self, min: usize) -> Option<(&mut [u8], &mut usize)> {
+    /// The unfilled rest of a body of known length being read, when at least `min`
+    /// (and at least 1) of its bytes are still to come, with that count, which filling
+    /// it must lower; `None` in any other phase.
+    pub(crate) fn body_room(&mut self, min: usize) -> Option<(&mut [u8], &mut usize)> {
         match &mut self.phase {
             Phase::Body {
                 reader: BodyReader::Length(rem),

@@ -466,7 +466,7 @@ impl Core {
                     conn.since = now;
                 }
                 let mut bytes = bytes;
-                if let (true, Some((room, rem))) = (conn.rbuf.is_empty(), conn.body_room()) {
+                if let (true, Some((room, rem))) = (conn.rbuf.is_empty(), conn.body_room(1)) {
                     // A body of known length goes straight into its buffer, not through
                     // `rbuf` (one copy of each body byte fewer); what follows it is the
                     // next request's.
@@ -496,7 +496,7 @@ impl Core {
         if !conn.rbuf.is_empty() {
             return None;
         }
-        conn.body_room_from(BODY_READ_MIN).map(|(room, _)| room)
+        conn.body_room(BODY_READ_MIN).map(|(room, _)| room)
     }
 
     /// `n` bytes of `id`'s body were read into [`Core::body_room`]: as
@@ -507,7 +507,7 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if let Some((room, rem)) = conn.body_room() {
+        if let Some((room, rem)) = conn.body_room(1) {
             *rem -= n.min(room.len());
         }
         self.process(key);
