@@ -34,8 +34,9 @@ use std::time::{Duration, Instant};
 /// of it, no copy); it is freed once the store copied what it holds and the fan-out let
 /// go of them. 64 KiB: the buffer is zeroed, read into, scanned and copied into the store
 /// while it is still in the core's cache. `--stdin` of 1M lines admitted about 4% more
-/// Events per second on one core than with 256 KiB (`benches/stdin.sh`, the two builds
-/// alternating, at 100 and at 1,000 sessions), for four times as many `read` calls.
+/// Events per second on one core than with 256 KiB (the files of `benches/stdin.sh`, the
+/// two builds alternating, at 100 and at 1,000 sessions), for four times as many `read`
+/// calls.
 const CHUNK: usize = 64 * 1024;
 /// Room below which a read buffer is not read into again (a fresh one is taken).
 const MIN_ROOM: usize = 16 * 1024;
