@@ -16,7 +16,10 @@
 //!   keep-alive in-memory emitter connection (`Sim::feed`), the whole request path: read
 //!   into the connection buffer, head, body, line split, envelope scan, admission,
 //!   fan-out, the 202 answer. `core`: `Core::ingest` of the NDJSON body as `Bytes`
-//!   (`Sim::ingest`), the same path minus HTTP.
+//!   (`Sim::ingest`), the same path minus HTTP. `ws`: the same Events as one WebSocket
+//!   text message each (masked client frames), all of a batch fed at once to one
+//!   emitter connection (`GET /socket`, `hello` as emitter): frame decoding, unmasking,
+//!   UTF-8, the scan, admission and fan-out.
 //! - `batch`: Events per body (64 or 1); `size`: bytes per Event (580 or 4 096).
 //! - `sub`: the one subscriber attached, reading everything after every body: `none`;
 //!   `sse`: `GET /stream` with no filter; `ws`: a WebSocket consumer (`GET /socket`
@@ -93,17 +96,8 @@ impl Sub {
             }
             Sub::Ws => {
                 let k = relay.connect(None);
-                relay.feed(
-                    k,
-                    b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-                      Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-                    false,
-                );
-                let head = relay.take_output(k).expect("open");
-                assert!(head.starts_with(b"HTTP/1.1 101"), "upgrade failed");
+                upgrade(relay, k, "consumer");
                 let mut frames = Vec::new();
-                let hello = br#"{"type":"hello","versions":["0.1"],"role":"consumer"}"#;
-                client_frame(0x81, hello, Some([1, 2, 3, 4]), &mut frames);
                 let subscribe = br#"{"type":"subscribe","id":"all"}"#;
                 client_frame(0x81, subscribe, Some([5, 6, 7, 8]), &mut frames);
                 relay.feed(k, &frames, false);
@@ -119,10 +113,36 @@ impl Sub {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
     Http,
     Core,
+    Ws,
+}
+
+/// Upgrades connection `k` to a WebSocket and sends `hello` with `role`; the answers
+/// are taken.
+fn upgrade(relay: &mut Sim, k: ConnId, role: &str) {
+    relay.feed(
+        k,
+        b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        false,
+    );
+    let head = relay.take_output(k).expect("open");
+    assert!(head.starts_with(b"HTTP/1.1 101"), "upgrade failed");
+    let hello = format!(
+        r#"{{"type":"hello","versions":["0.1"],"role":"{role}","identity":{{"agent":"claude-code"}}}}"#
+    );
+    let mut frames = Vec::new();
+    client_frame(0x81, hello.as_bytes(), Some([1, 2, 3, 4]), &mut frames);
+    relay.feed(k, &frames, false);
+    let out = relay.take_output(k).expect("hello answered");
+    assert!(
+        out.windows(14).any(|w| w == br#""type":"hello""#),
+        "hello refused: {}",
+        String::from_utf8_lossy(&out)
+    );
 }
 
 /// Allocations and bytes asked for while `f` runs.
@@ -140,10 +160,13 @@ struct Run {
 }
 
 impl Run {
-    fn new(sub: Sub) -> Run {
+    fn new(sub: Sub, path: Path) -> Run {
         let mut relay = Sim::new(config(BUFFER, 16)).expect("relay");
         let subs = sub.attach(&mut relay).into_iter().collect();
         let emitter = relay.connect(None);
+        if path == Path::Ws {
+            upgrade(&mut relay, emitter, "emitter");
+        }
         Run {
             relay,
             emitter,
@@ -173,6 +196,27 @@ impl Run {
                 assert_eq!(n.expect("ingest accepted"), batch);
                 (a, b)
             }
+            Path::Ws => {
+                let mut frames = Vec::with_capacity(body.len() + 16 * batch);
+                for (i, line) in body
+                    .split(|&c| c == b'\n')
+                    .filter(|l| !l.is_empty())
+                    .enumerate()
+                {
+                    client_frame(0x81, line, Some([9, i as u8, 7, 3]), &mut frames);
+                }
+                let before = self.relay.core().ingested();
+                let ((), a, b) = counted(|| {
+                    self.relay.feed(self.emitter, &frames, false);
+                });
+                assert_eq!(
+                    self.relay.core().ingested() - before,
+                    batch as u64,
+                    "every message admitted"
+                );
+                black_box(self.relay.take_output(self.emitter));
+                (a, b)
+            }
         };
         for &k in &self.subs {
             let out = self.relay.take_output(k).expect("subscriber open");
@@ -189,10 +233,10 @@ fn allocations() {
         "{:<5} {:>5} {:>5} {:>4} {:>8} {:>12} {:>12} {:>11}",
         "path", "batch", "size", "sub", "events", "allocs/Event", "bytes/Event", "allocs/body"
     );
-    for (path, name) in [(Path::Http, "http"), (Path::Core, "core")] {
+    for (path, name) in [(Path::Http, "http"), (Path::Core, "core"), (Path::Ws, "ws")] {
         for (batch, size, events) in [(64, 580, 100_000), (1, 580, 100_000), (64, 4096, 20_000)] {
             for sub in [Sub::None, Sub::Sse, Sub::Ws] {
-                let mut run = Run::new(sub);
+                let mut run = Run::new(sub, path);
                 while run.next < 2 * BUFFER as u64 {
                     run.body(path, batch.max(64), size);
                 }

@@ -261,8 +261,7 @@ impl Core {
         // Events are the hot path: scan them as on every ingest path. Only what is not a
         // valid Event is parsed as JSON, to tell a frame from an invalid Event.
         let err = match Event::parse(text.clone()) {
-            // The decoder hands out each message in an allocation of its own and exact
-            // size; only the whitespace around the Event can make it larger.
+            // A slice of the decoder's text arena: the replay buffer copies what it holds.
             Ok(ev) => return self.ws_event(key, ev),
             Err(e) => e,
         };

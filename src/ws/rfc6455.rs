@@ -21,11 +21,19 @@ pub use crate::refusal::close_code;
 /// Largest payload of a control frame (RFC 6455 §5.5).
 const MAX_CONTROL_PAYLOAD: u64 = 125;
 
+/// The room the decoder's text arena is made with, in bytes: single-frame text messages
+/// are copied into it back to back and handed out as slices of it.
+pub const TEXT_ARENA: usize = 64 * 1024;
+
 /// What the client sent, one complete unit at a time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming {
-    /// A complete text message (fragments reassembled), valid UTF-8, in an allocation of
-    /// its own and of exactly its size (an Event held from it pins nothing more).
+    /// A complete text message (fragments reassembled), valid UTF-8. A single-frame
+    /// message of up to [`TEXT_ARENA`] bytes is a slice of the decoder's text arena,
+    /// which the messages of many reads share (one allocation per [`TEXT_ARENA`] bytes,
+    /// not one per message); a larger, reassembled or inflated one has an allocation of
+    /// its own. Whoever keeps an Event from it for long copies its bytes (the replay
+    /// buffer does).
     Text(Bytes),
     /// A ping; answer with a pong carrying the same payload (RFC 6455 §5.5.2).
     Ping(Bytes),
@@ -78,6 +86,9 @@ pub struct Decoder {
     inflater: Option<Box<Inflater>>,
     /// The fragmented message being received is compressed (RSV1 on its first frame).
     compressed: bool,
+    /// Where single-frame text messages are copied out of the read buffer: always empty
+    /// between messages, its room shared with the messages handed out before.
+    arena: BytesMut,
 }
 
 impl Decoder {
@@ -97,7 +108,26 @@ impl Decoder {
             deflate,
             inflater: None,
             compressed: false,
+            arena: BytesMut::new(),
         }
+    }
+
+    /// A single-frame text message: checked to be UTF-8, copied into the text arena and
+    /// handed out as its slice. The arena's room is taken back once no message points
+    /// into it any more (`try_reclaim`, no allocation), or made anew; it is never grown
+    /// in place, which would copy the messages before it. A message larger than
+    /// [`TEXT_ARENA`] gets an allocation of its own, so a connection keeps at most that
+    /// much room between messages.
+    fn text_message(&mut self, payload: &[u8]) -> Result<Incoming, Violation> {
+        std::str::from_utf8(payload).map_err(|_| invalid_utf8())?;
+        if payload.len() > TEXT_ARENA {
+            return Ok(Incoming::Text(Bytes::copy_from_slice(payload)));
+        }
+        if self.arena.capacity() < payload.len() && !self.arena.try_reclaim(TEXT_ARENA) {
+            self.arena = BytesMut::with_capacity(TEXT_ARENA);
+        }
+        self.arena.extend_from_slice(payload);
+        Ok(Incoming::Text(self.arena.split().freeze()))
     }
 
     /// Inflates a compressed message's payload and checks it is UTF-8 text.
@@ -232,8 +262,8 @@ impl Decoder {
                             return self.inflate(payload).map(Some);
                         }
                         // The common case: one frame, one message, one copy out of the
-                        // read buffer into the Bytes the Event will keep.
-                        return text_message(payload).map(Some);
+                        // read buffer into the text arena.
+                        return self.text_message(payload).map(Some);
                     }
                     if !self.in_message {
                         self.compressed = compressed_start;
@@ -282,11 +312,6 @@ fn unmask(payload: &mut [u8], mask: [u8; 4]) {
 
 fn invalid_utf8() -> Violation {
     violation(close_code::INVALID_PAYLOAD, "text is not valid UTF-8")
-}
-
-fn text_message(payload: &[u8]) -> Result<Incoming, Violation> {
-    std::str::from_utf8(payload).map_err(|_| invalid_utf8())?;
-    Ok(Incoming::Text(Bytes::copy_from_slice(payload)))
 }
 
 fn parse_close(payload: &[u8]) -> Result<Incoming, Violation> {
@@ -459,6 +484,78 @@ mod tests {
         }
         assert_eq!(used, bytes.len(), "every complete frame is consumed");
         Ok(out)
+    }
+
+    fn text_of(u: Incoming) -> Bytes {
+        match u {
+            Incoming::Text(t) => t,
+            other => panic!("expected text, got {other:?}"),
+        }
+    }
+
+    /// Single-frame text messages are slices of one arena, back to back (no allocation
+    /// per message); once none of them is alive the next message reuses the arena's
+    /// room; a message still held keeps its bytes, however many messages follow it
+    /// (they go to a fresh arena); a message larger than the arena gets its own allocation.
+    #[test]
+    fn single_frame_texts_share_the_text_arena_and_held_ones_stay_intact() {
+        let mut d = Decoder::new(1 << 20);
+        let msg = |i: usize, len: usize| -> Vec<u8> {
+            (0..len).map(|k| b'a' + ((i + k) % 26) as u8).collect()
+        };
+        let mut wire = Vec::new();
+        for i in 0..3 {
+            wire.extend(client(0x81, &msg(i, 500)));
+        }
+        let got: Vec<Bytes> = decode_all(&mut d, wire)
+            .unwrap()
+            .into_iter()
+            .map(text_of)
+            .collect();
+        for (i, t) in got.iter().enumerate() {
+            assert_eq!(&t[..], &msg(i, 500)[..]);
+        }
+        // Adjacent in one allocation.
+        assert_eq!(got[0].as_ptr().wrapping_add(500), got[1].as_ptr());
+        assert_eq!(got[1].as_ptr().wrapping_add(500), got[2].as_ptr());
+        let first = got[0].as_ptr();
+        drop(got);
+
+        // Enough to run past the arena's room, each message dropped once handled (as
+        // the relay does): the one that does not fit takes the arena's room back,
+        // rather than a new one being made.
+        let n = TEXT_ARENA / 500 + 1;
+        let mut wire = Vec::new();
+        for i in 0..n {
+            wire.extend(client(0x81, &msg(i, 500)));
+        }
+        let mut used = 0;
+        let mut at = Vec::new();
+        while let Some(u) = d.next(&mut wire, &mut used).unwrap() {
+            let t = text_of(u);
+            assert_eq!(&t[..], &msg(at.len(), 500)[..]);
+            at.push(t.as_ptr());
+        }
+        assert_eq!(at.len(), n);
+        assert!(at.contains(&first), "the arena's room was taken back");
+
+        // A held message is never overwritten: the arena cannot take its room back.
+        let mut used = 0;
+        let mut wire = client(0x81, &msg(n - 1, 500));
+        let held = text_of(d.next(&mut wire, &mut used).unwrap().unwrap());
+        let mut wire = Vec::new();
+        for i in 0..3 * n {
+            wire.extend(client(0x81, &msg(i + 7, 500)));
+        }
+        for (i, u) in decode_all(&mut d, wire).unwrap().into_iter().enumerate() {
+            assert_eq!(&text_of(u)[..], &msg(i + 7, 500)[..]);
+        }
+        assert_eq!(&held[..], &msg(n - 1, 500)[..]);
+
+        // Larger than the arena: an allocation of its own.
+        let big = msg(3, TEXT_ARENA * 2 + 5);
+        let got = decode_all(&mut d, client(0x81, &big)).unwrap();
+        assert_eq!(&text_of(got.into_iter().next().unwrap())[..], &big[..]);
     }
 
     #[test]
