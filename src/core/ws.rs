@@ -72,8 +72,18 @@ impl Core {
         let now = self.now;
         let mut used = 0;
         // The Events among these messages are one ingest unit: their frames are
-        // coalesced (see `fanout`); anything else queued ends it first.
+        // coalesced (see `fanout`); anything else queued ends it first. The data frames
+        // already read are announced, so that the unit's arenas are sized once.
         self.hub.begin_unit();
+        if let Some(Conn {
+            rbuf,
+            phase: Phase::Ws(ws),
+            ..
+        }) = self.conns.get(key)
+        {
+            let (frames, bytes) = ws.decoder.data_ahead(rbuf);
+            self.hub.size_unit(frames, bytes);
+        }
         loop {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;

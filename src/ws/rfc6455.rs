@@ -112,6 +112,35 @@ impl Decoder {
         }
     }
 
+    /// The data frames wholly in `buf`, walked by their headers alone (nothing is
+    /// decoded or consumed): `(frames, payload bytes)`. The relay announces them to the
+    /// fan-out before decoding, so that the frames of the Events they carry are placed
+    /// in arenas sized once (as a `POST` body's length sizes them), not grown as they
+    /// fill. An estimate: control frames are left out, fragments each count as a frame.
+    pub fn data_ahead(&self, buf: &[u8]) -> (usize, usize) {
+        let (mut frames, mut bytes, mut at) = (0usize, 0usize, 0usize);
+        while let Some(rest) = buf.get(at..) {
+            let mut cur = Cursor::new(rest);
+            let Ok(Some((header, len))) = FrameHeader::parse(&mut cur) else {
+                break;
+            };
+            let Some(end) = usize::try_from(len)
+                .ok()
+                .and_then(|len| (cur.position() as usize).checked_add(len))
+                .and_then(|n| at.checked_add(n))
+                .filter(|&end| end <= buf.len())
+            else {
+                break;
+            };
+            if matches!(header.opcode, OpCode::Data(_)) {
+                frames += 1;
+                bytes += end - at;
+            }
+            at = end;
+        }
+        (frames, bytes)
+    }
+
     /// A single-frame text message: checked to be UTF-8, copied into the text arena and
     /// handed out as its slice. The arena's room is taken back once no message points
     /// into it any more (`try_reclaim`, no allocation), or made anew; it is never grown
@@ -556,6 +585,32 @@ mod tests {
         let big = msg(3, TEXT_ARENA * 2 + 5);
         let got = decode_all(&mut d, client(0x81, &big)).unwrap();
         assert_eq!(&text_of(got.into_iter().next().unwrap())[..], &big[..]);
+    }
+
+    /// `data_ahead` counts the data frames wholly read (header and payload bytes), not
+    /// control frames nor a frame still arriving, and consumes nothing.
+    #[test]
+    fn data_ahead_counts_complete_data_frames_only() {
+        let d = Decoder::new(1 << 20);
+        let mut b = client(0x81, &[b'a'; 100]);
+        let first = b.len();
+        b.extend(client(0x89, b"ping"));
+        b.extend(client(0x01, &[b'b'; 300]));
+        let second = b.len() - first - client(0x89, b"ping").len();
+        assert_eq!(d.data_ahead(&b), (2, first + second));
+        let mut cut = b.clone();
+        cut.extend(&client(0x81, &[b'c'; 200])[..150]);
+        assert_eq!(
+            d.data_ahead(&cut),
+            (2, first + second),
+            "a partial frame waits"
+        );
+        assert_eq!(d.data_ahead(&[]), (0, 0));
+        // A header claiming more than can ever arrive stops the walk.
+        let mut huge = vec![0x81, 0xff];
+        huge.extend(u64::MAX.to_be_bytes());
+        huge.extend([1, 2, 3, 4]);
+        assert_eq!(d.data_ahead(&huge), (0, 0));
     }
 
     #[test]
