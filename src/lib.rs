@@ -114,6 +114,7 @@
 extern crate self as aep_relay;
 
 pub mod auth;
+mod buf;
 pub mod capture;
 pub mod cluster;
 pub mod config;

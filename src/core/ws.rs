@@ -72,17 +72,24 @@ impl Core {
         let now = self.now;
         let mut used = 0;
         // The Events among these messages are one ingest unit: their frames are
-        // coalesced (see `fanout`); anything else queued ends it first. The data frames
-        // already read are announced, so that the unit's arenas are sized once.
+        // coalesced (see `fanout`); anything else queued ends it first. An emitter's
+        // messages go into the decoder's text arena, and those already read are
+        // announced to the fan-out, so that the unit's arenas are sized once (in a
+        // cluster its Events go to the stream instead, and are fanned out from there).
         self.hub.begin_unit();
+        let clustered = self.clustered();
         if let Some(Conn {
             rbuf,
             phase: Phase::Ws(ws),
             ..
-        }) = self.conns.get(key)
+        }) = self.conns.get_mut(key)
         {
-            let (frames, bytes) = ws.decoder.data_ahead(rbuf);
-            self.hub.size_unit(frames, bytes);
+            let emits = ws.hello.as_ref().is_some_and(|d| d.role.emits());
+            ws.decoder.set_arena(emits);
+            if emits && !clustered {
+                let (messages, bytes) = ws.decoder.data_ahead(rbuf);
+                self.hub.size_unit(messages, bytes);
+            }
         }
         loop {
             let Some(conn) = self.conns.get_mut(key) else {
@@ -271,7 +278,8 @@ impl Core {
         // Events are the hot path: scan them as on every ingest path. Only what is not a
         // valid Event is parsed as JSON, to tell a frame from an invalid Event.
         let err = match Event::parse(text.clone()) {
-            // A slice of the decoder's text arena: the replay buffer copies what it holds.
+            // An emitter's message may be a slice of the decoder's text arena, which it
+            // keeps alive while it lives: the replay buffer copies what it holds.
             Ok(ev) => return self.ws_event(key, ev),
             Err(e) => e,
         };

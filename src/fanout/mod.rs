@@ -117,12 +117,7 @@ const ARENA_HINT_MAX: usize = 1024 * 1024;
 fn make_room(arena: &mut BytesMut, need: usize, hint: usize) {
     if arena.is_empty() {
         let want = need.max(hint.min(ARENA_HINT_MAX));
-        if arena.capacity() < want {
-            let room = ARENA_CHUNK.max(want);
-            if !arena.try_reclaim(room) {
-                *arena = BytesMut::with_capacity(room);
-            }
-        }
+        crate::buf::reclaim_or_fresh(arena, want, ARENA_CHUNK.max(want));
     } else if arena.capacity() - arena.len() < need {
         arena.reserve(ARENA_CHUNK.max(need).max(arena.len()));
     }

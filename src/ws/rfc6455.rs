@@ -21,19 +21,19 @@ pub use crate::refusal::close_code;
 /// Largest payload of a control frame (RFC 6455 §5.5).
 const MAX_CONTROL_PAYLOAD: u64 = 125;
 
-/// The room the decoder's text arena is made with, in bytes: single-frame text messages
-/// are copied into it back to back and handed out as slices of it.
+/// The room the decoder's text arena is made with, in bytes: an emitter's single-frame
+/// text messages are copied into it back to back and handed out as slices of it.
 pub const TEXT_ARENA: usize = 64 * 1024;
 
 /// What the client sent, one complete unit at a time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming {
-    /// A complete text message (fragments reassembled), valid UTF-8. A single-frame
-    /// message of up to [`TEXT_ARENA`] bytes is a slice of the decoder's text arena,
-    /// which the messages of many reads share (one allocation per [`TEXT_ARENA`] bytes,
-    /// not one per message); a larger, reassembled or inflated one has an allocation of
-    /// its own. Whoever keeps an Event from it for long copies its bytes (the replay
-    /// buffer does).
+    /// A complete text message (fragments reassembled), valid UTF-8. Once the text
+    /// arena is on ([`Decoder::set_arena`]), a single-frame message of up to
+    /// [`TEXT_ARENA`] bytes is a slice of it, which the messages of many reads share
+    /// (one allocation per [`TEXT_ARENA`] bytes, not one per message), and keeps it
+    /// alive while it lives; otherwise, and for a larger, reassembled or inflated
+    /// message, an allocation of its own and of exactly its size.
     Text(Bytes),
     /// A ping; answer with a pong carrying the same payload (RFC 6455 §5.5.2).
     Ping(Bytes),
@@ -86,9 +86,11 @@ pub struct Decoder {
     inflater: Option<Box<Inflater>>,
     /// The fragmented message being received is compressed (RSV1 on its first frame).
     compressed: bool,
-    /// Where single-frame text messages are copied out of the read buffer: always empty
-    /// between messages, its room shared with the messages handed out before.
+    /// Where single-frame text messages are copied out of the read buffer while
+    /// `use_arena` is set: always empty between messages, its room shared with the
+    /// messages handed out before.
     arena: BytesMut,
+    use_arena: bool,
 }
 
 impl Decoder {
@@ -109,52 +111,76 @@ impl Decoder {
             inflater: None,
             compressed: false,
             arena: BytesMut::new(),
+            use_arena: false,
         }
     }
 
-    /// The data frames wholly in `buf`, walked by their headers alone (nothing is
-    /// decoded or consumed): `(frames, payload bytes)`. The relay announces them to the
-    /// fan-out before decoding, so that the frames of the Events they carry are placed
-    /// in arenas sized once (as a `POST` body's length sizes them), not grown as they
-    /// fill. An estimate: control frames are left out, fragments each count as a frame.
+    /// Turns the text arena on or off. The relay turns it on for a connection whose
+    /// `hello` declared it an emitter (AEP-0003 §4), whose messages are mostly Events,
+    /// often many per read: no allocation per message, and at most [`TEXT_ARENA`] bytes
+    /// kept between messages. Consumers, whose messages are few and small, keep it off
+    /// and hold no room between messages. Turning it off lets go of the arena (messages
+    /// still alive keep their bytes).
+    pub fn set_arena(&mut self, on: bool) {
+        if !on && self.use_arena {
+            self.arena = BytesMut::new();
+        }
+        self.use_arena = on;
+    }
+
+    /// The messages wholly in `buf` that this decoder would accept, walked by their
+    /// frame headers alone (nothing is decoded or consumed): `(messages, payload
+    /// bytes)`, counting a message at its final data frame and the payload of every data
+    /// frame. The walk stops at the first frame [`Decoder::next`] would refuse, and the
+    /// count is at most one message per 64 bytes of payload (no Event is that small),
+    /// so a peer cannot inflate it with cheap frames. The relay announces the result to
+    /// the fan-out before decoding an emitter's read, so that the frames of the Events
+    /// are placed in arenas sized once (as a `POST` announces its Events), not grown as
+    /// they fill.
     pub fn data_ahead(&self, buf: &[u8]) -> (usize, usize) {
-        let (mut frames, mut bytes, mut at) = (0usize, 0usize, 0usize);
+        let (mut messages, mut bytes, mut at) = (0usize, 0usize, 0usize);
         while let Some(rest) = buf.get(at..) {
             let mut cur = Cursor::new(rest);
             let Ok(Some((header, len))) = FrameHeader::parse(&mut cur) else {
                 break;
             };
+            let refused = header.mask.is_none()
+                || header.rsv2
+                || header.rsv3
+                || (header.rsv1 && self.deflate.is_none())
+                || !matches!(
+                    header.opcode,
+                    OpCode::Data(Data::Text | Data::Continue) | OpCode::Control(_)
+                )
+                || (matches!(header.opcode, OpCode::Control(_))
+                    && (len > MAX_CONTROL_PAYLOAD || !header.is_final));
             let Some(end) = usize::try_from(len)
                 .ok()
                 .and_then(|len| (cur.position() as usize).checked_add(len))
                 .and_then(|n| at.checked_add(n))
-                .filter(|&end| end <= buf.len())
+                .filter(|&end| end <= buf.len() && !refused)
             else {
                 break;
             };
-            if matches!(header.opcode, OpCode::Data(_)) {
-                frames += 1;
-                bytes += end - at;
+            if let OpCode::Data(_) = header.opcode {
+                bytes += len as usize;
+                messages += usize::from(header.is_final);
             }
             at = end;
         }
-        (frames, bytes)
+        (messages.min(bytes / 64), bytes)
     }
 
-    /// A single-frame text message: checked to be UTF-8, copied into the text arena and
-    /// handed out as its slice. The arena's room is taken back once no message points
-    /// into it any more (`try_reclaim`, no allocation), or made anew; it is never grown
-    /// in place, which would copy the messages before it. A message larger than
-    /// [`TEXT_ARENA`] gets an allocation of its own, so a connection keeps at most that
-    /// much room between messages.
+    /// A single-frame text message: checked to be UTF-8, then, with the text arena on
+    /// and at most [`TEXT_ARENA`] bytes, copied into the arena and handed out as its
+    /// slice (its room taken back once no message points into it, or made anew:
+    /// [`crate::buf::reclaim_or_fresh`]); otherwise copied into an allocation of its own.
     fn text_message(&mut self, payload: &[u8]) -> Result<Incoming, Violation> {
         std::str::from_utf8(payload).map_err(|_| invalid_utf8())?;
-        if payload.len() > TEXT_ARENA {
+        if !self.use_arena || payload.len() > TEXT_ARENA {
             return Ok(Incoming::Text(Bytes::copy_from_slice(payload)));
         }
-        if self.arena.capacity() < payload.len() && !self.arena.try_reclaim(TEXT_ARENA) {
-            self.arena = BytesMut::with_capacity(TEXT_ARENA);
-        }
+        crate::buf::reclaim_or_fresh(&mut self.arena, payload.len(), TEXT_ARENA);
         self.arena.extend_from_slice(payload);
         Ok(Incoming::Text(self.arena.split().freeze()))
     }
@@ -170,7 +196,7 @@ impl Decoder {
             .get_or_insert_with(|| Box::new(Inflater::new(agreed)));
         match inflater.message(payload, self.max_message) {
             Ok(text) => match String::from_utf8(text) {
-                // Exact size, as for a reassembled message (see `Incoming::Text`).
+                // Exact size, as for a reassembled message.
                 Ok(s) => Ok(Incoming::Text(Bytes::from(
                     s.into_bytes().into_boxed_slice(),
                 ))),
@@ -291,7 +317,7 @@ impl Decoder {
                             return self.inflate(payload).map(Some);
                         }
                         // The common case: one frame, one message, one copy out of the
-                        // read buffer into the text arena.
+                        // read buffer (into the text arena, when it is on).
                         return self.text_message(payload).map(Some);
                     }
                     if !self.in_message {
@@ -522,16 +548,24 @@ mod tests {
         }
     }
 
-    /// Single-frame text messages are slices of one arena, back to back (no allocation
-    /// per message); once none of them is alive the next message reuses the arena's
-    /// room; a message still held keeps its bytes, however many messages follow it
-    /// (they go to a fresh arena); a message larger than the arena gets its own allocation.
+    /// A text message of `len` bytes that no other `(i, len)` repeats: its index in
+    /// decimal, then filler.
+    fn msg(i: usize, len: usize) -> Vec<u8> {
+        let mut m = format!("{i:08}").into_bytes();
+        m.extend((0..len.saturating_sub(8)).map(|k| b'a' + ((i * 7 + k) % 26) as u8));
+        m.truncate(len);
+        m
+    }
+
+    /// With the text arena on, single-frame text messages are slices of one arena, back
+    /// to back (no allocation per message); once none of them is alive the message
+    /// that does not fit takes the arena's room back; a message still held is never
+    /// overwritten, however many follow it (they go to other room); a message larger
+    /// than the arena gets its own allocation.
     #[test]
     fn single_frame_texts_share_the_text_arena_and_held_ones_stay_intact() {
         let mut d = Decoder::new(1 << 20);
-        let msg = |i: usize, len: usize| -> Vec<u8> {
-            (0..len).map(|k| b'a' + ((i + k) % 26) as u8).collect()
-        };
+        d.set_arena(true);
         let mut wire = Vec::new();
         for i in 0..3 {
             wire.extend(client(0x81, &msg(i, 500)));
@@ -550,62 +584,96 @@ mod tests {
         let first = got[0].as_ptr();
         drop(got);
 
-        // Enough to run past the arena's room, each message dropped once handled (as
-        // the relay does): the one that does not fit takes the arena's room back,
-        // rather than a new one being made.
+        // One message at a time, each dropped once handled (as the relay does).
+        let one = |d: &mut Decoder, i: usize| -> Bytes {
+            let mut used = 0;
+            let mut wire = client(0x81, &msg(i, 500));
+            let t = text_of(d.next(&mut wire, &mut used).unwrap().unwrap());
+            assert_eq!(&t[..], &msg(i, 500)[..]);
+            t
+        };
         let n = TEXT_ARENA / 500 + 1;
-        let mut wire = Vec::new();
-        for i in 0..n {
-            wire.extend(client(0x81, &msg(i, 500)));
-        }
-        let mut used = 0;
-        let mut at = Vec::new();
-        while let Some(u) = d.next(&mut wire, &mut used).unwrap() {
-            let t = text_of(u);
-            assert_eq!(&t[..], &msg(at.len(), 500)[..]);
-            at.push(t.as_ptr());
-        }
-        assert_eq!(at.len(), n);
+        let at: Vec<_> = (0..n).map(|i| one(&mut d, i).as_ptr()).collect();
         assert!(at.contains(&first), "the arena's room was taken back");
 
-        // A held message is never overwritten: the arena cannot take its room back.
-        let mut used = 0;
-        let mut wire = client(0x81, &msg(n - 1, 500));
-        let held = text_of(d.next(&mut wire, &mut used).unwrap().unwrap());
-        let mut wire = Vec::new();
+        // Held: the arena cannot take its room back while it lives.
+        let held = one(&mut d, 1_000_000);
+        let span = held.as_ptr() as usize..held.as_ptr() as usize + held.len();
         for i in 0..3 * n {
-            wire.extend(client(0x81, &msg(i + 7, 500)));
+            let t = one(&mut d, i);
+            assert!(
+                !span.contains(&(t.as_ptr() as usize)),
+                "message {i} over the held one"
+            );
         }
-        for (i, u) in decode_all(&mut d, wire).unwrap().into_iter().enumerate() {
-            assert_eq!(&text_of(u)[..], &msg(i + 7, 500)[..]);
-        }
-        assert_eq!(&held[..], &msg(n - 1, 500)[..]);
+        assert_eq!(&held[..], &msg(1_000_000, 500)[..]);
 
-        // Larger than the arena: an allocation of its own.
-        let big = msg(3, TEXT_ARENA * 2 + 5);
-        let got = decode_all(&mut d, client(0x81, &big)).unwrap();
-        assert_eq!(&text_of(got.into_iter().next().unwrap())[..], &big[..]);
+        // Exactly the arena's size fits it; one byte more gets an allocation of its own.
+        for len in [TEXT_ARENA, TEXT_ARENA + 1, TEXT_ARENA * 2 + 5] {
+            let big = msg(3, len);
+            let got = decode_all(&mut d, client(0x81, &big)).unwrap();
+            assert_eq!(&text_of(got.into_iter().next().unwrap())[..], &big[..]);
+        }
     }
 
-    /// `data_ahead` counts the data frames wholly read (header and payload bytes), not
-    /// control frames nor a frame still arriving, and consumes nothing.
+    /// With the text arena off (the default; a consumer), each message has an allocation
+    /// of its own and the decoder keeps no room between messages; turning it off lets go
+    /// of the arena, and a message handed out before keeps its bytes.
     #[test]
-    fn data_ahead_counts_complete_data_frames_only() {
+    fn without_the_text_arena_each_message_is_its_own_allocation() {
+        let mut d = Decoder::new(1 << 20);
+        let mut wire = Vec::new();
+        for i in 0..2 {
+            wire.extend(client(0x81, &msg(i, 100)));
+        }
+        let got: Vec<Bytes> = decode_all(&mut d, wire)
+            .unwrap()
+            .into_iter()
+            .map(text_of)
+            .collect();
+        assert_ne!(got[0].as_ptr().wrapping_add(100), got[1].as_ptr());
+        assert_eq!(d.arena.capacity(), 0, "no room kept");
+        d.set_arena(true);
+        let kept = text_of(
+            decode_all(&mut d, client(0x81, &msg(7, 100)))
+                .unwrap()
+                .remove(0),
+        );
+        assert!(d.arena.capacity() > 0);
+        d.set_arena(false);
+        assert_eq!(d.arena.capacity(), 0, "the arena let go");
+        assert_eq!(&kept[..], &msg(7, 100)[..]);
+    }
+
+    /// `data_ahead` counts the messages wholly read that the decoder would accept
+    /// (at their final frame) and their payload bytes, not control frames nor a frame
+    /// still arriving; it stops at a frame `next` would refuse, never counts more than a
+    /// message per 64 payload bytes, and consumes nothing.
+    #[test]
+    fn data_ahead_counts_acceptable_messages_only() {
         let d = Decoder::new(1 << 20);
         let mut b = client(0x81, &[b'a'; 100]);
-        let first = b.len();
         b.extend(client(0x89, b"ping"));
         b.extend(client(0x01, &[b'b'; 300]));
-        let second = b.len() - first - client(0x89, b"ping").len();
-        assert_eq!(d.data_ahead(&b), (2, first + second));
+        b.extend(client(0x80, &[b'c'; 50]));
+        assert_eq!(d.data_ahead(&b), (2, 450));
         let mut cut = b.clone();
         cut.extend(&client(0x81, &[b'c'; 200])[..150]);
-        assert_eq!(
-            d.data_ahead(&cut),
-            (2, first + second),
-            "a partial frame waits"
-        );
+        assert_eq!(d.data_ahead(&cut), (2, 450), "a partial frame waits");
         assert_eq!(d.data_ahead(&[]), (0, 0));
+        // Stops at what would be refused: unmasked, binary.
+        for bad in [vec![0x81, 0x02, b'h', b'i'], client(0x82, &[0; 100])] {
+            let mut r = b.clone();
+            r.extend(bad);
+            r.extend(client(0x81, &[b'd'; 100]));
+            assert_eq!(d.data_ahead(&r), (2, 450));
+        }
+        // Many empty messages do not announce many Events.
+        let mut cheap = Vec::new();
+        for _ in 0..100 {
+            cheap.extend(client(0x81, b""));
+        }
+        assert_eq!(d.data_ahead(&cheap), (0, 0));
         // A header claiming more than can ever arrive stops the walk.
         let mut huge = vec![0x81, 0xff];
         huge.extend(u64::MAX.to_be_bytes());
