@@ -557,6 +557,24 @@ mod tests {
         m
     }
 
+    /// Messages `0..count` of `len` bytes (`msg`), sent in one read and decoded: their
+    /// texts, checked.
+    fn texts(d: &mut Decoder, count: usize, len: usize) -> Vec<Bytes> {
+        let mut wire = Vec::new();
+        for i in 0..count {
+            wire.extend(client(0x81, &msg(i, len)));
+        }
+        let got: Vec<Bytes> = decode_all(d, wire)
+            .unwrap()
+            .into_iter()
+            .map(text_of)
+            .collect();
+        for (i, t) in got.iter().enumerate() {
+            assert_eq!(&t[..], &msg(i, len)[..]);
+        }
+        got
+    }
+
     /// With the text arena on, single-frame text messages are slices of one arena, back
     /// to back (no allocation per message); once none of them is alive the message
     /// that does not fit takes the arena's room back; a message still held is never
@@ -566,18 +584,7 @@ mod tests {
     fn single_frame_texts_share_the_text_arena_and_held_ones_stay_intact() {
         let mut d = Decoder::new(1 << 20);
         d.set_arena(true);
-        let mut wire = Vec::new();
-        for i in 0..3 {
-            wire.extend(client(0x81, &msg(i, 500)));
-        }
-        let got: Vec<Bytes> = decode_all(&mut d, wire)
-            .unwrap()
-            .into_iter()
-            .map(text_of)
-            .collect();
-        for (i, t) in got.iter().enumerate() {
-            assert_eq!(&t[..], &msg(i, 500)[..]);
-        }
+        let got = texts(&mut d, 3, 500);
         // Adjacent in one allocation.
         assert_eq!(got[0].as_ptr().wrapping_add(500), got[1].as_ptr());
         assert_eq!(got[1].as_ptr().wrapping_add(500), got[2].as_ptr());
@@ -622,15 +629,7 @@ mod tests {
     #[test]
     fn without_the_text_arena_each_message_is_its_own_allocation() {
         let mut d = Decoder::new(1 << 20);
-        let mut wire = Vec::new();
-        for i in 0..2 {
-            wire.extend(client(0x81, &msg(i, 100)));
-        }
-        let got: Vec<Bytes> = decode_all(&mut d, wire)
-            .unwrap()
-            .into_iter()
-            .map(text_of)
-            .collect();
+        let got = texts(&mut d, 2, 100);
         assert_ne!(got[0].as_ptr().wrapping_add(100), got[1].as_ptr());
         assert_eq!(d.arena.capacity(), 0, "no room kept");
         d.set_arena(true);
