@@ -73,20 +73,17 @@ impl Core {
         let mut used = 0;
         // The Events among these messages are one ingest unit: their frames are
         // coalesced (see `fanout`); anything else queued ends it first. An emitter's
-        // messages go into the decoder's text arena, and those already read are
-        // announced to the fan-out, so that the unit's arenas are sized once (in a
-        // cluster its Events go to the stream instead, and are fanned out from there).
+        // messages already read are announced to the fan-out, so that the unit's arenas
+        // are sized once (in a cluster its Events go to the stream instead, and are
+        // fanned out from there).
         self.hub.begin_unit();
-        let clustered = self.clustered();
         if let Some(Conn {
             rbuf,
             phase: Phase::Ws(ws),
             ..
-        }) = self.conns.get_mut(key)
+        }) = self.conns.get(key)
         {
-            let emits = ws.hello.as_ref().is_some_and(|d| d.role.emits());
-            ws.decoder.set_arena(emits);
-            if emits && !clustered {
+            if ws.hello.as_ref().is_some_and(|d| d.role.emits()) && !self.clustered() {
                 let (messages, bytes) = ws.decoder.data_ahead(rbuf);
                 self.hub.size_unit(messages, bytes);
             }
@@ -325,6 +322,8 @@ impl Core {
             return;
         };
         let grant = ws.grant;
+        // An emitter's messages go into the decoder's text arena (no allocation each).
+        ws.decoder.set_arena(decl.role.emits());
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
         let frame = self.hello_frame(version, grant);

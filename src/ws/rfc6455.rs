@@ -144,16 +144,11 @@ impl Decoder {
             let Ok(Some((header, len))) = FrameHeader::parse(&mut cur) else {
                 break;
             };
-            let refused = header.mask.is_none()
-                || header.rsv2
-                || header.rsv3
-                || (header.rsv1 && self.deflate.is_none())
-                || !matches!(
+            let refused = self.check_header(&header, len).is_err()
+                || matches!(
                     header.opcode,
-                    OpCode::Data(Data::Text | Data::Continue) | OpCode::Control(_)
-                )
-                || (matches!(header.opcode, OpCode::Control(_))
-                    && (len > MAX_CONTROL_PAYLOAD || !header.is_final));
+                    OpCode::Control(Control::Reserved(_)) | OpCode::Data(Data::Reserved(_))
+                );
             let Some(end) = usize::try_from(len)
                 .ok()
                 .and_then(|len| (cur.position() as usize).checked_add(len))
@@ -169,6 +164,44 @@ impl Decoder {
             at = end;
         }
         (messages.min(bytes / 64), bytes)
+    }
+
+    /// The checks a frame's header alone decides (RFC 6455 §5.1-§5.5, RFC 7692 §6,
+    /// AEP-0003 §3.5), in the order [`Decoder::next`] reports them: the frame is masked,
+    /// no reserved bit is set (RSV1 only on the first frame of a compressed message,
+    /// once the extension was negotiated), a control frame is final and at most 125
+    /// bytes, and it is not binary. Returns the mask and whether the frame starts a
+    /// compressed message.
+    fn check_header(&self, header: &FrameHeader, len: u64) -> Result<([u8; 4], bool), Violation> {
+        let Some(mask) = header.mask else {
+            return Err(violation(
+                close_code::PROTOCOL,
+                "client frames must be masked",
+            ));
+        };
+        // RFC 7692 §6: RSV1 marks a compressed message, on its first frame only and
+        // only once the extension was negotiated; control frames and continuations
+        // never carry it (§6.1). Anything else reserved is a protocol error.
+        let compressed_start = header.rsv1
+            && self.deflate.is_some()
+            && matches!(header.opcode, OpCode::Data(Data::Text | Data::Binary));
+        if (header.rsv1 && !compressed_start) || header.rsv2 || header.rsv3 {
+            return Err(violation(close_code::PROTOCOL, "reserved bits set"));
+        }
+        let control = matches!(header.opcode, OpCode::Control(_));
+        if control && (len > MAX_CONTROL_PAYLOAD || !header.is_final) {
+            return Err(violation(
+                close_code::PROTOCOL,
+                "control frames must be final and carry at most 125 bytes",
+            ));
+        }
+        if let OpCode::Data(Data::Binary) = header.opcode {
+            return Err(violation(
+                close_code::UNSUPPORTED,
+                "binary frames are reserved in AEP 0.1 (AEP-0003 §3.5)",
+            ));
+        }
+        Ok((mask, compressed_start))
     }
 
     /// A single-frame text message: checked to be UTF-8, then, with the text arena on
@@ -243,35 +276,9 @@ impl Decoder {
                 Err(_) => return Err(violation(close_code::PROTOCOL, "reserved opcode")),
             };
             let head_len = cur.position() as usize;
-            let Some(mask) = header.mask else {
-                return Err(violation(
-                    close_code::PROTOCOL,
-                    "client frames must be masked",
-                ));
-            };
+            let (mask, compressed_start) = self.check_header(&header, len)?;
             let control = matches!(header.opcode, OpCode::Control(_));
-            // RFC 7692 §6: RSV1 marks a compressed message, on its first frame only and
-            // only once the extension was negotiated; control frames and continuations
-            // never carry it (§6.1). Anything else reserved is a protocol error.
-            let compressed_start = header.rsv1
-                && self.deflate.is_some()
-                && matches!(header.opcode, OpCode::Data(Data::Text | Data::Binary));
-            if (header.rsv1 && !compressed_start) || header.rsv2 || header.rsv3 {
-                return Err(violation(close_code::PROTOCOL, "reserved bits set"));
-            }
-            if control && (len > MAX_CONTROL_PAYLOAD || !header.is_final) {
-                return Err(violation(
-                    close_code::PROTOCOL,
-                    "control frames must be final and carry at most 125 bytes",
-                ));
-            }
             match header.opcode {
-                OpCode::Data(Data::Binary) => {
-                    return Err(violation(
-                        close_code::UNSUPPORTED,
-                        "binary frames are reserved in AEP 0.1 (AEP-0003 §3.5)",
-                    ))
-                }
                 OpCode::Data(Data::Continue) if !self.in_message => {
                     return Err(violation(
                         close_code::PROTOCOL,
