@@ -910,8 +910,24 @@ pub struct Lost<'a> {
     pub name: &'a str,
     /// The evicted stream's owner (`None`: a foreign-only stream).
     pub source: Option<&'a str>,
-    /// The highest position of a durable fact it held or had evicted.
+    /// The highest position of a durable fact it held or had evicted (the anchor of a
+    /// foreign one).
     pub high: Position,
+    key: Key,
+}
+
+impl Lost<'_> {
+    /// Whether a resume strictly after `after` lost a fact of this stream, and so is
+    /// owed `replay-exhausted` (AEP-0003 §5).
+    pub fn owes(&self, after: Position) -> bool {
+        Key::at(after) < self.key
+    }
+
+    /// What its `replay-exhausted` names as the earliest position: the one after `high`
+    /// (nothing of the stream is held; whatever of it comes later comes after that).
+    pub fn earliest(&self) -> Position {
+        (self.high.0, self.high.1.saturating_add(1))
+    }
 }
 
 /// What the store remembers of the streams it evicted whole (by `max_sessions` or the
@@ -1695,6 +1711,7 @@ impl<E: Stored> Store<E> {
                         name,
                         source: source.as_deref(),
                         high: key.anchor()?,
+                        key: *key,
                     })
                 })
             })
