@@ -169,19 +169,19 @@ fn replay_sessions(
     }
 }
 
+/// A `replay-exhausted` marker for a stream evicted whole: `(session, source, earliest)`.
+type LostMarker = (Box<str>, Option<Box<str>>, (u64, u64));
+
 /// The `replay-exhausted` markers a subscription's `from` is owed for streams the store
 /// evicted whole and remembers ([`Store::lost`]), as `(session, source, earliest)`: a
 /// position names a bare session, so each remembered stream of that name whose lost
 /// facts lie after the position owes one (AEP-0003 §5). `all` and live-only owe none
 /// (honesty rule 2).
-fn lost_markers(
-    store: &Store<Event>,
-    from: &subscription::From,
-) -> Vec<(Box<str>, Option<Box<str>>, (u64, u64))> {
+fn lost_markers(store: &Store<Event>, from: &subscription::From) -> Vec<LostMarker> {
     let subscription::From::Positions(ps) = from else {
         return Vec::new();
     };
-    let mut out: Vec<(Box<str>, Option<Box<str>>, (u64, u64))> = Vec::new();
+    let mut out: Vec<LostMarker> = Vec::new();
     for p in ps {
         for lost in store.lost(&p.session) {
             let known = out

@@ -46,16 +46,36 @@
 //!   adopts, so a session's early commands stay at the front of its owner's buffer as
 //!   before. A name has either one foreign-only stream or only owning streams.
 //! - *Agent-scoped* Events (`agent.*`) are never buffered (AEP-0001 §5.2).
-//! - When a stream's ring is full, the lowest-ordered Event is evicted. The stream
-//!   remembers the highest order key it ever evicted (`evicted_high`), which makes the
-//!   `replay-exhausted` decision exact, per stream.
+//! - **Two lanes per stream** (AEP-0007 §5 item 1: deltas are a live view that buffers
+//!   MAY evict first; a runaway stream cannot displace durable facts): its `debug`
+//!   Events ([`Stored::delta`]) in one, everything else, the durable facts, in the
+//!   other, each in key order with its own arena. Replay merges the two by key, so a
+//!   consumer sees one stream order.
+//! - When a stream is full (`buffer_per_session` Events in its two lanes), it evicts
+//!   the lowest-ordered `debug` Event; only when it holds none does it evict its
+//!   lowest-ordered fact. A `debug` Event arriving at a stream full of facts is not held
+//!   (it would be the one evicted), nor is an Event ordered below everything its lane
+//!   holds when it would be that lane's victim. Each lane remembers the highest key it
+//!   ever evicted (`evicted_high`). A `replay-exhausted` marker is owed exactly when a
+//!   fact after the resume position was evicted (the facts lane's `evicted_high` is
+//!   above it); a resume that lost only `debug` Events is owed none.
 //! - At `max_sessions` streams (owning and foreign-only streams count alike), the first
 //!   Event of a new stream evicts the least-recently-*written* stream entirely (written =
 //!   an Event was [`Admission::Admitted`] to it; duplicates, conflicts and drops do not
-//!   count). An evicted stream is forgotten, including its `evicted_high` (AEP-0003 §5
-//!   replay-all honesty rule 1: wholly evicted sessions are absent). Other streams of the
-//!   same name are unaffected.
-//!
+//!   count). Other streams of the same name are unaffected. The evicted stream leaves an
+//!   **eviction record**: `(session, source)` and the highest key of a fact it held or
+//!   had evicted, in a table of at most `max(RECORDS_PER_STREAM × max_sessions,
+//!   MIN_RECORDS)` records, oldest forgotten first. [`Store::lost`] lists a name's
+//!   records, which owe a resume from before their fact `replay-exhausted`; a stream of
+//!   the same `(session, source)` created later takes its record over as its facts
+//!   lane's `evicted_high`. Replay-all never lists them (AEP-0003 §5 honesty rule 1:
+//!   wholly evicted sessions are absent).
+//! - **The memory budget** ([`Store::memory_bytes`], [`Store::shed_to`]): what the
+//!   store holds on the heap is counted as it changes, O(1) to read. A shed evicts
+//!   `debug` Events first (least-recently-written streams first), then the oldest facts
+//!   of the least-recently-written stream, and evicts a stream it empties whole,
+//!   leaving its record.
+
 //! # Costs
 //!
 //! - `admit`: O(1) expected for the common case (a position above everything held, or
@@ -76,7 +96,7 @@
 //!
 //! # Memory
 //!
-//! A held Event is its bytes, in its stream's arena, plus: one 36-byte ring entry (a
+//! A held Event is its bytes, in its lane's arena, plus: one 36-byte ring entry (a
 //! 20-byte order key, 4 bytes of the dedupe hash, and where its bytes are: chunk, offset,
 //! length); one 4-byte slot plus one control byte in the stream's dedupe table, whose
 //! bucket count is at most about 4× the items (power-of-two buckets at ≤ 7/8 load, and
@@ -941,13 +961,17 @@ impl Lost<'_> {
 struct Records {
     cap: usize,
     /// Name → `(source, key, stamp)` per evicted stream of that name.
-    by_name: HashMap<Box<str>, SmallVec<[(Option<Box<str>>, Key, u64); 1]>>,
+    by_name: HashMap<Box<str>, SmallVec<[Record; 1]>>,
     /// Stamp → name, oldest first.
     order: std::collections::BTreeMap<u64, Box<str>>,
     stamp: u64,
     /// Heap bytes the records hold (counted in [`Store::memory_bytes`]).
     bytes: usize,
 }
+
+/// One eviction record under its name: the stream's `source`, the key of its highest
+/// fact, and its stamp (its place in [`Records::order`]).
+type Record = (Option<Box<str>>, Key, u64);
 
 /// What one record costs beyond its two names: its slots in both maps.
 const RECORD_COST: usize = 96;
@@ -1077,7 +1101,7 @@ impl<E> fmt::Debug for Store<E> {
     }
 }
 
-/// Eviction records kept per stream the store may hold (see [`Records`]), and at least
+/// Eviction records kept per stream the store may hold ([`Store::lost`]), and at least
 /// [`MIN_RECORDS`].
 pub const RECORDS_PER_STREAM: usize = 4;
 /// The fewest eviction records a store keeps room for.

@@ -298,7 +298,7 @@ pub fn random_event(r: &mut impl Draw, serial: &mut u64) -> Arc<T> {
     // the id (foreign, owner) or the position (the other emitter).
     let debug = match (&pos, id.starts_with('x')) {
         // A conflicting Event: either severity, so conflicts span the two lanes.
-        (_, true) => *serial % 2 == 0,
+        (_, true) => serial.is_multiple_of(2),
         (Some((e, s)), false) => (e * 40 + s) % 3 == 0,
         (None, false) => id.len() % 3 == 0,
     };
