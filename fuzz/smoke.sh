@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs=${SMOKE_SECS:-5}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel http floor sse_query ws conn_script)
+[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel http floor sse_query ws conn_script store)
 
 # The fuzz crate has its own workspace and target directory: a CARGO_TARGET_DIR meant
 # for the main crate would mix builds with different RUSTFLAGS.
@@ -32,7 +32,7 @@ trap 'rm -rf "$scratch"' EXIT
 status=0
 for t in "${targets[@]}"; do
   # conn_script's input is opcodes, not text: no dictionary.
-  case $t in http | floor) dict=http ;; sse_query) dict=query ;; ws) dict=ws ;; conn_script) dict= ;; *) dict=json ;; esac
+  case $t in http | floor) dict=http ;; sse_query) dict=query ;; ws) dict=ws ;; conn_script | store) dict= ;; *) dict=json ;; esac
   mkdir -p "$scratch/$t"
   # New inputs go to the scratch corpus (first directory); the seeds are only read.
   if cargo fuzz run --sanitizer none --codegen-units 16 --target-dir target/smoke "$t" "$scratch/$t" "corpus/$t" -- \

@@ -169,6 +169,36 @@ fn replay_sessions(
     }
 }
 
+/// A `replay-exhausted` marker for a stream evicted whole: `(session, source, earliest)`.
+type LostMarker = (Box<str>, Option<Box<str>>, (u64, u64));
+
+/// The `replay-exhausted` markers a subscription's `from` is owed for streams the store
+/// evicted whole and remembers ([`Store::lost`]), as `(session, source, earliest)`: a
+/// position names a bare session, so each remembered stream of that name whose lost
+/// facts lie after the position owes one (AEP-0003 §5). `all` and live-only owe none
+/// (honesty rule 2).
+fn lost_markers(store: &Store<Event>, from: &subscription::From) -> Vec<LostMarker> {
+    let subscription::From::Positions(ps) = from else {
+        return Vec::new();
+    };
+    let mut out: Vec<LostMarker> = Vec::new();
+    for p in ps {
+        for lost in store.lost(&p.session) {
+            let known = out
+                .iter()
+                .any(|(n, s, _)| **n == *lost.name && s.as_deref() == lost.source);
+            if !known && lost.owes((p.epoch, p.seq)) {
+                out.push((
+                    lost.name.into(),
+                    lost.source.map(Into::into),
+                    lost.earliest(),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// The streams of a history read ([`subscription::SubscriptionRequest::history_sessions`]):
 /// every stream of each name, from its earliest held Event, names in sorted order and,
 /// within a name, streams in creation order; a name the store does not hold adds

@@ -5,7 +5,7 @@
 
 use super::conn::{Answer, BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
-use super::{history_streams, loggable, replay_sessions, ConnId, Core, Origin};
+use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Core, Origin};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -816,6 +816,9 @@ impl Core {
             Some(sub) => Phase::Sse { sub },
             None => Phase::Closing,
         };
+        for (name, _, earliest) in lost_markers(&self.store, &req.from) {
+            conn.out.push(sse::replay_exhausted(&name, earliest));
+        }
         let mut sessions = replay_sessions(&self.store, &req.from);
         if let Some(names) = req.history_sessions() {
             sessions.extend(history_streams(&self.store, names));

@@ -376,6 +376,7 @@ impl Core {
                 per: "session",
                 sessions: c.max_sessions,
                 all: true,
+                evicts: "debug-first",
             },
             capture: ["none", "metadata", "redacted", "full"],
             roster: Empty {},
@@ -416,6 +417,10 @@ struct ReplayCaps {
     per: &'static str,
     sessions: usize,
     all: bool,
+    /// The eviction policy (AEP-0007 §5 item 1): `debug-first`, a full buffer evicts
+    /// its oldest `debug` Event before any other, and `replay-exhausted` is owed for an
+    /// evicted Event of severity `info` or above (docs/consuming.md).
+    evicts: &'static str,
 }
 
 /// `control`: the command types accepted (none: the relay routes them), and whether

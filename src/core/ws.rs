@@ -538,6 +538,14 @@ impl Core {
         if let Phase::Ws(ws) = &mut conn.phase {
             ws.subs.push((id.into(), sub));
         }
+        for (name, source, earliest) in super::lost_markers(&self.store, &from) {
+            conn.out.push(aep::replay_exhausted(
+                id,
+                &name,
+                source.as_deref(),
+                earliest,
+            ));
+        }
         let sessions = super::replay_sessions(&self.store, &from);
         if !sessions.is_empty() {
             self.start_replay(

@@ -46,16 +46,36 @@
 //!   adopts, so a session's early commands stay at the front of its owner's buffer as
 //!   before. A name has either one foreign-only stream or only owning streams.
 //! - *Agent-scoped* Events (`agent.*`) are never buffered (AEP-0001 §5.2).
-//! - When a stream's ring is full, the lowest-ordered Event is evicted. The stream
-//!   remembers the highest order key it ever evicted (`evicted_high`), which makes the
-//!   `replay-exhausted` decision exact, per stream.
+//! - **Two lanes per stream** (AEP-0007 §5 item 1: deltas are a live view that buffers
+//!   MAY evict first; a runaway stream cannot displace durable facts): its `debug`
+//!   Events ([`Stored::delta`]) in one, everything else, the durable facts, in the
+//!   other, each in key order with its own arena. Replay merges the two by key, so a
+//!   consumer sees one stream order.
+//! - When a stream is full (`buffer_per_session` Events in its two lanes), it evicts
+//!   the lowest-ordered `debug` Event; only when it holds none does it evict its
+//!   lowest-ordered fact. A `debug` Event arriving at a stream full of facts is not held
+//!   (it would be the one evicted), nor is an Event ordered below everything its lane
+//!   holds when it would be that lane's victim. Each lane remembers the highest key it
+//!   ever evicted (`evicted_high`). A `replay-exhausted` marker is owed exactly when a
+//!   fact after the resume position was evicted (the facts lane's `evicted_high` is
+//!   above it); a resume that lost only `debug` Events is owed none.
 //! - At `max_sessions` streams (owning and foreign-only streams count alike), the first
 //!   Event of a new stream evicts the least-recently-*written* stream entirely (written =
 //!   an Event was [`Admission::Admitted`] to it; duplicates, conflicts and drops do not
-//!   count). An evicted stream is forgotten, including its `evicted_high` (AEP-0003 §5
-//!   replay-all honesty rule 1: wholly evicted sessions are absent). Other streams of the
-//!   same name are unaffected.
-//!
+//!   count). Other streams of the same name are unaffected. The evicted stream leaves an
+//!   **eviction record**: `(session, source)` and the highest key of a fact it held or
+//!   had evicted, in a table of at most `max(RECORDS_PER_STREAM × max_sessions,
+//!   MIN_RECORDS)` records, oldest forgotten first. [`Store::lost`] lists a name's
+//!   records, which owe a resume from before their fact `replay-exhausted`; a stream of
+//!   the same `(session, source)` created later takes its record over as its facts
+//!   lane's `evicted_high`. Replay-all never lists them (AEP-0003 §5 honesty rule 1:
+//!   wholly evicted sessions are absent).
+//! - **The memory budget** ([`Store::memory_bytes`], [`Store::shed_to`]): what the
+//!   store holds on the heap is counted as it changes, O(1) to read. A shed evicts
+//!   `debug` Events first (least-recently-written streams first), then the oldest facts
+//!   of the least-recently-written stream, and evicts a stream it empties whole,
+//!   leaving its record.
+
 //! # Costs
 //!
 //! - `admit`: O(1) expected for the common case (a position above everything held, or
@@ -76,7 +96,7 @@
 //!
 //! # Memory
 //!
-//! A held Event is its bytes, in its stream's arena, plus: one 36-byte ring entry (a
+//! A held Event is its bytes, in its lane's arena, plus: one 36-byte ring entry (a
 //! 20-byte order key, 4 bytes of the dedupe hash, and where its bytes are: chunk, offset,
 //! length); one 4-byte slot plus one control byte in the stream's dedupe table, whose
 //! bucket count is at most about 4× the items (power-of-two buckets at ≤ 7/8 load, and
@@ -149,6 +169,12 @@ pub trait Stored: Sized {
     }
     /// How the Event relates to session order (AEP-0001 §5.2).
     fn scope(&self) -> Scope;
+    /// Whether the Event is a `debug` Event (AEP-0001 §5.1 #15): part of the live view,
+    /// which a full buffer evicts before any durable fact (AEP-0007 §5 item 1). `false`
+    /// by default.
+    fn delta(&self) -> bool {
+        false
+    }
     /// The Event's bytes: what a buffer keeps (their length is what
     /// [`Store::byte_len`] counts) and what [`Stored::reread`] gets back.
     fn bytes(&self) -> &[u8];
@@ -176,6 +202,9 @@ impl Stored for Event {
     }
     fn scope(&self) -> Scope {
         Event::scope(self)
+    }
+    fn delta(&self) -> bool {
+        self.severity() == crate::envelope::Severity::Debug
     }
     fn bytes(&self) -> &[u8] {
         Event::bytes(self)
@@ -364,6 +393,8 @@ struct Arena {
     first: u32,
     /// Capacity of the newest chunk (the next one doubles it).
     chunk: usize,
+    /// Sum of the capacities of the chunks held (what [`Store::memory_bytes`] counts).
+    held: usize,
 }
 
 /// Chunks given back by the streams' arenas, reused for new chunks so that steady
@@ -385,7 +416,7 @@ impl Arena {
         if room < bytes.len() {
             if let Some((last, 0)) = self.chunks.back_mut() {
                 // Full, and its Events already evicted.
-                give_back(last.take(), spare);
+                self.held -= give_back(last.take(), spare);
             }
             let max = Self::MAX_CHUNK
                 .max(16 * bytes.len())
@@ -400,6 +431,7 @@ impl Arena {
                 Some(i) => spare.swap_remove(i),
                 None => BytesMut::with_capacity(self.chunk),
             };
+            self.held += fresh.capacity();
             self.chunks.push_back((Some(fresh), 0));
             self.release();
         }
@@ -436,7 +468,7 @@ impl Arena {
         if let Some((chunk, live)) = self.chunks.get_mut(i) {
             *live = live.saturating_sub(1);
             if *live == 0 && !newest {
-                give_back(chunk.take(), spare);
+                self.held -= give_back(chunk.take(), spare);
             }
         }
         self.release();
@@ -457,14 +489,17 @@ impl Arena {
 }
 
 /// Keeps `chunk` (emptied) among the store's spare chunks while there is room, or frees
-/// it.
-fn give_back(chunk: Option<BytesMut>, spare: &mut Spare) {
-    if let Some(mut c) = chunk {
-        if spare.len() < Arena::SPARE && c.capacity() <= 4 * Arena::MAX_CHUNK {
-            c.clear();
-            spare.push(c);
-        }
+/// it. Returns its capacity (0 for `None`).
+fn give_back(chunk: Option<BytesMut>, spare: &mut Spare) -> usize {
+    let Some(mut c) = chunk else {
+        return 0;
+    };
+    let cap = c.capacity();
+    if spare.len() < Arena::SPARE && cap <= 4 * Arena::MAX_CHUNK {
+        c.clear();
+        spare.push(c);
     }
+    cap
 }
 
 /// A stream's dedupe table: exactly its held Events, by `(source, id)`, each as its
@@ -477,6 +512,89 @@ type DedupeTable = HashTable<u32>;
 /// Sentinel for the LRU list links.
 const NIL: usize = usize::MAX;
 
+/// The lane of a stream that holds its durable facts: every Event of severity `info` or
+/// above, and every foreign Event that is not `debug` (AEP-0007 §5 item 2).
+const FACTS: usize = 0;
+/// The lane of a stream that holds its `debug` Events: the live view, evicted first
+/// (AEP-0007 §5 item 1).
+const DELTAS: usize = 1;
+
+/// The top bit of a dedupe-table value: which lane the entry is in.
+const LANE_BIT: u32 = 1 << 31;
+/// The bits of a dedupe-table value that count places within a lane.
+const PLACE: u32 = LANE_BIT - 1;
+
+/// One lane of a stream: its Events of one class ([`FACTS`] or [`DELTAS`]), in key
+/// order, and their bytes. A lane evicts oldest-first, so its arena gives chunks back in
+/// order and `evicted_high` is exact for it.
+#[derive(Clone, Default)]
+struct Lane {
+    /// Held Events, strictly increasing by key.
+    ring: VecDeque<Entry>,
+    /// The place of `ring[0]` in the count the dedupe table uses (wrapping in 31 bits).
+    base: u32,
+    /// The held Events' bytes.
+    arena: Arena,
+    /// Highest key ever evicted from this lane (or dropped on arrival to it). Every key
+    /// held in the lane is above it.
+    evicted_high: Option<Key>,
+}
+
+impl Lane {
+    /// Lowest held sequenced position.
+    fn earliest(&self) -> Option<Position> {
+        self.ring.iter().find_map(|e| e.key.position())
+    }
+
+    /// Highest held sequenced position.
+    fn latest(&self) -> Option<Position> {
+        self.ring.iter().rev().find_map(|e| e.key.position())
+    }
+
+    /// The ring index of the first entry ordered after `bound`.
+    fn after(&self, bound: Key) -> usize {
+        self.ring.partition_point(|e| e.key <= bound)
+    }
+
+    /// Gives back most of the ring's room once it holds under a quarter of it (a lane
+    /// that emptied, as a deltas lane does once facts fill its stream, keeps no room
+    /// for Events it no longer holds). Amortised O(1) per eviction.
+    fn shrink(&mut self) {
+        let (len, cap) = (self.ring.len(), self.ring.capacity());
+        if cap > 16 && len * 4 < cap {
+            self.ring.shrink_to(len * 2);
+        }
+    }
+
+    /// Heap bytes the lane holds: its ring's capacity and its arena's chunks.
+    fn heap(&self) -> usize {
+        self.ring.capacity() * std::mem::size_of::<Entry>() + self.arena.held
+    }
+}
+
+/// The entries of a stream's two lanes from given ring indexes, merged into the stream's
+/// order (keys are unique across lanes, so the merge is exact). Yields `(lane, entry)`.
+struct Merged<'a> {
+    facts: std::iter::Peekable<std::collections::vec_deque::Iter<'a, Entry>>,
+    deltas: std::iter::Peekable<std::collections::vec_deque::Iter<'a, Entry>>,
+}
+
+impl<'a> Iterator for Merged<'a> {
+    type Item = (usize, &'a Entry);
+
+    fn next(&mut self) -> Option<(usize, &'a Entry)> {
+        let facts_first = match (self.facts.peek(), self.deltas.peek()) {
+            (Some(f), Some(d)) => f.key < d.key,
+            (f, _) => f.is_some(),
+        };
+        if facts_first {
+            self.facts.next().map(|e| (FACTS, e))
+        } else {
+            self.deltas.next().map(|e| (DELTAS, e))
+        }
+    }
+}
+
 /// One stream's buffer: an owning stream `(source, session)` or a foreign-only one.
 #[derive(Clone)]
 struct Session {
@@ -487,21 +605,16 @@ struct Session {
     agent: Option<Box<str>>,
     /// Distinguishes this stream from earlier ones in the same slot ([`StreamId`]).
     serial: u64,
-    /// Held Events, strictly increasing by key.
-    ring: VecDeque<Entry>,
-    /// The place of `ring[0]` in the count the dedupe table uses (wrapping).
-    base: u32,
-    /// Exactly the held Events, by `(source, id)`.
+    /// The stream's durable facts and its `debug` Events ([`FACTS`], [`DELTAS`]).
+    lanes: [Lane; 2],
+    /// Exactly the held Events, by `(source, id)`: each value is the entry's lane
+    /// ([`LANE_BIT`]) and its place in that lane.
     ids: DedupeTable,
-    /// The held Events' bytes.
-    arena: Arena,
     /// Highest position ever admitted (held or since evicted): the anchor of the next
     /// foreign Event.
     high: Option<Position>,
     /// Foreign Events admitted so far (the next one is `foreign_n + 1`).
     foreign_n: u64,
-    /// Highest key ever evicted (or dropped on arrival). Every held key is above it.
-    evicted_high: Option<Key>,
     /// Sum of the held Events' byte lengths.
     bytes: usize,
     /// Neighbours in the LRU list (towards least / most recently written).
@@ -516,27 +629,48 @@ impl Session {
             source: source.map(Into::into),
             agent: None,
             serial,
-            ring: VecDeque::new(),
-            base: 0,
+            lanes: Default::default(),
             ids: DedupeTable::new(),
-            arena: Arena::default(),
             high: None,
             foreign_n: 0,
-            evicted_high: None,
             bytes: 0,
             prev: NIL,
             next: NIL,
         }
     }
 
-    /// The dedupe-table value of `ring[i]`.
-    fn place(&self, i: usize) -> u32 {
-        self.base.wrapping_add(i as u32)
+    /// Number of Events held, both lanes.
+    fn len(&self) -> usize {
+        self.lanes[FACTS].ring.len() + self.lanes[DELTAS].ring.len()
     }
 
-    /// The ring index a dedupe-table value names.
-    fn index(&self, place: u32) -> usize {
-        place.wrapping_sub(self.base) as usize
+    /// Heap bytes the stream holds: its lanes, its dedupe table (a 4-byte slot and a
+    /// control byte per bucket), its names, and the fixed cost of its struct and slots.
+    fn heap(&self) -> usize {
+        self.lanes[FACTS].heap()
+            + self.lanes[DELTAS].heap()
+            + self.ids.capacity() * 5
+            + self.name.len() * 2
+            + self.source.as_deref().map_or(0, str::len)
+            + self.agent.as_deref().map_or(0, str::len)
+            + STREAM_COST
+    }
+
+    /// The dedupe-table value of `lanes[lane].ring[i]`.
+    fn place(&self, lane: usize, i: usize) -> u32 {
+        let n = self.lanes[lane].base.wrapping_add(i as u32) & PLACE;
+        if lane == DELTAS {
+            n | LANE_BIT
+        } else {
+            n
+        }
+    }
+
+    /// The `(lane, ring index)` a dedupe-table value names.
+    fn index(&self, place: u32) -> (usize, usize) {
+        let lane = if place & LANE_BIT == 0 { FACTS } else { DELTAS };
+        let i = (place & PLACE).wrapping_sub(self.lanes[lane].base) & PLACE;
+        (lane, i as usize)
     }
 
     /// Whether an Event with dedupe hash `hash` (the full keyed hash) and key `key` is
@@ -545,106 +679,150 @@ impl Session {
         let h = hash as u32;
         self.ids
             .find(table_hash(h), |&p| {
-                let e = &self.ring[self.index(p)];
+                let (lane, i) = self.index(p);
+                let e = &self.lanes[lane].ring[i];
                 e.hash == h
                     && self
-                        .reread::<E>(e)
+                        .reread::<E>(lane, e)
                         .is_some_and(|held| held.dedupe_key() == key)
             })
             .is_some()
     }
 
-    /// The held Event of entry `e`, read back from its bytes.
-    fn reread<E: Stored>(&self, e: &Entry) -> Option<E> {
-        E::reread(self.arena.bytes(e))
+    /// The held Event of entry `e` of `lane`, read back from its bytes.
+    fn reread<E: Stored>(&self, lane: usize, e: &Entry) -> Option<E> {
+        E::reread(self.lanes[lane].arena.bytes(e))
     }
 
-    /// Forgets `ring[i]`'s dedupe-table slot and its bytes (before it leaves the ring).
-    fn forget(&mut self, i: usize, spare: &mut Spare) {
-        let e = self.ring[i];
-        let place = self.place(i);
+    /// Whether some held Event of either lane has key `key`.
+    fn has_key(&self, key: Key) -> bool {
+        self.lanes.iter().any(|l| {
+            l.ring.back().is_some_and(|last| last.key >= key)
+                && l.ring.binary_search_by(|e| e.key.cmp(&key)).is_ok()
+        })
+    }
+
+    /// Evicts the front (lowest key) of `lane`: forgets its dedupe slot and its bytes,
+    /// and raises the lane's `evicted_high` to it. Returns its byte length.
+    fn evict_front(&mut self, lane: usize, spare: &mut Spare) -> Option<usize> {
+        let place = self.place(lane, 0);
+        let l = &mut self.lanes[lane];
+        let e = l.ring.pop_front()?;
         if let Ok(slot) = self.ids.find_entry(table_hash(e.hash), |&p| p == place) {
             slot.remove();
         }
-        self.arena.release_entry(&e, spare);
+        l.arena.release_entry(&e, spare);
+        // Usually the front is above everything evicted before; not after a shed let
+        // the lane take a backfill below that, or after it took over a record.
+        l.base = l.base.wrapping_add(1) & PLACE;
+        l.evicted_high = l.evicted_high.max(Some(e.key));
+        self.bytes -= e.len as usize;
+        Some(e.len as usize)
     }
 
-    /// Inserts `entry` at ring index `idx`, renumbering the dedupe slots of the entries
-    /// it moves up (backfill: those above it, highest first so no two slots ever hold
-    /// one value).
-    fn insert(&mut self, idx: usize, entry: Entry) {
+    /// Inserts `entry` at ring index `idx` of `lane`, renumbering the dedupe slots of the
+    /// entries it moves up (backfill: those above it, highest first so no two slots ever
+    /// hold one value).
+    fn insert(&mut self, lane: usize, idx: usize, entry: Entry) {
         let hash = table_hash(entry.hash);
-        if idx == self.ring.len() {
-            // The usual case: the stream's newest position.
-            self.ring.push_back(entry);
+        let ring = &mut self.lanes[lane].ring;
+        if idx == ring.len() {
+            // The usual case: the lane's newest key.
+            ring.push_back(entry);
         } else {
-            self.ring.insert(idx, entry);
+            ring.insert(idx, entry);
         }
-        for j in (idx + 1..self.ring.len()).rev() {
-            let (h, old, new) = (self.ring[j].hash, self.place(j - 1), self.place(j));
+        for j in (idx + 1..self.lanes[lane].ring.len()).rev() {
+            let (h, old, new) = (
+                self.lanes[lane].ring[j].hash,
+                self.place(lane, j - 1),
+                self.place(lane, j),
+            );
             if let Some(p) = self.ids.find_mut(table_hash(h), |&p| p == old) {
                 *p = new;
             }
         }
-        let place = self.place(idx);
-        let Session {
-            ring, base, ids, ..
-        } = self;
-        let base = *base;
+        let place = self.place(lane, idx);
+        let Session { lanes, ids, .. } = self;
+        let bases = [lanes[FACTS].base, lanes[DELTAS].base];
         ids.insert_unique(hash, place, |&p| {
-            table_hash(ring[p.wrapping_sub(base) as usize].hash)
+            let l = if p & LANE_BIT == 0 { FACTS } else { DELTAS };
+            let i = (p & PLACE).wrapping_sub(bases[l]) & PLACE;
+            table_hash(lanes[l].ring[i as usize].hash)
         });
-        if self.arena.slots() > self.ring.len() + 16 {
-            self.compact_arena();
+        let l = &self.lanes[lane];
+        if l.arena.slots() > l.ring.len() + 16 {
+            self.compact_arena(lane);
         }
     }
 
-    /// Drops the slots of freed chunks that held chunks keep in place (an Event that
-    /// outlives the ones that arrived after it: backfill, a high position sent early),
-    /// renumbering the entries, so the slots stay fewer than the entries plus 16.
-    fn compact_arena(&mut self) {
-        let old_first = self.arena.first;
-        let mut renumber = Vec::with_capacity(self.arena.chunks.len());
-        let mut kept = VecDeque::with_capacity(self.arena.chunks.len());
-        for slot in self.arena.chunks.drain(..) {
+    /// Drops the slots of freed chunks that held chunks keep in place in `lane` (an
+    /// Event that outlives the ones that arrived after it: backfill, a high position
+    /// sent early), renumbering the entries, so the slots stay fewer than the entries
+    /// plus 16.
+    fn compact_arena(&mut self, lane: usize) {
+        let l = &mut self.lanes[lane];
+        let old_first = l.arena.first;
+        let mut renumber = Vec::with_capacity(l.arena.chunks.len());
+        let mut kept = VecDeque::with_capacity(l.arena.chunks.len());
+        for slot in l.arena.chunks.drain(..) {
             renumber.push(kept.len() as u32);
             if slot.0.is_some() {
                 kept.push_back(slot);
             }
         }
-        self.arena.chunks = kept;
-        self.arena.first = 0;
-        for e in &mut self.ring {
+        l.arena.chunks = kept;
+        l.arena.first = 0;
+        for e in &mut l.ring {
             e.chunk = renumber[e.chunk.wrapping_sub(old_first) as usize];
         }
     }
 
-    /// Lowest held sequenced position.
+    /// Both lanes' entries ordered after `bound` (`None`: all), in stream order.
+    fn merged(&self, bound: Option<Key>) -> Merged<'_> {
+        fn range(
+            l: &Lane,
+            bound: Option<Key>,
+        ) -> std::iter::Peekable<std::collections::vec_deque::Iter<'_, Entry>> {
+            let start = bound.map_or(0, |b| l.after(b));
+            l.ring.range(start..).peekable()
+        }
+        Merged {
+            facts: range(&self.lanes[FACTS], bound),
+            deltas: range(&self.lanes[DELTAS], bound),
+        }
+    }
+
+    /// Lowest held sequenced position, either lane.
     fn earliest(&self) -> Option<Position> {
-        self.ring.iter().find_map(|e| e.key.position())
+        match (self.lanes[FACTS].earliest(), self.lanes[DELTAS].earliest()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Highest held sequenced position.
+    /// Highest held sequenced position, either lane.
     fn latest(&self) -> Option<Position> {
-        self.ring.iter().rev().find_map(|e| e.key.position())
+        self.lanes[FACTS].latest().max(self.lanes[DELTAS].latest())
     }
 
-    /// The `earliest` a `replay-exhausted` marker names, given the stream's
+    /// The `earliest` a `replay-exhausted` marker names, given the facts lane's
     /// `evicted_high` key `h`: the lowest held position or, when only foreign Events are
-    /// held, their anchor. Every held key is above `h` and `h` is above the replay bound,
-    /// so the front's anchor exists; the fallbacks only keep this total.
+    /// held, the anchor of the first of them. The fallbacks only keep this total.
     fn exhausted_earliest(&self, h: Key, after: Position) -> Position {
         self.earliest()
-            .or_else(|| self.ring.front().and_then(|e| e.key.anchor()))
+            .or_else(|| self.merged(None).next().and_then(|(_, e)| e.key.anchor()))
             .or_else(|| h.anchor())
             .unwrap_or(after)
     }
 
-    /// `Some(earliest)` when a replay strictly after `after` is owed a `replay-exhausted`
-    /// marker (something it would have delivered was evicted).
-    fn marker_after(&self, after: Position) -> Option<Position> {
-        match self.evicted_high {
-            Some(h) if Key::at(after) < h => Some(self.exhausted_earliest(h, after)),
+    /// `Some(earliest)` when a replay strictly after `bound` is owed a `replay-exhausted`
+    /// marker: a durable fact it would have delivered was evicted (AEP-0003 §5). An
+    /// evicted `debug` Event owes none (AEP-0007 §5 item 1: no correctness property
+    /// depends on a consumer having seen every delta).
+    fn marker_after(&self, bound: Key, after: Position) -> Option<Position> {
+        match self.lanes[FACTS].evicted_high {
+            Some(h) if bound < h => Some(self.exhausted_earliest(h, after)),
             _ => None,
         }
     }
@@ -659,15 +837,22 @@ impl Session {
             name: &self.name,
             source: self.source.as_deref(),
             agent: earliest.and(self.agent.as_deref()),
-            events: self.ring.len(),
+            events: self.len(),
             bytes: self.bytes,
             earliest,
             latest: self.latest(),
             high_water: self.high,
-            evicted_high: self.evicted_high.and_then(Key::anchor),
+            evicted_high: self.lanes[FACTS]
+                .evicted_high
+                .max(self.lanes[DELTAS].evicted_high)
+                .and_then(Key::anchor),
         }
     }
 }
+
+/// What a stream costs beyond its lanes, table and names: its struct, its slab slot, its
+/// entry in the name index.
+const STREAM_COST: usize = std::mem::size_of::<Session>() + 64;
 
 /// Metrics view of one held stream, from [`Store::sessions`], [`Store::streams`],
 /// [`Store::stream`] or [`Store::session`].
@@ -713,6 +898,139 @@ pub struct Exhausted {
 /// The slots of the streams held under one bare name, in creation order.
 type Named = SmallVec<[usize; 1]>;
 
+/// Cumulative eviction counts, in Events (`aep_evictions_total{reason}`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Evictions {
+    /// Evicted because their stream's ring was full (or dropped on arrival to a full
+    /// ring), AEP-0003 §5.
+    pub ring: u64,
+    /// Evicted with their stream when `max_sessions` streams were held and a new one
+    /// began.
+    pub sessions: u64,
+    /// Evicted by [`Store::shed_to`] (the memory budget).
+    pub memory: u64,
+}
+
+/// What one [`Store::shed_to`] evicted.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shed {
+    /// Events evicted, `debug` ones included.
+    pub events: usize,
+    /// Of `events`, the `debug` ones.
+    pub debug_events: usize,
+    /// Streams left empty and so evicted whole (each leaves an eviction record).
+    pub streams: usize,
+}
+
+/// A stream the store no longer holds but remembers ([`Store::lost`]): a resume of its
+/// session is still owed `replay-exhausted` (AEP-0003 §5).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Lost<'a> {
+    /// The bare session name.
+    pub name: &'a str,
+    /// The evicted stream's owner (`None`: a foreign-only stream).
+    pub source: Option<&'a str>,
+    /// The highest position of a durable fact it held or had evicted (the anchor of a
+    /// foreign one).
+    pub high: Position,
+    key: Key,
+}
+
+impl Lost<'_> {
+    /// Whether a resume strictly after `after` lost a fact of this stream, and so is
+    /// owed `replay-exhausted` (AEP-0003 §5).
+    pub fn owes(&self, after: Position) -> bool {
+        Key::at(after) < self.key
+    }
+
+    /// What its `replay-exhausted` names as the earliest position: the one after `high`
+    /// (nothing of the stream is held; whatever of it comes later comes after that).
+    pub fn earliest(&self) -> Position {
+        (self.high.0, self.high.1.saturating_add(1))
+    }
+}
+
+/// What the store remembers of the streams it evicted whole (by `max_sessions` or the
+/// memory budget): per `(session, source)`, the highest key of a durable fact the stream
+/// held or had evicted. A resume of that session then still gets `replay-exhausted`
+/// (AEP-0003 §5), and a stream of the same `(session, source)` created later starts with
+/// it as its facts lane's `evicted_high`. At most `cap` records; past that the oldest is
+/// forgotten, and a resume of its session gets what a resume of a never-seen session
+/// gets.
+#[derive(Clone, Default)]
+struct Records {
+    cap: usize,
+    /// Name → `(source, key, stamp)` per evicted stream of that name.
+    by_name: HashMap<Box<str>, SmallVec<[Record; 1]>>,
+    /// Stamp → name, oldest first.
+    order: std::collections::BTreeMap<u64, Box<str>>,
+    stamp: u64,
+    /// Heap bytes the records hold (counted in [`Store::memory_bytes`]).
+    bytes: usize,
+}
+
+/// One eviction record under its name: the stream's `source`, the key of its highest
+/// fact, and its stamp (its place in [`Records::order`]).
+type Record = (Option<Box<str>>, Key, u64);
+
+/// What one record costs beyond its names: its bucket and inline slot in `by_name`
+/// (about 80 bytes at the map's load), its entry in `order` (about 50), and the
+/// allocator's overhead and rounding of its three boxed names (about 90).
+const RECORD_COST: usize = 224;
+
+impl Records {
+    fn cost(name: &str, source: Option<&str>) -> usize {
+        2 * name.len() + source.map_or(0, str::len) + RECORD_COST
+    }
+
+    /// Remembers that the stream `(name, source)` was evicted with facts up to `key`.
+    fn put(&mut self, name: &str, source: Option<&str>, key: Key) {
+        if self.cap == 0 {
+            return;
+        }
+        self.take(name, source);
+        while self.order.len() >= self.cap {
+            let Some((stamp, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(v) = self.by_name.get_mut(&oldest) {
+                if let Some(i) = v.iter().position(|r| r.2 == stamp) {
+                    let (src, _, _) = v.remove(i);
+                    self.bytes -= Records::cost(&oldest, src.as_deref());
+                }
+                if v.is_empty() {
+                    self.by_name.remove(&oldest);
+                }
+            }
+        }
+        self.stamp += 1;
+        self.order.insert(self.stamp, name.into());
+        self.by_name.entry(name.into()).or_default().push((
+            source.map(Into::into),
+            key,
+            self.stamp,
+        ));
+        self.bytes += Records::cost(name, source);
+    }
+
+    /// Forgets and returns the record of `(name, source)`.
+    fn take(&mut self, name: &str, source: Option<&str>) -> Option<Key> {
+        let v = self.by_name.get_mut(name)?;
+        let i = v.iter().position(|r| r.0.as_deref() == source)?;
+        let (_, key, stamp) = v.remove(i);
+        if v.is_empty() {
+            self.by_name.remove(name);
+        }
+        self.order.remove(&stamp);
+        self.bytes -= Records::cost(name, source);
+        Some(key)
+    }
+
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+}
+
 /// Bounded per-stream replay buffers (AEP-0003 §5) of Events of type `E`. See the
 /// [module docs](self) for the order, eviction and cost model. A clone shares every held
 /// Event's bytes and copies only the rings and indexes: O(Events held), none of their
@@ -728,7 +1046,11 @@ pub struct Store<E> {
     /// Most recently written stream, or `NIL`.
     tail: usize,
     events: usize,
+    /// Of `events`, those in [`DELTAS`] lanes.
+    deltas: usize,
     bytes: usize,
+    /// Sum of the held streams' [`Session::heap`].
+    heap: usize,
     /// Streams created so far (the next one's [`StreamId`] serial).
     serial: u64,
     /// The streams the last [`Store::admit`] placed its Event in.
@@ -738,6 +1060,9 @@ pub struct Store<E> {
     hasher: ahash::RandomState,
     /// Chunks the streams' arenas gave back, for their next chunks.
     spare: Spare,
+    /// The streams evicted whole, remembered for `replay-exhausted`.
+    records: Records,
+    evictions: Evictions,
     /// What is held: `E`, read back from its bytes.
     held: PhantomData<fn() -> E>,
 }
@@ -752,11 +1077,15 @@ impl<E> Clone for Store<E> {
             head: self.head,
             tail: self.tail,
             events: self.events,
+            deltas: self.deltas,
             bytes: self.bytes,
+            heap: self.heap,
             serial: self.serial,
             placed: self.placed.clone(),
             hasher: self.hasher.clone(),
             spare: Spare::new(),
+            records: self.records.clone(),
+            evictions: self.evictions,
             held: PhantomData,
         }
     }
@@ -774,10 +1103,18 @@ impl<E> fmt::Debug for Store<E> {
     }
 }
 
+/// Eviction records kept per stream the store may hold ([`Store::lost`]), and at least
+/// [`MIN_RECORDS`].
+pub const RECORDS_PER_STREAM: usize = 4;
+/// The fewest eviction records a store keeps room for.
+pub const MIN_RECORDS: usize = 1024;
+
 impl<E: Stored> Store<E> {
     /// A store keeping at most `buffer_per_session` Events in each of at most
     /// `max_sessions` streams. Either bound at `0` makes a store that buffers nothing
-    /// (every admission is [`Admission::NotBuffered`]). Allocates nothing up front.
+    /// (every admission is [`Admission::NotBuffered`]). Allocates nothing up front. It
+    /// remembers up to `max(RECORDS_PER_STREAM × max_sessions, MIN_RECORDS)` streams it
+    /// evicted whole ([`Store::lost`]).
     /// `buffer_per_session` is capped at 2^31 Events (a stream numbers its held Events
     /// in 32 bits).
     pub fn new(buffer_per_session: usize, max_sessions: usize) -> Store<E> {
@@ -789,11 +1126,20 @@ impl<E: Stored> Store<E> {
             head: NIL,
             tail: NIL,
             events: 0,
+            deltas: 0,
             bytes: 0,
+            heap: 0,
             serial: 0,
             placed: SmallVec::new(),
             hasher: ahash::RandomState::new(),
             spare: Spare::new(),
+            records: Records {
+                cap: max_sessions
+                    .saturating_mul(RECORDS_PER_STREAM)
+                    .max(MIN_RECORDS),
+                ..Records::default()
+            },
+            evictions: Evictions::default(),
             held: PhantomData,
         }
     }
@@ -877,6 +1223,7 @@ impl<E: Stored> Store<E> {
                     // The name's foreign Events so far become the front of its owner's
                     // buffer, anchored "before everything" as they were.
                     self.slots[sid].source = Some(source.into());
+                    self.heap += source.len();
                     return sid;
                 }
             }
@@ -885,48 +1232,68 @@ impl<E: Stored> Store<E> {
     }
 
     /// Admits `ev` (dedupe hash `hash`, position `pos`, `None` for foreign) to stream
-    /// `sid`.
+    /// `sid`: to its facts lane, or to its deltas lane when it is `debug`
+    /// ([`Stored::delta`]). A full stream evicts its oldest `debug` Event first, and a
+    /// durable fact only when it holds no `debug` Event (AEP-0007 §5 item 1); a `debug`
+    /// Event arriving at a stream full of facts is not held.
     fn admit_into(&mut self, sid: usize, ev: &E, hash: u64, pos: Option<Position>) -> Admission {
         let cap = self.buffer_per_session;
+        let lane = if ev.delta() { DELTAS } else { FACTS };
         let s = &mut self.slots[sid];
         if s.holds::<E>(hash, ev.dedupe_key()) {
             return Admission::Duplicate;
         }
+        let before = s.heap();
 
         let key = match pos {
             Some(p) => Key::at(p),
             None => Key::foreign(s.high, s.foreign_n + 1),
         };
         // Common case first: above everything held (every foreign Event lands here).
-        let mut idx = match s.ring.back() {
+        let l = &s.lanes[lane];
+        let mut idx = match l.ring.back() {
             None => 0,
-            Some(last) if last.key < key => s.ring.len(),
-            Some(_) => match s.ring.binary_search_by(|e| e.key.cmp(&key)) {
+            Some(last) if last.key < key => l.ring.len(),
+            Some(_) => match l.ring.binary_search_by(|e| e.key.cmp(&key)) {
                 // AEP-0001 §7 #2: two Events at one position of one stream; keep the first.
                 Ok(_) => return Admission::Conflict,
                 // Backfill (AEP-0001 §7 #2): in place.
                 Err(i) => i,
             },
         };
+        if s.lanes[1 - lane]
+            .ring
+            .back()
+            .is_some_and(|last| last.key >= key)
+            && s.has_key(key)
+        {
+            return Admission::Conflict;
+        }
 
-        if s.ring.len() >= cap {
-            if idx == 0 {
-                // Ordered below everything a full ring holds: it would be the Event
-                // evicted, so it is evicted on arrival. A resume from below it must still
-                // learn it missed something.
-                s.evicted_high = s.evicted_high.max(Some(key));
+        if s.len() >= cap {
+            let victim = if s.lanes[DELTAS].ring.is_empty() {
+                FACTS
+            } else {
+                DELTAS
+            };
+            if (lane == DELTAS && victim == FACTS) || (lane == victim && idx == 0) {
+                // It would be the Event evicted (a `debug` Event among facts only, or one
+                // ordered below everything its lane holds), so it is evicted on arrival.
+                // A resume from below it must still learn it missed a fact.
+                let l = &mut s.lanes[lane];
+                l.evicted_high = l.evicted_high.max(Some(key));
+                self.evictions.ring += 1;
                 return Admission::NotBuffered;
             }
-            s.forget(0, &mut self.spare);
-            if let Some(old) = s.ring.pop_front() {
-                // The front is the lowest key held, and every held key is above
-                // `evicted_high`, so the front becomes the new `evicted_high`.
-                s.base = s.base.wrapping_add(1);
-                s.evicted_high = Some(old.key);
-                s.bytes -= old.len as usize;
-                self.bytes -= old.len as usize;
+            if let Some(len) = s.evict_front(victim, &mut self.spare) {
+                self.bytes -= len;
                 self.events -= 1;
-                idx -= 1;
+                self.deltas -= usize::from(victim == DELTAS);
+                self.evictions.ring += 1;
+                if victim == lane {
+                    idx -= 1;
+                }
+                s.lanes[victim].shrink();
             }
         }
 
@@ -944,15 +1311,15 @@ impl<E: Stored> Store<E> {
             }
             None => s.foreign_n += 1,
         }
-        if s.ring.len() == s.ring.capacity() {
+        let ring = &mut s.lanes[lane].ring;
+        if ring.len() == ring.capacity() {
             // Double, but never past the bound.
-            let want = (s.ring.capacity() * 2).max(4).min(cap);
-            s.ring
-                .reserve_exact(want.saturating_sub(s.ring.len()).max(1));
+            let want = (ring.capacity() * 2).max(4).min(cap);
+            ring.reserve_exact(want.saturating_sub(ring.len()).max(1));
         }
         let bytes = ev.bytes();
         let len = bytes.len();
-        let (chunk, off) = s.arena.keep(bytes, cap, &mut self.spare);
+        let (chunk, off) = s.lanes[lane].arena.keep(bytes, cap, &mut self.spare);
         let entry = Entry {
             key,
             hash: hash as u32,
@@ -960,11 +1327,13 @@ impl<E: Stored> Store<E> {
             off,
             len: len as u32,
         };
-        s.insert(idx, entry);
+        s.insert(lane, idx, entry);
         s.bytes += len;
         let serial = s.serial;
+        self.heap = self.heap + s.heap() - before;
         self.bytes += len;
         self.events += 1;
+        self.deltas += usize::from(lane == DELTAS);
         self.placed.push(StreamId { slot: sid, serial });
         self.touch(sid);
         Admission::Admitted
@@ -1021,11 +1390,13 @@ impl<E: Stored> Store<E> {
     ) -> Option<Position> {
         let s = self.get(stream)?;
         let bound = Key::at(after);
-        let start = s.ring.partition_point(|e| e.key <= bound);
-        for ev in s.ring.range(start..).filter_map(|e| s.reread::<E>(e)) {
+        for ev in s
+            .merged(Some(bound))
+            .filter_map(|(l, e)| s.reread::<E>(l, e))
+        {
             out(ev);
         }
-        s.marker_after(after)
+        s.marker_after(bound, after)
     }
 
     /// Replays one page of one stream: at most `max` held Events strictly after `from`,
@@ -1052,38 +1423,33 @@ impl<E: Stored> Store<E> {
         out: &mut impl FnMut(E) -> bool,
     ) -> Option<Page> {
         let s = self.get(stream)?;
-        let (start, marker) = match from {
-            ReplayFrom::Start => (0, None),
+        let (bound, marker) = match from {
+            ReplayFrom::Start => (None, None),
             ReplayFrom::After(after) => {
                 let bound = Key::at(after);
-                (
-                    s.ring.partition_point(|e| e.key <= bound),
-                    s.marker_after(after),
-                )
+                (Some(bound), s.marker_after(bound, after))
             }
-            ReplayFrom::Cursor(Cursor(bound)) => {
-                let marker = match s.evicted_high {
-                    Some(h) if bound < h => {
-                        Some(s.exhausted_earliest(h, bound.anchor().unwrap_or((0, 0))))
-                    }
-                    _ => None,
-                };
-                (s.ring.partition_point(|e| e.key <= bound), marker)
-            }
+            ReplayFrom::Cursor(Cursor(bound)) => (
+                Some(bound),
+                s.marker_after(bound, bound.anchor().unwrap_or((0, 0))),
+            ),
         };
-        let mut end = start.saturating_add(max).min(s.ring.len());
+        let mut entries = s.merged(bound);
         let mut last = None;
-        for (i, e) in s.ring.range(start..end).enumerate() {
+        let mut taken = 0;
+        while taken < max {
+            let Some((l, e)) = entries.next() else {
+                break;
+            };
             last = Some(e.key);
-            if s.reread::<E>(e).is_some_and(|ev| !out(ev)) {
-                end = start + i + 1;
+            taken += 1;
+            if s.reread::<E>(l, e).is_some_and(|ev| !out(ev)) {
                 break;
             }
         }
-        let next = if end < s.ring.len() {
-            last.map(Cursor)
-        } else {
-            None
+        let next = match entries.next() {
+            Some(_) => last.map(Cursor),
+            None => None,
         };
         Some(Page { marker, next })
     }
@@ -1128,10 +1494,10 @@ impl<E: Stored> Store<E> {
         let mut n = 0;
         for &sid in self.index.get(session).into_iter().flatten() {
             let s = &self.slots[sid];
-            for ev in s.ring.iter().filter_map(|e| s.reread::<E>(e)) {
+            for ev in s.merged(None).filter_map(|(l, e)| s.reread::<E>(l, e)) {
                 out(ev);
             }
-            n += s.ring.len();
+            n += s.len();
         }
         n
     }
@@ -1145,10 +1511,10 @@ impl<E: Stored> Store<E> {
     pub fn replay_all(&self, out: &mut impl FnMut(E)) -> usize {
         let mut n = 0;
         for (_, s) in self.iter_lru() {
-            for ev in s.ring.iter().filter_map(|e| s.reread::<E>(e)) {
+            for ev in s.merged(None).filter_map(|(l, e)| s.reread::<E>(l, e)) {
                 out(ev);
             }
-            n += s.ring.len();
+            n += s.len();
         }
         n
     }
@@ -1221,12 +1587,18 @@ impl<E: Stored> Store<E> {
 
     /// Creates an empty stream at the most-recent end, first evicting the
     /// least-recently-written stream when at `max_sessions`.
+    /// A stream of the same `(name, source)` evicted earlier passes on its record: the
+    /// new stream owes a resume from before it `replay-exhausted`.
     fn create(&mut self, name: &str, source: Option<&str>) -> usize {
         if self.slots.len() >= self.max_sessions && self.head != NIL {
-            self.evict_session(self.head);
+            let n = self.evict_session(self.head);
+            self.evictions.sessions += n as u64;
         }
         self.serial += 1;
-        let sid = self.slots.insert(Session::new(name, source, self.serial));
+        let mut session = Session::new(name, source, self.serial);
+        session.lanes[FACTS].evicted_high = self.records.take(name, source);
+        self.heap += session.heap();
+        let sid = self.slots.insert(session);
         match self.index.get_mut(name) {
             Some(named) => named.push(sid),
             None => {
@@ -1237,7 +1609,9 @@ impl<E: Stored> Store<E> {
         sid
     }
 
-    fn evict_session(&mut self, sid: usize) {
+    /// Evicts stream `sid` whole, leaving a record of the highest durable fact it held
+    /// or had evicted ([`Records`]); returns the number of Events it held.
+    fn evict_session(&mut self, sid: usize) -> usize {
         self.unlink(sid);
         let s = self.slots.remove(sid);
         if let Some(named) = self.index.get_mut(&s.name) {
@@ -1246,8 +1620,127 @@ impl<E: Stored> Store<E> {
                 self.index.remove(&s.name);
             }
         }
-        self.events -= s.ring.len();
+        let facts = &s.lanes[FACTS];
+        if let Some(high) = facts.evicted_high.max(facts.ring.back().map(|e| e.key)) {
+            self.records.put(&s.name, s.source.as_deref(), high);
+        }
+        let n = s.len();
+        self.events -= n;
+        self.deltas -= s.lanes[DELTAS].ring.len();
         self.bytes -= s.bytes;
+        self.heap -= s.heap();
+        for lane in s.lanes {
+            for (chunk, _) in lane.arena.chunks {
+                give_back(chunk, &mut self.spare);
+            }
+        }
+        n
+    }
+
+    /// Heap bytes the store holds, O(1): the streams' arenas (chunk capacities), ring
+    /// entries (36 bytes each, by capacity), dedupe tables (5 bytes a bucket), names and
+    /// fixed per-stream cost, the spare chunks, and the eviction records. What the
+    /// memory budget counts as held Events and records.
+    pub fn memory_bytes(&self) -> usize {
+        self.heap + self.spare.iter().map(BytesMut::capacity).sum::<usize>() + self.records.bytes
+    }
+
+    /// Heap bytes of the eviction records alone (included in [`Store::memory_bytes`]).
+    pub fn record_bytes(&self) -> usize {
+        self.records.bytes
+    }
+
+    /// Eviction records held (at most the bound [`Store::new`] documents).
+    pub fn record_count(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Cumulative eviction counts.
+    pub fn evictions(&self) -> Evictions {
+        self.evictions
+    }
+
+    /// Number of `debug` Events held.
+    pub fn debug_len(&self) -> usize {
+        self.deltas
+    }
+
+    /// Evicts held Events until [`Store::memory_bytes`] is at most `target` (or nothing
+    /// is held): first `debug` Events, oldest first, least-recently-written streams
+    /// first (AEP-0007 §5 item 1); then durable facts, oldest first, from the
+    /// least-recently-written stream on. A stream left empty is evicted whole and leaves
+    /// an eviction record, so every resume that lost a fact still gets
+    /// `replay-exhausted` (AEP-0003 §5). The spare chunks are freed first. Counted in
+    /// [`Evictions::memory`]. O(Events evicted + streams visited).
+    pub fn shed_to(&mut self, target: usize) -> Shed {
+        let mut shed = Shed::default();
+        self.spare = Spare::new();
+        let mut at = self.head;
+        while self.deltas > 0 && at != NIL && self.memory_bytes() > target {
+            let sid = at;
+            at = self.slots[sid].next;
+            while self.memory_bytes() > target && self.shed_one(sid, DELTAS) {
+                shed.events += 1;
+                shed.debug_events += 1;
+            }
+            if self.slots[sid].len() == 0 {
+                self.evict_session(sid);
+                shed.streams += 1;
+            }
+        }
+        while self.head != NIL && self.memory_bytes() > target {
+            let sid = self.head;
+            if self.shed_one(sid, DELTAS) {
+                shed.debug_events += 1;
+            } else if !self.shed_one(sid, FACTS) {
+                break; // unreachable: held streams are non-empty
+            }
+            shed.events += 1;
+            if self.slots[sid].len() == 0 {
+                self.evict_session(sid);
+                shed.streams += 1;
+            }
+        }
+        self.spare = Spare::new();
+        self.evictions.memory += shed.events as u64;
+        shed
+    }
+
+    /// Evicts the oldest Event of `lane` of stream `sid` for the memory budget; whether
+    /// there was one.
+    fn shed_one(&mut self, sid: usize, lane: usize) -> bool {
+        let s = &mut self.slots[sid];
+        let before = s.heap();
+        let Some(len) = s.evict_front(lane, &mut self.spare) else {
+            return false;
+        };
+        s.lanes[lane].shrink();
+        self.heap = self.heap + s.heap() - before;
+        self.bytes -= len;
+        self.events -= 1;
+        self.deltas -= usize::from(lane == DELTAS);
+        true
+    }
+
+    /// The streams of the bare name `session` the store evicted whole and still
+    /// remembers, and holds no stream of the same owner again: each owes a resume of
+    /// `session` from before its `high` a `replay-exhausted` marker (AEP-0003 §5), which
+    /// can name no earliest held position (the caller names the one after `high`).
+    pub fn lost<'a>(&'a self, session: &str) -> impl Iterator<Item = Lost<'a>> + 'a {
+        self.records
+            .by_name
+            .get_key_value(session)
+            .into_iter()
+            .flat_map(|(name, v)| {
+                v.iter().filter_map(move |(source, key, _)| {
+                    Some(Lost {
+                        name,
+                        source: source.as_deref(),
+                        high: key.anchor()?,
+                        key: *key,
+                    })
+                })
+            })
     }
 
     /// Marks `sid` most recently written.
@@ -1294,6 +1787,8 @@ impl<E: Stored> Store<E> {
     #[cfg(test)]
     fn check(&self) {
         let mut events = 0;
+        let mut deltas = 0;
+        let mut heap = 0;
         let mut bytes = 0;
         let mut seen = 0;
         let mut prev = NIL;
@@ -1307,49 +1802,75 @@ impl<E: Stored> Store<E> {
                 1,
                 "indexed once"
             );
-            assert!(!s.ring.is_empty(), "held streams are non-empty");
-            assert!(s.ring.len() <= self.buffer_per_session, "ring bound");
-            assert!(
-                s.ring.capacity() <= self.buffer_per_session,
-                "ring capacity"
-            );
-            assert_eq!(s.ids.len(), s.ring.len(), "dedupe set mirrors the ring");
-            for w in s.ring.iter().collect::<Vec<_>>().windows(2) {
-                assert!(w[0].key < w[1].key, "strict order");
-            }
-            for (i, e) in s.ring.iter().enumerate() {
-                let ev: E = s.reread(e).expect("held bytes read back");
-                let hash = self.hasher.hash_one(ev.dedupe_key());
-                assert_eq!(hash as u32, e.hash, "entry hash");
-                assert!(s.holds::<E>(hash, ev.dedupe_key()), "held id in set");
-                let place = s.place(i);
+            assert!(s.len() > 0, "held streams are non-empty");
+            assert!(s.len() <= self.buffer_per_session, "ring bound");
+            assert_eq!(s.ids.len(), s.len(), "dedupe set mirrors the lanes");
+            let mut all = Vec::new();
+            for (lane, l) in s.lanes.iter().enumerate() {
                 assert!(
-                    s.ids.find(table_hash(e.hash), |&p| p == place).is_some(),
-                    "slot names its entry"
+                    l.ring.capacity() <= self.buffer_per_session.max(4) * 2,
+                    "ring capacity"
                 );
-                assert!(Some(e.key) > s.evicted_high, "held above evicted_high");
-                if let Some(p) = e.key.anchor() {
-                    assert!(Some(p) <= s.high, "high-water");
+                for w in l.ring.iter().collect::<Vec<_>>().windows(2) {
+                    assert!(w[0].key < w[1].key, "strict order");
                 }
-                if e.key.position().is_some() {
-                    assert_eq!(
-                        s.source.as_deref(),
-                        Some(ev.source()),
-                        "a sequenced Event is held in its own (source, session) stream"
+                for (i, e) in l.ring.iter().enumerate() {
+                    let ev: E = s.reread(lane, e).expect("held bytes read back");
+                    assert_eq!(ev.delta(), lane == DELTAS, "lane by severity");
+                    let hash = self.hasher.hash_one(ev.dedupe_key());
+                    assert_eq!(hash as u32, e.hash, "entry hash");
+                    assert!(s.holds::<E>(hash, ev.dedupe_key()), "held id in set");
+                    let place = s.place(lane, i);
+                    assert_eq!(s.index(place), (lane, i), "place round trip");
+                    assert!(
+                        s.ids.find(table_hash(e.hash), |&p| p == place).is_some(),
+                        "slot names its entry"
                     );
+                    if let Some(p) = e.key.anchor() {
+                        assert!(Some(p) <= s.high, "high-water");
+                    }
+                    if e.key.position().is_some() {
+                        assert_eq!(
+                            s.source.as_deref(),
+                            Some(ev.source()),
+                            "a sequenced Event is held in its own (source, session) stream"
+                        );
+                    }
+                    assert_eq!(ev.session(), Some(&*s.name), "held under its name");
+                    all.push(e.key);
                 }
-                assert_eq!(ev.session(), Some(&*s.name), "held under its name");
+                let live: u32 = l.arena.chunks.iter().map(|c| c.1).sum();
+                assert_eq!(
+                    live as usize,
+                    l.ring.len(),
+                    "chunk counts add up to the lane"
+                );
+                assert!(l.arena.slots() <= l.ring.len() + 17, "chunk slots bounded");
+                let held: usize = l
+                    .arena
+                    .chunks
+                    .iter()
+                    .flat_map(|c| &c.0)
+                    .map(BytesMut::capacity)
+                    .sum();
+                assert_eq!(held, l.arena.held, "arena capacity tracked");
             }
-            let b: usize = s.ring.iter().map(|e| e.len as usize).sum();
-            let live: u32 = s.arena.chunks.iter().map(|c| c.1).sum();
-            assert_eq!(
-                live as usize,
-                s.ring.len(),
-                "chunk counts add up to the ring"
-            );
-            assert!(s.arena.slots() <= s.ring.len() + 17, "chunk slots bounded");
+            let n = all.len();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), n, "keys unique across lanes");
+            let merged: Vec<Key> = s.merged(None).map(|(_, e)| e.key).collect();
+            assert_eq!(merged, all, "merge is the stream order");
+            let b: usize = s
+                .lanes
+                .iter()
+                .flat_map(|l| &l.ring)
+                .map(|e| e.len as usize)
+                .sum();
             assert_eq!(b, s.bytes, "session bytes");
-            events += s.ring.len();
+            deltas += s.lanes[DELTAS].ring.len();
+            heap += s.heap();
+            events += s.len();
             bytes += b;
             seen += 1;
             prev = at;
@@ -1386,7 +1907,12 @@ impl<E: Stored> Store<E> {
         assert_eq!(indexed, self.slots.len(), "index size");
         assert!(self.slots.len() <= self.max_sessions, "stream bound");
         assert_eq!(events, self.events, "event total");
+        assert_eq!(deltas, self.deltas, "debug total");
+        assert_eq!(heap, self.heap, "heap total");
         assert_eq!(bytes, self.bytes, "byte total");
+        assert!(self.records.len() <= self.records.cap, "record bound");
+        let recorded: usize = self.records.by_name.values().map(|v| v.len()).sum();
+        assert_eq!(recorded, self.records.len(), "records indexed once");
     }
 }
 

@@ -18,12 +18,15 @@ pub struct T {
     pub source: String,
     pub id: String,
     pub scope: Scope,
+    /// A `debug` Event (the live view, [`Stored::delta`]).
+    pub debug: bool,
     pub len: usize,
     pub raw: Vec<u8>,
 }
 
-/// `t` with its bytes spelled out: `session`, `epoch.seq`, `source`, `id` and the scope
-/// letter, separated by U+001F, padded to `t.len` bytes (or longer, when they need it).
+/// `t` with its bytes spelled out: `session`, `epoch.seq`, `source`, `id`, the scope
+/// letter and `D` for a `debug` Event (else nothing), separated by U+001F, padded to
+/// `t.len` bytes (or longer, when they need it).
 pub fn sealed(mut t: T) -> Arc<T> {
     let pos = t.pos.map(|(e, s)| format!("{e}.{s}")).unwrap_or_default();
     let scope = match t.scope {
@@ -37,6 +40,7 @@ pub fn sealed(mut t: T) -> Arc<T> {
         &t.source,
         &t.id,
         scope,
+        if t.debug { "D" } else { "" },
     ]
     .join("\u{1f}")
     .into_bytes();
@@ -66,12 +70,14 @@ fn unsealed(raw: &[u8]) -> Option<T> {
         "S" => Scope::Sequenced,
         _ => Scope::Foreign,
     };
+    let debug = f.next()? == "D";
     Some(T {
         session,
         pos,
         source,
         id,
         scope,
+        debug,
         len: raw.len(),
         raw: raw.to_vec(),
     })
@@ -89,6 +95,9 @@ impl Stored for T {
     }
     fn scope(&self) -> Scope {
         self.scope
+    }
+    fn delta(&self) -> bool {
+        self.debug
     }
     fn bytes(&self) -> &[u8] {
         &self.raw

@@ -21,6 +21,7 @@ fn sq_id(session: &str, pos: Position, source: &str, id: &str) -> Arc<T> {
         source: source.into(),
         id: id.into(),
         scope: Scope::Sequenced,
+        debug: false,
         len: 100,
         raw: Vec::new(),
     })
@@ -34,6 +35,7 @@ fn fo(session: &str, name: &str) -> Arc<T> {
         source: "aep://h/consumer".into(),
         id: name.into(),
         scope: Scope::Foreign,
+        debug: false,
         len: 50,
         raw: Vec::new(),
     })
@@ -46,6 +48,7 @@ fn agent(id: &str) -> Arc<T> {
         source: OWNER.into(),
         id: id.into(),
         scope: Scope::Agent,
+        debug: false,
         len: 10,
         raw: Vec::new(),
     })
@@ -106,6 +109,7 @@ fn incomplete_events_are_not_buffered() {
         source: OWNER.into(),
         id: "x".into(),
         scope: Scope::Sequenced,
+        debug: false,
         len: 1,
         raw: Vec::new(),
     });
@@ -115,6 +119,7 @@ fn incomplete_events_are_not_buffered() {
         source: OWNER.into(),
         id: "y".into(),
         scope: Scope::Sequenced,
+        debug: false,
         len: 1,
         raw: Vec::new(),
     });
@@ -472,10 +477,19 @@ fn session_lru_eviction() {
     );
     admit_all(&mut st, [sq("d", 0, 1)]);
     assert!(st.session("a").is_none());
-    // A re-created session starts afresh (documented: eviction forgets it).
-    admit_all(&mut st, [sq("a", 0, 1)]);
-    assert_eq!(from_start(&st, "a"), strs(&["e0.1"]));
-    assert_eq!(st.session("a").unwrap().evicted_high, None);
+    assert_eq!(st.evictions().sessions, 3, "b's one Event, then a's two");
+    // Its record remains: a resume of it is owed `replay-exhausted` (AEP-0003 §5).
+    let lost: Vec<_> = st.lost("a").map(|l| (l.source, l.high)).collect();
+    assert_eq!(lost, [(Some(OWNER), (0, 2))]);
+    assert_eq!(st.lost("d").count(), 0, "held, not lost");
+    // A re-created session takes the record over: it holds only what came since, and a
+    // resume from before what it lost gets the marker.
+    admit_all(&mut st, [sq("a", 0, 3)]);
+    assert_eq!(st.lost("a").count(), 0);
+    assert_eq!(from_start(&st, "a"), strs(&["e0.3"]));
+    assert_eq!(st.session("a").unwrap().evicted_high, Some((0, 2)));
+    assert_eq!(after(&st, "a", (0, 1)), (strs(&["e0.3"]), Some((0, 3))));
+    assert_eq!(after(&st, "a", (0, 2)), (strs(&["e0.3"]), None));
 }
 
 /// AEP-0003 §5 replay-all: every held session from its earliest, least-recently-written
@@ -887,4 +901,237 @@ fn a_foreign_only_stream_is_adopted_by_the_first_owner() {
             "late".into()
         ]
     );
+}
+
+/// A `debug` sequenced Event (a delta of the live view) from the owner, id `d{seq}`.
+fn dq(session: &str, epoch: u64, seq: u64) -> Arc<T> {
+    sealed(T {
+        session: Some(session.into()),
+        pos: Some((epoch, seq)),
+        source: OWNER.into(),
+        id: format!("d{seq}"),
+        scope: Scope::Sequenced,
+        debug: true,
+        len: 100,
+        raw: Vec::new(),
+    })
+}
+
+/// AEP-0007 §5 item 1: a full ring evicts its oldest `debug` Event first, so a durable
+/// fact outlives any number of deltas that follow it, and a resume from the fact reaches
+/// the next fact with no `replay-exhausted` (only deltas were lost).
+#[test]
+fn a_fact_outlives_the_deltas_that_follow_it() {
+    let mut st: Store<T> = Store::new(8, 4);
+    admit_all(&mut st, [sq("s", 0, 1)]);
+    for seq in 2..=101 {
+        assert_eq!(admit(&mut st, dq("s", 0, seq)), Admission::Admitted);
+    }
+    admit_all(&mut st, [sq("s", 0, 102)]);
+    let held = from_start(&st, "s");
+    assert_eq!(held.len(), 8);
+    assert_eq!(held[0], "e0.1", "the fact is kept: {held:?}");
+    assert_eq!(held[7], "e0.102");
+    assert_eq!(st.debug_len(), 6);
+    // Resume from the first fact: the held deltas, then the next fact; no marker.
+    let (got, marker) = after(&st, "s", (0, 1));
+    assert_eq!(got.last().map(String::as_str), Some("e0.102"));
+    assert_eq!(marker, None, "only debug Events were evicted");
+    assert_eq!(st.evictions().ring, 94, "102 admitted, 8 held");
+}
+
+/// A stream full of facts holds no `debug` Event: one arriving is not held (it would
+/// be the first evicted), and no fact is evicted for it.
+#[test]
+fn a_delta_never_displaces_a_fact() {
+    let mut st: Store<T> = Store::new(3, 4);
+    admit_all(&mut st, [sq("s", 0, 1), sq("s", 0, 2), sq("s", 0, 3)]);
+    assert_eq!(admit(&mut st, dq("s", 0, 4)), Admission::NotBuffered);
+    assert_eq!(from_start(&st, "s"), strs(&["e0.1", "e0.2", "e0.3"]));
+    assert_eq!(
+        after(&st, "s", (0, 0)),
+        (strs(&["e0.1", "e0.2", "e0.3"]), None)
+    );
+    // A fact arriving at a full stream of facts evicts the oldest fact, as before.
+    admit_all(&mut st, [sq("s", 0, 5)]);
+    assert_eq!(
+        after(&st, "s", (0, 0)),
+        (strs(&["e0.2", "e0.3", "e0.5"]), Some((0, 2)))
+    );
+}
+
+/// `replay-exhausted` is owed exactly when a durable fact after the position was
+/// evicted (AEP-0003 §5); deltas and facts interleave in replay in `(epoch, seq)` order.
+#[test]
+fn markers_follow_evicted_facts_only() {
+    let mut st: Store<T> = Store::new(4, 4);
+    admit_all(
+        &mut st,
+        [sq("s", 0, 1), dq("s", 0, 2), sq("s", 0, 3), dq("s", 0, 4)],
+    );
+    // Full: two facts arriving evict both deltas.
+    admit_all(&mut st, [sq("s", 0, 5), sq("s", 0, 6)]);
+    assert_eq!(
+        from_start(&st, "s"),
+        strs(&["e0.1", "e0.3", "e0.5", "e0.6"])
+    );
+    assert_eq!(after(&st, "s", (0, 0)).1, None);
+    // The next fact evicts the oldest fact.
+    admit_all(&mut st, [sq("s", 0, 7)]);
+    assert_eq!(after(&st, "s", (0, 0)).1, Some((0, 3)));
+    assert_eq!(
+        after(&st, "s", (0, 1)).1,
+        None,
+        "the evicted fact is at (0, 1)"
+    );
+    // Backfilled deltas sort in place between facts; with room they are held.
+    let mut st: Store<T> = Store::new(10, 4);
+    admit_all(
+        &mut st,
+        [sq("s", 0, 1), sq("s", 0, 4), dq("s", 0, 3), dq("s", 0, 2)],
+    );
+    assert_eq!(from_start(&st, "s"), strs(&["e0.1", "d2", "d3", "e0.4"]));
+    assert_eq!(after(&st, "s", (0, 2)).0, strs(&["d3", "e0.4"]));
+}
+
+/// A paged replay merges the two lanes and its cursor continues across them.
+#[test]
+fn pages_merge_facts_and_deltas() {
+    let mut st: Store<T> = Store::new(100, 4);
+    for seq in 1..=30 {
+        let ev = if seq % 3 == 0 {
+            sq("s", 0, seq)
+        } else {
+            dq("s", 0, seq)
+        };
+        admit_all(&mut st, [ev]);
+    }
+    let id = sid(&st, "s");
+    let mut from = ReplayFrom::After((0, 4));
+    let mut got = Vec::new();
+    loop {
+        let page = st
+            .replay_page(id, from, 7, &mut |e| {
+                got.push(e.pos.unwrap().1);
+                true
+            })
+            .unwrap();
+        match page.next {
+            Some(c) => from = ReplayFrom::Cursor(c),
+            None => break,
+        }
+    }
+    assert_eq!(got, (5..=30).collect::<Vec<_>>());
+}
+
+/// The case: `--buffer 4 --max-sessions 1`, `sA` seq 1-9, then `sB`, then `sA`
+/// seq 20. A resume of `sA` after seq 3 gets seq 20 and `replay-exhausted`: the relay
+/// held and evicted seq 4-9.
+#[test]
+fn session_eviction_leaves_a_record() {
+    let mut st: Store<T> = Store::new(4, 1);
+    for seq in 1..=9 {
+        admit_all(&mut st, [sq("sA", 0, seq)]);
+    }
+    admit_all(&mut st, [sq("sB", 0, 1)]);
+    assert_eq!(st.record_count(), 1);
+    assert!(st.record_bytes() > 0);
+    let lost: Vec<_> = st.lost("sA").map(|l| l.high).collect();
+    assert_eq!(lost, [(0, 9)]);
+    admit_all(&mut st, [sq("sA", 0, 20)]);
+    assert_eq!(after(&st, "sA", (0, 3)), (strs(&["e0.20"]), Some((0, 20))));
+    // sB's record: it held a fact at (0, 1).
+    assert_eq!(st.lost("sB").map(|l| l.high).collect::<Vec<_>>(), [(0, 1)]);
+}
+
+/// A stream that held only deltas leaves no record (nothing it lost is owed a marker);
+/// records are bounded, oldest forgotten first.
+#[test]
+fn records_are_bounded() {
+    let mut st: Store<T> = Store::new(2, 1);
+    admit_all(&mut st, [dq("d", 0, 1), sq("x", 0, 1)]);
+    assert_eq!(st.lost("d").count(), 0);
+    for i in 0..MIN_RECORDS + 10 {
+        assert_eq!(st.admit(&sq(&format!("n{i}"), 0, 1)), Admission::Admitted);
+    }
+    st.check();
+    assert_eq!(st.record_count(), MIN_RECORDS);
+    assert_eq!(st.lost("x").count(), 0, "the oldest record is forgotten");
+    assert_eq!(st.lost("n0").count(), 0);
+    assert_eq!(st.lost(&format!("n{}", MIN_RECORDS + 8)).count(), 1);
+}
+
+/// The memory budget's shed: `debug` Events first (least-recently-written streams
+/// first), then the oldest facts of the least-recently-written stream; a stream left
+/// empty is evicted and leaves a record, so a resume still gets its marker.
+#[test]
+fn shed_takes_deltas_first_then_the_oldest_facts() {
+    let mut st: Store<T> = Store::new(1000, 10);
+    for seq in 1..=200 {
+        st.admit(&dq("a", 0, seq));
+    }
+    for seq in 1..=200 {
+        st.admit(&sq("b", 0, seq));
+    }
+    for seq in 1..=200 {
+        st.admit(&sq("c", 0, seq));
+        st.admit(&dq("c", 0, 1000 + seq));
+    }
+    st.check();
+    let full = st.memory_bytes();
+    assert!(full > 120 * 1000, "{full}");
+    // Shed a little: deltas only, a's first (least recently written).
+    let first = st.shed_to(full * 9 / 10);
+    st.check();
+    assert!(st.memory_bytes() <= full * 9 / 10);
+    assert_eq!(first.events, first.debug_events, "{first:?}");
+    assert!(first.debug_events > 0);
+    assert!(
+        st.session("a").is_none() || st.session("c").unwrap().events == 400,
+        "a's deltas go before c's"
+    );
+    assert_eq!(st.lost("a").count(), 0, "a held only deltas: no record");
+    assert_eq!(st.session("b").unwrap().events, 200);
+    // Shed to a quarter: every delta goes before any fact, then b's oldest facts.
+    let second = st.shed_to(full / 4);
+    st.check();
+    assert!(
+        st.memory_bytes() <= full / 4,
+        "{} > {}",
+        st.memory_bytes(),
+        full / 4
+    );
+    assert_eq!(st.debug_len(), 0);
+    assert_eq!(first.debug_events + second.debug_events, 400);
+    assert!(second.events > second.debug_events);
+    let c = st.session("c").unwrap();
+    assert_eq!(c.latest, Some((0, 200)), "the newest fact is kept");
+    match st.session("b") {
+        Some(_) => assert!(after(&st, "b", (0, 0)).1.is_some()),
+        None => assert_eq!(st.lost("b").map(|l| l.high).collect::<Vec<_>>(), [(0, 200)]),
+    }
+    assert_eq!(st.evictions().memory as usize, first.events + second.events);
+    // Shed to nothing: everything goes, every fact-holding stream leaves a record.
+    st.shed_to(0);
+    st.check();
+    assert!(st.is_empty());
+    assert_eq!(st.memory_bytes(), st.record_bytes());
+    assert_eq!(st.lost("c").map(|l| l.high).collect::<Vec<_>>(), [(0, 200)]);
+}
+
+/// What the store says it holds follows what it allocates: the count is exact for the
+/// arenas and the rings, so it grows with Events and returns to the records alone.
+#[test]
+fn memory_bytes_tracks_the_heap() {
+    let mut st: Store<T> = Store::new(100, 10);
+    assert_eq!(st.memory_bytes(), 0);
+    for i in 0..10 {
+        for seq in 1..=300 {
+            st.admit(&sq(&format!("s{i}"), 0, seq));
+        }
+    }
+    let m = st.memory_bytes();
+    // 1,000 Events of 100 bytes held; each costs its bytes plus at most ~64 more,
+    // chunk slack included.
+    assert!((100 * 1000..=180 * 1000).contains(&m), "{m}");
 }

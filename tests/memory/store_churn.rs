@@ -113,8 +113,13 @@ fn max_sessions_churn_of_100k_streams_keeps_the_heap_bounded() {
     );
     assert!(bytes <= held_events * event_len, "{bytes} buffered bytes");
     let per_session = 4096; // a session's fixed cost: struct, names, index slots
+                            // The evicted streams' records (AEP-0003 §5: a resume of one still gets
+                            // `replay-exhausted`): at most `MIN_RECORDS` here, each its names (a 7-byte session
+                            // twice, a 48-byte source) and about 224 bytes of slots and allocator overhead.
+    let records = aep_relay::store::MIN_RECORDS * (2 * 7 + 48 + 224);
     let bound = held_events * (event_len + counting::PER_EVENT_CONSTANT)
         + MAX_SESSIONS * per_session
+        + records
         + SLACK;
     assert!(
         at_end <= bound,

@@ -13,6 +13,7 @@ mod conformance_corpus;
 mod http_ingest;
 mod operations;
 mod refusals;
+mod retention;
 mod review_findings;
 mod same_name_sessions;
 mod sse_hostile;
