@@ -710,6 +710,28 @@ pub struct Exhausted {
     pub earliest: Position,
 }
 
+/// Cumulative eviction counts (Events), for `aep_evictions_total`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Evictions {
+    /// Events evicted because their stream's ring was full (`--buffer`).
+    pub ring: u64,
+    /// Events evicted with a whole stream because `--max-sessions` streams were held.
+    pub sessions: u64,
+    /// Events evicted by [`Store::shed_to`] (the memory budget).
+    pub memory: u64,
+}
+
+/// What one [`Store::shed_to`] evicted.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shed {
+    /// Events evicted, `debug_events` included.
+    pub events: usize,
+    /// Of `events`, those of severity `debug`.
+    pub debug_events: usize,
+    /// Whole streams evicted.
+    pub streams: usize,
+}
+
 /// The slots of the streams held under one bare name, in creation order.
 type Named = SmallVec<[usize; 1]>;
 
@@ -738,6 +760,8 @@ pub struct Store<E> {
     hasher: ahash::RandomState,
     /// Chunks the streams' arenas gave back, for their next chunks.
     spare: Spare,
+    /// Events evicted so far, by cause.
+    evictions: Evictions,
     /// What is held: `E`, read back from its bytes.
     held: PhantomData<fn() -> E>,
 }
@@ -757,6 +781,7 @@ impl<E> Clone for Store<E> {
             placed: self.placed.clone(),
             hasher: self.hasher.clone(),
             spare: Spare::new(),
+            evictions: self.evictions,
             held: PhantomData,
         }
     }
@@ -794,6 +819,7 @@ impl<E: Stored> Store<E> {
             placed: SmallVec::new(),
             hasher: ahash::RandomState::new(),
             spare: Spare::new(),
+            evictions: Evictions::default(),
             held: PhantomData,
         }
     }
@@ -926,6 +952,7 @@ impl<E: Stored> Store<E> {
                 s.bytes -= old.len as usize;
                 self.bytes -= old.len as usize;
                 self.events -= 1;
+                self.evictions.ring += 1;
                 idx -= 1;
             }
         }
@@ -1191,6 +1218,37 @@ impl<E: Stored> Store<E> {
         self.bytes
     }
 
+    /// Heap bytes the store holds, in O(1): the held Events' bytes plus an estimate of 64
+    /// bytes per held Event (ring entry, dedupe slot, arena slack) and 400 per stream (its
+    /// struct, names, index slot).
+    pub fn memory_bytes(&self) -> usize {
+        self.bytes + 64 * self.events + 400 * self.slots.len()
+    }
+
+    /// Heap bytes of eviction records alone (included in [`Store::memory_bytes`]): none
+    /// are kept beyond each stream's `evicted_high`, counted in its fixed cost.
+    pub fn record_bytes(&self) -> usize {
+        0
+    }
+
+    /// Evicts until [`Store::memory_bytes`] is at most `target`: whole streams, least
+    /// recently written first. Never fails; a `target` below what an empty store holds
+    /// empties it.
+    pub fn shed_to(&mut self, target: usize) -> Shed {
+        let mut shed = Shed::default();
+        while self.memory_bytes() > target && self.head != NIL {
+            shed.events += self.evict_session(self.head);
+            shed.streams += 1;
+        }
+        self.evictions.memory += shed.events as u64;
+        shed
+    }
+
+    /// Events evicted so far, by cause.
+    pub fn evictions(&self) -> Evictions {
+        self.evictions
+    }
+
     /// Every held stream, least-recently-written first (the [`Store::replay_all`] order).
     pub fn sessions(&self) -> impl Iterator<Item = SessionInfo<'_>> + '_ {
         self.iter_lru().map(|(sid, s)| s.info(sid))
@@ -1223,7 +1281,8 @@ impl<E: Stored> Store<E> {
     /// least-recently-written stream when at `max_sessions`.
     fn create(&mut self, name: &str, source: Option<&str>) -> usize {
         if self.slots.len() >= self.max_sessions && self.head != NIL {
-            self.evict_session(self.head);
+            let evicted = self.evict_session(self.head);
+            self.evictions.sessions += evicted as u64;
         }
         self.serial += 1;
         let sid = self.slots.insert(Session::new(name, source, self.serial));
@@ -1237,7 +1296,8 @@ impl<E: Stored> Store<E> {
         sid
     }
 
-    fn evict_session(&mut self, sid: usize) {
+    /// Evicts stream `sid` whole; returns the number of Events it held.
+    fn evict_session(&mut self, sid: usize) -> usize {
         self.unlink(sid);
         let s = self.slots.remove(sid);
         if let Some(named) = self.index.get_mut(&s.name) {
@@ -1248,6 +1308,7 @@ impl<E: Stored> Store<E> {
         }
         self.events -= s.ring.len();
         self.bytes -= s.bytes;
+        s.ring.len()
     }
 
     /// Marks `sid` most recently written.
