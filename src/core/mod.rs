@@ -56,6 +56,7 @@ mod cluster;
 pub(crate) mod conn;
 mod fanout;
 mod journal;
+mod memory;
 mod replay;
 mod request;
 mod routes;
@@ -346,6 +347,8 @@ pub struct Core {
     hellos: Vec<(&'static str, bool, Bytes)>,
     /// Cluster mode (issue 15): `None` for a single relay.
     bus: Option<Box<cluster::Bus>>,
+    /// The memory budget and what is counted against it (`memory`).
+    ledger: memory::Ledger,
 }
 
 impl Core {
@@ -385,6 +388,10 @@ impl Core {
                 .cluster
                 .clone()
                 .map(|c| Box::new(cluster::Bus::new(c, unix_ms))),
+            ledger: memory::Ledger {
+                budget: config.max_memory.and_then(|b| b.bytes),
+                ..Default::default()
+            },
             config,
         }
     }
@@ -480,6 +487,7 @@ impl Core {
             }
         }
         self.rearm(key);
+        self.account(key);
     }
 
     /// The unfilled rest of `id`'s request body of known length (RFC 9112 §6.2
@@ -512,6 +520,7 @@ impl Core {
         }
         self.process(key);
         self.rearm(key);
+        self.account(key);
     }
 
     /// The peer closed its writing side of `id` (a read returned 0).
@@ -720,7 +729,7 @@ impl Core {
             }
             let conn = &mut self.conns[key];
             had_output |= !conn.out.is_empty();
-            let state = conn.out.flush(w);
+            let state = conn.out.flush(w, &mut self.hub.chunks);
             conn.offered = conn.out.pushed();
             let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
             rounds += 1;
@@ -783,6 +792,7 @@ impl Core {
             }
         }
         self.rearm(key);
+        self.account(key);
     }
 
     /// Records the bytes `id`'s transport holds of its own after a write (sealed TLS
@@ -916,6 +926,8 @@ impl Core {
     /// whether it produced any output.
     fn settle(&mut self) -> bool {
         self.end_unit();
+        // After every call, once its units ended: one compare under the budget.
+        self.enforce();
         let before = self.outputs.len();
         for key in std::mem::take(&mut self.doomed) {
             match self.conns.get(key).map(|c| &c.phase) {
@@ -977,7 +989,8 @@ impl Core {
             return;
         }
         self.end_unit();
-        let conn = self.conns.remove(key);
+        let mut conn = self.conns.remove(key);
+        self.unaccount(&mut conn);
         match &conn.phase {
             Phase::Sse { sub } => self.hub.remove(*sub),
             Phase::Ws(ws) => self.ws_release(key, ws),
