@@ -3,8 +3,8 @@
 //!
 //! # What is counted
 //!
-//! - **events** and **records**: the store's own count ([`Store::memory_bytes`],
-//!   [`Store::record_bytes`]): held Events' arenas, ring entries, dedupe tables, the
+//! - **events** and **records**: the store's own count ([`Store::memory_bytes`](crate::store::Store::memory_bytes),
+//!   [`Store::record_bytes`](crate::store::Store::record_bytes)): held Events' arenas, ring entries, dedupe tables, the
 //!   streams' fixed cost, eviction records.
 //! - **queues**: the frames output queues keep alive. A unit's frames in one arena are
 //!   one chunk, counted once however many queues hold slices of it, until the last slice
@@ -12,7 +12,8 @@
 //!   answers, `closing`) count for it alone; so do the hub's arenas (their room not yet
 //!   handed out) and the sealed TLS records a transport holds.
 //! - **connections**: each connection's struct, read buffer, request body, WebSocket
-//!   decoder buffers, and the core's spare body buffer.
+//!   decoder buffers, an estimate of what it costs outside the core
+//!   ([`OUTSIDE_CONN_BYTES`]), and the core's spare body buffer.
 //! - **tls**, **deflate**: estimates per connection ([`TLS_CONN_BYTES`],
 //!   [`INFLATER_BYTES`]) and for the one shared compressor ([`DEFLATER_BYTES`]).
 //!
@@ -32,7 +33,7 @@
 //!    WebSocket gets `closing` with resume positions that still deliver every discarded
 //!    Event, then a close 1013 (AEP-0003 §3.5 #4, §8.4); an SSE stream ends after the
 //!    last whole Event it was sent, so its `Last-Event-ID` resumes exactly.
-//! 2. Held Events are evicted ([`Store::shed_to`]: debug Events first, then the oldest
+//! 2. Held Events are evicted ([`Store::shed_to`](crate::store::Store::shed_to): debug Events first, then the oldest
 //!    of the least recently written sessions) until everything fits under the mark.
 //!
 //! Valid ingest is never refused for memory: a body in flight is counted, and room is
@@ -47,6 +48,11 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::mem::size_of;
 
+/// Estimated heap bytes of what one connection costs outside the core's `Conn`: the
+/// reactor's socket and transport, a subscription and its filter, its timer entry, the
+/// allocator's rounding (an idle SSE or WebSocket subscriber costs the release build
+/// about 2.2 to 2.8 KB of resident memory in all, docs/operating.md).
+pub(crate) const OUTSIDE_CONN_BYTES: usize = 2 << 10;
 /// Estimated heap bytes of one TLS connection's state (rustls: its record buffers and
 /// handshake state, with buffers at their usual 16 KiB record size).
 pub(crate) const TLS_CONN_BYTES: usize = 40 << 10;
@@ -127,7 +133,7 @@ impl Used {
 /// Connection `conn`'s share, recomputed from its buffers (O(1)).
 fn charge_of(conn: &Conn, tls: bool) -> Charge {
     let mut c = Charge {
-        conn: size_of::<Conn>() + conn.rbuf.capacity(),
+        conn: size_of::<Conn>() + OUTSIDE_CONN_BYTES + conn.rbuf.capacity(),
         queues: conn.out.own() + conn.out.held() + conn.backlog.own(),
         tls: if tls { TLS_CONN_BYTES } else { 0 },
         deflate: 0,
