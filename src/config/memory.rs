@@ -59,7 +59,7 @@ pub fn format_size(n: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (unit, name) in UNITS {
         if n >= unit {
-            return if n % unit == 0 {
+            return if n.is_multiple_of(unit) {
                 format!("{} {name}", n / unit)
             } else {
                 format!("{:.1} {name}", n as f64 / unit as f64)
@@ -386,5 +386,19 @@ mod tests {
             MemoryBudget::flag(40 << 20).to_string(),
             "40 MiB (--max-memory)"
         );
+    }
+
+    #[test]
+    fn a_configured_budget_under_1_mib_is_refused() {
+        let c = crate::Config {
+            max_memory: Some(MemoryBudget::flag(1000)),
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().field.starts_with("max_memory"));
+        let c = crate::Config {
+            max_memory: Some(MemoryBudget::derived(None, None)),
+            ..Default::default()
+        };
+        assert!(c.validate().is_ok(), "no budget is valid");
     }
 }

@@ -255,6 +255,14 @@ impl Config {
                 ),
             });
         }
+        if let Some(bytes) = self.max_memory.and_then(|b| b.bytes) {
+            if bytes < memory::MIN_MAX_MEMORY {
+                return Err(ConfigError {
+                    field: "max_memory (AEP_MAX_MEMORY)",
+                    reason: "must be at least 1 MiB".into(),
+                });
+            }
+        }
         if self.heartbeat.is_zero() {
             return Err(ConfigError {
                 field: "heartbeat (AEP_HEARTBEAT_SECS)",
