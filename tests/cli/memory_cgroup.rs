@@ -44,6 +44,16 @@ impl Cgroup {
             .min_by_key(|f| f.v2)
             .ok_or("no memory cgroup mounted")?;
         let parent = own.path.parent().unwrap();
+        if own.v2 {
+            // A v2 child has a memory controller only when its parent hands it down.
+            let controllers = read(&parent.join("cgroup.subtree_control").to_string_lossy())?;
+            if !controllers.split_whitespace().any(|c| c == "memory") {
+                return Err(format!(
+                    "{} does not hand the memory controller to its children",
+                    parent.display()
+                ));
+            }
+        }
         let dir = parent.join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir(&dir);
         std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
