@@ -61,6 +61,12 @@ struct Cli {
     /// Most simultaneous connections (503 with Retry-After above).
     #[arg(long, env = "AEP_MAX_CONNECTIONS", default_value_t = config::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Memory budget: bytes, or with a KiB, MiB or GiB suffix. Held Events are evicted
+    /// and the consumers holding the most output dropped to stay under it; ingest is
+    /// never refused for it. Default: half the cgroup memory limit, else half the
+    /// physical memory.
+    #[arg(long, env = "AEP_MAX_MEMORY", value_name = "SIZE", value_parser = config::memory::parse_size)]
+    max_memory: Option<usize>,
     /// Bound of one connection's output queue in bytes (backpressure).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
@@ -150,6 +156,7 @@ impl Cli {
             allow_insecure_off_host: self.allow_insecure_off_host,
             jsonl: self.ingest.jsonl(),
             history: self.ingest.history(),
+            max_memory: self.max_memory.map(config::MemoryBudget::flag),
             // The stream keeps per subject at least what a relay keeps per session, so a
             // relay that rebuilds from it holds what the others hold (AEP-0003 §5), and
             // twice that (at least the default), so a consumer that falls behind on one
@@ -245,13 +252,14 @@ fn main() -> ExitCode {
         "auth: none, emit and watch open to every peer, control refused (set AEP_TOKEN to enable control)"
     };
     eprintln!(
-        "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events)",
+        "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events; memory budget {})",
         relay.local_addr(),
         if c.tls_enabled() { "on" } else { "off" },
         c.buffer_per_session,
         c.max_sessions,
         c.max_body_bytes,
-        c.max_batch_events
+        c.max_batch_events,
+        c.max_memory.map_or_else(|| "unlimited".into(), |b| b.to_string()),
     );
     match relay.run() {
         Ok(()) => ExitCode::SUCCESS,

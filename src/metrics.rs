@@ -34,6 +34,17 @@ pub const BUFFERED_EVENTS: &str = "aep_buffered_events";
 pub const BUFFERED_BYTES: &str = "aep_buffered_bytes";
 /// Bytes queued for output across all connections.
 pub const QUEUED_BYTES: &str = "aep_output_queued_bytes";
+/// The memory budget in bytes (`--max-memory`); absent without one.
+pub const MEMORY_BUDGET: &str = "aep_memory_budget_bytes";
+/// Bytes the relay holds against its memory budget, by part (`events`, `records`,
+/// `queues`, `connections`, `tls`, `deflate`).
+pub const MEMORY_USED: &str = "aep_memory_used_bytes";
+/// Consumers dropped because their output queues held the most of an exceeded memory
+/// budget.
+pub const MEMORY_DROPPED: &str = "aep_memory_dropped_consumers_total";
+/// Events evicted from the replay store, by reason (`ring`: `--buffer`, `sessions`:
+/// `--max-sessions`, `memory`: `--max-memory`).
+pub const EVICTIONS: &str = "aep_evictions_total";
 /// Seconds since start.
 pub const UPTIME: &str = "aep_uptime_seconds";
 /// Cluster mode: 1 for the relay's state (`connected`, `catching-up`, `degraded`).

@@ -280,6 +280,10 @@ pub const PING: &[u8] = b": ping\n\n";
 /// ends without it (AEP-0003 §3.3, §5).
 pub const REPLAY_COMPLETE: &[u8] = b": replay-complete\n\n";
 
+/// The comment that ends an SSE stream dropped for the relay's memory budget, after the
+/// last whole Event it was sent (its `Last-Event-ID` resumes exactly).
+pub const MEMORY_BUDGET: &[u8] = b": closing: memory budget\n\n";
+
 /// The comment that ends every SSE stream at a graceful shutdown.
 pub const SHUTTING_DOWN: &[u8] = b": shutting-down\n\n";
 

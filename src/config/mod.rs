@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod history;
+pub mod memory;
 
 pub use history::{Fsync, HistoryConfig, DEFAULT_FSYNC, DEFAULT_MAX_OPEN_FILES};
+pub use memory::{BudgetSource, MemoryBudget};
 
 /// Default listen address (`AEP_LISTEN`): loopback, port 8787.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
@@ -135,6 +137,14 @@ pub struct Config {
     pub jsonl: crate::jsonl::JsonlConfig,
     /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
     pub history: Option<HistoryConfig>,
+    /// The memory budget (`--max-memory SIZE`, `AEP_MAX_MEMORY`): what the relay may
+    /// hold in held Events, eviction records, output queues, connection buffers, TLS and
+    /// deflate state. Over it, held Events are evicted and the consumers holding the most
+    /// output are dropped; valid ingest is never refused for it. `None` (the default):
+    /// derived from the host when the relay binds ([`memory`]: half the cgroup limit,
+    /// else half the physical memory); a [`Core`](crate::Core) made directly with `None`
+    /// has no budget.
+    pub max_memory: Option<MemoryBudget>,
     /// Cluster mode on NATS JetStream (`--cluster URL[,URL]`, issue 15); `None`: a single
     /// relay. The core runs the cluster logic whenever this is set; the bridge thread
     /// that talks to the engine needs the `cluster` feature.
@@ -170,6 +180,7 @@ impl Default for Config {
             allow_insecure_off_host: false,
             jsonl: Default::default(),
             history: None,
+            max_memory: None,
             cluster: None,
         }
     }
@@ -243,6 +254,14 @@ impl Config {
                     self.listen
                 ),
             });
+        }
+        if let Some(bytes) = self.max_memory.and_then(|b| b.bytes) {
+            if bytes < memory::MIN_MAX_MEMORY {
+                return Err(ConfigError {
+                    field: "max_memory (AEP_MAX_MEMORY)",
+                    reason: "must be at least 1 MiB".into(),
+                });
+            }
         }
         if self.heartbeat.is_zero() {
             return Err(ConfigError {

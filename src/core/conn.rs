@@ -31,15 +31,66 @@ pub(crate) const IOV_MAX: usize = 1024;
 /// [`len`]: OutQueue::len
 #[derive(Debug, Default)]
 pub(crate) struct OutQueue {
-    bufs: VecDeque<Bytes>,
+    /// Each buffer with the shared chunk it is a slice of (`Chunks`), or [`UNSHARED`].
+    bufs: VecDeque<(Bytes, Tag)>,
     front_off: usize,
     bytes: usize,
+    /// Bytes of the queued buffers that are this queue's own (not slices of a shared
+    /// chunk): what the memory budget charges to this connection.
+    own: usize,
     /// Bytes the transport holds for this connection, already taken from `bufs`.
     held: usize,
     /// Bytes ever queued (never decreases): a connection's `offered` mark compares with
     /// it to tell whether anything was queued since its socket was last offered the
     /// queue.
     pushed: u64,
+}
+
+/// Which shared chunk a queued buffer is a slice of (an index into [`Chunks`]).
+pub(crate) type Tag = u32;
+/// The tag of a buffer that is its queue's own.
+pub(crate) const UNSHARED: Tag = u32::MAX;
+
+/// The frame chunks that output queues hold slices of, each counted once for the memory
+/// budget however many queues share it: a chunk is the frames one ingest unit placed in
+/// one arena (`fanout::Unit`), with the number of queued buffers that are slices of it.
+/// It stops counting when the last of them was written or discarded.
+#[derive(Debug, Default)]
+pub(crate) struct Chunks {
+    live: slab::Slab<(usize, u32)>,
+    bytes: usize,
+}
+
+impl Chunks {
+    /// A new chunk of `len` bytes, with no slice queued yet.
+    pub(crate) fn open(&mut self, len: usize) -> Tag {
+        self.bytes += len;
+        self.live.insert((len, 0)) as Tag
+    }
+
+    /// One more queued slice of chunk `tag`.
+    pub(crate) fn take(&mut self, tag: Tag) {
+        if let Some(c) = self.live.get_mut(tag as usize) {
+            c.1 += 1;
+        }
+    }
+
+    /// One queued slice of chunk `tag` is gone; the chunk stops counting with its last.
+    pub(crate) fn release(&mut self, tag: Tag) {
+        let Some(c) = self.live.get_mut(tag as usize) else {
+            return;
+        };
+        c.1 = c.1.saturating_sub(1);
+        if c.1 == 0 {
+            let (len, _) = self.live.remove(tag as usize);
+            self.bytes -= len;
+        }
+    }
+
+    /// Bytes of the chunks some queue holds a slice of.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 /// What a flush achieved.
@@ -55,14 +106,92 @@ pub(crate) enum Flush {
 }
 
 impl OutQueue {
-    /// Queues one buffer.
+    /// Queues one buffer of the queue's own.
     pub(crate) fn push(&mut self, b: Bytes) {
         if b.is_empty() {
             return;
         }
+        self.own += b.len();
+        self.push_tagged(b, UNSHARED);
+    }
+
+    /// Queues a slice of the shared chunk `tag` (the caller took a reference on it,
+    /// [`Chunks::take`]).
+    pub(crate) fn push_shared(&mut self, b: Bytes, tag: Tag) {
+        debug_assert!(!b.is_empty());
+        self.push_tagged(b, tag);
+    }
+
+    fn push_tagged(&mut self, b: Bytes, tag: Tag) {
         self.bytes += b.len();
         self.pushed += b.len() as u64;
-        self.bufs.push_back(b);
+        self.bufs.push_back((b, tag));
+    }
+
+    /// Bytes the transport holds for this connection ([`OutQueue::set_held`]).
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Bytes queued that are this queue's own (not slices of shared chunks).
+    pub(crate) fn own(&self) -> usize {
+        self.own
+    }
+
+    /// Drops the front buffer (written, or discarded), releasing its chunk.
+    fn pop(&mut self, chunks: &mut Chunks) {
+        if let Some((b, tag)) = self.bufs.pop_front() {
+            if tag == UNSHARED {
+                self.own -= b.len();
+            } else {
+                chunks.release(tag);
+            }
+        }
+    }
+
+    /// Empties the queue (the connection is gone), releasing every chunk it held.
+    pub(crate) fn release_all(&mut self, chunks: &mut Chunks) {
+        while !self.bufs.is_empty() {
+            self.pop(chunks);
+        }
+        self.front_off = 0;
+        self.bytes = 0;
+    }
+
+    /// Discards everything queued except the rest of the frame being written (the
+    /// front buffer, partly written, cut at `frame_end(front, front_off)`), handing each
+    /// discarded buffer to `seen` first. Returns the bytes discarded.
+    pub(crate) fn discard_unwritten(
+        &mut self,
+        chunks: &mut Chunks,
+        frame_end: impl Fn(&[u8], usize) -> usize,
+        mut seen: impl FnMut(&[u8]),
+    ) -> usize {
+        let before = self.bytes;
+        let mut kept = None;
+        if self.front_off > 0 {
+            if let Some((b, tag)) = self.bufs.front() {
+                let end = frame_end(b, self.front_off).clamp(self.front_off, b.len());
+                seen(&b[end..]);
+                let rest = b.len() - end;
+                kept = Some((b.slice(..end), *tag, rest));
+            }
+            self.bufs.pop_front();
+        }
+        while let Some((b, _)) = self.bufs.front() {
+            seen(b);
+            self.bytes -= b.len();
+            self.pop(chunks);
+        }
+        if let Some((b, tag, rest)) = kept {
+            // The front buffer's tag moves to its cut slice (still one reference).
+            self.bytes -= rest;
+            if tag == UNSHARED {
+                self.own -= rest;
+            }
+            self.bufs.push_back((b, tag));
+        }
+        before - self.bytes
     }
 
     /// Bytes ever queued.
@@ -74,13 +203,17 @@ impl OutQueue {
     /// within `max` bytes (an empty `other` takes one buffer whatever its size).
     pub(crate) fn move_until(&mut self, other: &mut OutQueue, max: usize) {
         debug_assert_eq!(self.front_off, 0);
-        while let Some(b) = self.bufs.front() {
+        while let Some((b, _)) = self.bufs.front() {
             if !other.is_empty() && other.len() + b.len() > max {
                 break;
             }
-            let b = self.bufs.pop_front().expect("front");
+            let (b, tag) = self.bufs.pop_front().expect("front");
             self.bytes -= b.len();
-            other.push(b);
+            if tag == UNSHARED {
+                self.own -= b.len();
+                other.own += b.len();
+            }
+            other.push_tagged(b, tag);
         }
     }
 
@@ -113,14 +246,14 @@ impl OutQueue {
     /// a batch queued on it. Once the queue is empty, `w.flush()` asks the transport to
     /// write what it holds of its own (TLS records): `Done` only when nothing is left
     /// anywhere, `Blocked` when the transport would block.
-    pub(crate) fn flush<W: Write>(&mut self, w: &mut W) -> Flush {
+    pub(crate) fn flush<W: Write>(&mut self, w: &mut W, chunks: &mut Chunks) -> Flush {
         while !self.bufs.is_empty() {
             // The iovec array lives on the stack, sized to the queue (no allocation, and
             // no 16 KiB of zeroing for the common short queue).
             let result = match self.bufs.len() {
                 // One frame queued (the common case for a keeping-up consumer): a plain
                 // write, no iovec array to set up.
-                1 => w.write(&self.bufs[0][self.front_off..]),
+                1 => w.write(&self.bufs[0].0[self.front_off..]),
                 2..=16 => self.write_vectored::<16, W>(w),
                 17..=128 => self.write_vectored::<128, W>(w),
                 _ => self.write_vectored::<IOV_MAX, W>(w),
@@ -130,11 +263,11 @@ impl OutQueue {
                 Ok(mut written) => {
                     self.bytes -= written;
                     while written > 0 {
-                        let front = self.bufs.front().map(|b| b.len()).unwrap_or(0);
+                        let front = self.bufs.front().map(|b| b.0.len()).unwrap_or(0);
                         let left = front - self.front_off;
                         if written >= left {
                             written -= left;
-                            self.bufs.pop_front();
+                            self.pop(chunks);
                             self.front_off = 0;
                         } else {
                             self.front_off += written;
@@ -166,7 +299,7 @@ impl OutQueue {
     fn write_vectored<const N: usize, W: Write>(&self, w: &mut W) -> io::Result<usize> {
         let mut iov = [IoSlice::new(&[]); N];
         let mut n = 0;
-        for (slot, b) in iov.iter_mut().zip(self.bufs.iter()) {
+        for (slot, (b, _)) in iov.iter_mut().zip(self.bufs.iter()) {
             *slot = if n == 0 {
                 IoSlice::new(&b[self.front_off..])
             } else {
@@ -188,7 +321,7 @@ impl OutQueue {
     /// Everything queued, in order.
     pub(crate) fn concat(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.bytes);
-        for (i, b) in self.bufs.iter().enumerate() {
+        for (i, (b, _)) in self.bufs.iter().enumerate() {
             v.extend_from_slice(if i == 0 { &b[self.front_off..] } else { b });
         }
         v
@@ -390,6 +523,8 @@ pub(crate) struct Conn {
     /// When the `POST /events` being handled began (`aep_post_duration_seconds`), until
     /// its answer is queued.
     pub(crate) post_since: Option<Instant>,
+    /// This connection's share of the memory used, as last counted (`Core::account`).
+    pub(crate) charged: super::memory::Charge,
 }
 
 impl Conn {
@@ -446,6 +581,7 @@ impl Conn {
             latency_mark: None,
             sampled: 0,
             post_since: None,
+            charged: Default::default(),
         }
     }
 
@@ -521,7 +657,7 @@ mod tests {
             got: Vec::new(),
             block_next: false,
         };
-        while q.flush(&mut w) == Flush::Blocked {
+        while q.flush(&mut w, &mut Chunks::default()) == Flush::Blocked {
             assert_eq!(q.len(), want.len() - w.got.len());
         }
         assert!(q.is_empty());
@@ -582,7 +718,7 @@ mod tests {
                 got: Vec::new(),
                 first_cap: usize::MAX,
             };
-            assert_eq!(q.flush(&mut w), Flush::Done);
+            assert_eq!(q.flush(&mut w, &mut Chunks::default()), Flush::Done);
             assert_eq!(w.calls, vec![(frames, want.len())], "{frames} buffers");
             assert_eq!(w.got, want);
             assert!(q.is_empty());
@@ -598,7 +734,7 @@ mod tests {
             got: Vec::new(),
             first_cap: usize::MAX,
         };
-        assert_eq!(q.flush(&mut w), Flush::Done);
+        assert_eq!(q.flush(&mut w, &mut Chunks::default()), Flush::Done);
         let counts: Vec<usize> = w.calls.iter().map(|c| c.0).collect();
         assert_eq!(counts, vec![IOV_MAX, 476]);
         assert_eq!(w.got, want);
@@ -614,7 +750,7 @@ mod tests {
             got: Vec::new(),
             first_cap: 101,
         };
-        assert_eq!(q.flush(&mut w), Flush::Done);
+        assert_eq!(q.flush(&mut w, &mut Chunks::default()), Flush::Done);
         assert_eq!(w.calls.len(), 2, "{:?}", w.calls);
         assert_eq!(w.calls[0], (200, 101));
         assert_eq!(w.calls[1].1, want.len() - 101);
@@ -653,16 +789,49 @@ mod tests {
             got: Vec::new(),
             drained: false,
         };
-        assert_eq!(q.flush(&mut w), Flush::Blocked);
+        assert_eq!(q.flush(&mut w, &mut Chunks::default()), Flush::Blocked);
         assert_eq!(w.got, want, "the transport took everything");
         assert_eq!(q.queued(), 0);
         q.set_held(want.len() + 66);
         assert_eq!(q.len(), want.len() + 66);
         assert!(!q.is_empty());
-        assert_eq!(q.flush(&mut w), Flush::Blocked);
+        assert_eq!(q.flush(&mut w, &mut Chunks::default()), Flush::Blocked);
         w.drained = true;
-        assert_eq!(q.flush(&mut w), Flush::Done);
+        assert_eq!(q.flush(&mut w, &mut Chunks::default()), Flush::Done);
         assert!(q.is_empty());
         assert_eq!(q.len(), 0);
+    }
+
+    /// A queue cut short keeps only the rest of the frame being written (shared or its
+    /// own), releasing every chunk it discards, and tells what it discarded.
+    #[test]
+    fn discarding_keeps_the_frame_being_written() {
+        let mut chunks = Chunks::default();
+        let tag = chunks.open(8);
+        chunks.take(tag);
+        let mut q = OutQueue::default();
+        q.push(Bytes::from_static(b"aaaa|bbbb|"));
+        q.push_shared(Bytes::from_static(b"cccc|dddd"), tag);
+        let mut w = Trickle {
+            cap: 2,
+            got: Vec::new(),
+            block_next: false,
+        };
+        assert_eq!(q.flush(&mut w, &mut chunks), Flush::Blocked);
+        assert_eq!(q.own(), 10);
+        let mut seen = Vec::new();
+        let end =
+            |b: &[u8], off: usize| off + b[off..].iter().position(|&c| c == b'|').unwrap() + 1;
+        let n = q.discard_unwritten(&mut chunks, end, |b| seen.extend_from_slice(b));
+        assert_eq!(n, 5 + 9);
+        assert_eq!(seen, b"bbbb|cccc|dddd");
+        assert_eq!(q.concat(), b"aa|");
+        assert_eq!((q.len(), q.own()), (3, 5));
+        assert_eq!(chunks.bytes(), 0, "the shared chunk was released");
+        w.block_next = false;
+        w.cap = 100;
+        assert_eq!(q.flush(&mut w, &mut chunks), Flush::Done);
+        assert_eq!(w.got, b"aaaa|");
+        assert_eq!(q.own(), 0);
     }
 }

@@ -56,6 +56,7 @@ mod cluster;
 pub(crate) mod conn;
 mod fanout;
 mod journal;
+mod memory;
 mod replay;
 mod request;
 mod routes;
@@ -376,6 +377,8 @@ pub struct Core {
     hellos: Vec<(&'static str, bool, Bytes)>,
     /// Cluster mode (issue 15): `None` for a single relay.
     bus: Option<Box<cluster::Bus>>,
+    /// The memory budget and what is counted against it (`memory`).
+    ledger: memory::Ledger,
 }
 
 impl Core {
@@ -415,6 +418,10 @@ impl Core {
                 .cluster
                 .clone()
                 .map(|c| Box::new(cluster::Bus::new(c, unix_ms))),
+            ledger: memory::Ledger {
+                budget: config.max_memory.and_then(|b| b.bytes),
+                ..Default::default()
+            },
             config,
         }
     }
@@ -510,6 +517,7 @@ impl Core {
             }
         }
         self.rearm(key);
+        self.account(key);
     }
 
     /// The unfilled rest of `id`'s request body of known length (RFC 9112 §6.2
@@ -542,6 +550,7 @@ impl Core {
         }
         self.process(key);
         self.rearm(key);
+        self.account(key);
     }
 
     /// The peer closed its writing side of `id` (a read returned 0).
@@ -750,7 +759,7 @@ impl Core {
             }
             let conn = &mut self.conns[key];
             had_output |= !conn.out.is_empty();
-            let state = conn.out.flush(w);
+            let state = conn.out.flush(w, &mut self.hub.chunks);
             conn.offered = conn.out.pushed();
             let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
             rounds += 1;
@@ -813,6 +822,7 @@ impl Core {
             }
         }
         self.rearm(key);
+        self.account(key);
     }
 
     /// Records the bytes `id`'s transport holds of its own after a write (sealed TLS
@@ -946,6 +956,8 @@ impl Core {
     /// whether it produced any output.
     fn settle(&mut self) -> bool {
         self.end_unit();
+        // After every call, once its units ended: one compare under the budget.
+        self.enforce();
         let before = self.outputs.len();
         for key in std::mem::take(&mut self.doomed) {
             match self.conns.get(key).map(|c| &c.phase) {
@@ -1007,7 +1019,8 @@ impl Core {
             return;
         }
         self.end_unit();
-        let conn = self.conns.remove(key);
+        let mut conn = self.conns.remove(key);
+        self.unaccount(&mut conn);
         match &conn.phase {
             Phase::Sse { sub } => self.hub.remove(*sub),
             Phase::Ws(ws) => self.ws_release(key, ws),

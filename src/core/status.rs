@@ -74,6 +74,8 @@ impl Core {
             "deliveries": st.deliveries,
             "dropped": st.dropped,
             "backpressure_disconnects": st.backpressure_disconnects,
+            // The memory budget (`null`: none) and what is held against it.
+            "memory": {"budget": self.ledger.budget, "used": self.memory_used().total()},
             "rejected": rejected,
             "not_found": not_found,
             // Cluster mode: this relay's state and every relay it knows (issue 15).
@@ -208,6 +210,45 @@ impl Core {
             "Bytes queued for output across all connections.",
         )
         .sample(metrics::QUEUED_BYTES, &[], queued as f64);
+        if let Some(budget) = self.ledger.budget {
+            x.family(
+                metrics::MEMORY_BUDGET,
+                "gauge",
+                "The memory budget in bytes (--max-memory, or half the cgroup limit or physical memory).",
+            )
+            .sample(metrics::MEMORY_BUDGET, &[], budget as f64);
+        }
+        x.family(
+            metrics::MEMORY_USED,
+            "gauge",
+            "Bytes held against the memory budget, by part (shared frames counted once; TLS and deflate state estimated).",
+        );
+        for (part, bytes) in self.memory_used().parts() {
+            x.sample(metrics::MEMORY_USED, &[("part", part)], bytes as f64);
+        }
+        x.family(
+            metrics::MEMORY_DROPPED,
+            "counter",
+            "Consumers dropped because their output queues held the most of an exceeded memory budget.",
+        )
+        .sample(
+            metrics::MEMORY_DROPPED,
+            &[],
+            self.ledger.dropped_consumers as f64,
+        );
+        let ev = self.store.evictions();
+        x.family(
+            metrics::EVICTIONS,
+            "counter",
+            "Events evicted from the replay store, by reason: ring (--buffer), sessions (--max-sessions), memory (--max-memory).",
+        )
+        .sample(metrics::EVICTIONS, &[("reason", "ring")], ev.ring as f64)
+        .sample(
+            metrics::EVICTIONS,
+            &[("reason", "sessions")],
+            ev.sessions as f64,
+        )
+        .sample(metrics::EVICTIONS, &[("reason", "memory")], ev.memory as f64);
         x.family(metrics::UPTIME, "gauge", "Seconds since start.")
             .sample(metrics::UPTIME, &[], self.uptime().as_secs_f64());
         x.family(

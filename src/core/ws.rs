@@ -27,6 +27,7 @@ use crate::ws::{handshake, Delivered};
 use crate::Code;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The `detail` of a refusal for lack of `scope`.
@@ -211,6 +212,22 @@ impl Core {
     /// `code` is usually [`close_code::GOING_AWAY`] (1001, shutdown, idle) or
     /// [`close_code::TRY_AGAIN`] (1013, backpressure).
     pub(super) fn ws_close(&mut self, key: usize, reason: &str, code: u16) {
+        self.ws_close_rolled_back(key, reason, code, &HashMap::new());
+    }
+
+    /// [`Core::ws_close`] after the connection's queue was cut short: `lowest` holds,
+    /// per owning stream `(session, source)`, the lowest position among the Events
+    /// discarded from it. The `closing` positions of those streams are moved back to
+    /// just before it, so a resume from them delivers every discarded Event again
+    /// (at-least-once, AEP-0001 §7 #4); a stream whose position cannot be moved back (a
+    /// discarded Event at `(0, 0)`) is left out of `closing`.
+    pub(super) fn ws_close_rolled_back(
+        &mut self,
+        key: usize,
+        reason: &str,
+        code: u16,
+        lowest: &HashMap<(Box<str>, Box<str>), crate::store::Position>,
+    ) {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
@@ -224,7 +241,16 @@ impl Core {
                 }) = self.hub.get(*sub)
                 {
                     // One entry per owning stream (AEP-0001 §5.2); `source` says whose.
-                    for (session, source, (epoch, seq)) in d.positions() {
+                    for (session, source, mut position) in d.positions() {
+                        if let Some(&low) = lowest.get(&(session.into(), source.into())) {
+                            if position >= low {
+                                match super::memory::before(low) {
+                                    Some(p) => position = p,
+                                    None => continue,
+                                }
+                            }
+                        }
+                        let (epoch, seq) = position;
                         delivered.push(json!({
                             "sub": &**id, "session": session, "source": source,
                             "epoch": epoch, "seq": seq

@@ -97,7 +97,7 @@ enum Zip {
 
 /// Arenas of a unit: one per frame kind (SSE, WS, compressed WS) and payload slot (as
 /// received, or one of the four capture levels).
-const ARENAS: usize = 15;
+pub(crate) const ARENAS: usize = 15;
 /// The capacity an arena starts with, and grows by at least: frames of many small
 /// units share one allocation.
 const ARENA_CHUNK: usize = 64 * 1024;
@@ -158,6 +158,12 @@ pub(crate) struct Unit {
 }
 
 impl Unit {
+    /// Heap bytes the unit keeps: its arenas' room not yet handed out, and its runs.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.arenas.iter().map(BytesMut::capacity).sum::<usize>()
+            + self.runs.capacity() * std::mem::size_of::<Run>()
+    }
+
     fn arena(ws: bool, slot: usize) -> usize {
         usize::from(ws) * 5 + slot
     }

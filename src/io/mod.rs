@@ -9,6 +9,8 @@
 //!   `--ingest-file`), and the reactor's end of their channel;
 //! - [`history`]: the history files (`--history`): the core's `Journal`, and the rebuild
 //!   of the replay buffers at start;
+//! - [`host`]: the cgroup memory limit and the physical memory, for the default memory
+//!   budget;
 //! - [`outbox`]: the cluster outbox file, the core's `OutboxLog`;
 //! - [`bridge`] (feature `cluster`): the thread that speaks NATS JetStream for cluster
 //!   mode.
@@ -21,6 +23,7 @@
 #[cfg(feature = "cluster")]
 pub mod bridge;
 pub mod history;
+pub(crate) mod host;
 pub(crate) mod jsonl;
 pub(crate) mod outbox;
 pub(crate) mod reactor;

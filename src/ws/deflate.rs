@@ -306,6 +306,17 @@ impl std::fmt::Debug for Inflater {
     }
 }
 
+/// Inflates one message the relay compressed (RSV1, no context takeover, a 15-bit
+/// window), for reading back what a queue discards; `None` past `max` bytes or for data
+/// that does not inflate.
+pub(crate) fn inflate_own(payload: &[u8], max: usize) -> Option<Vec<u8>> {
+    let mut i = Inflater {
+        decompress: Decompress::new(false),
+        context_takeover: false,
+    };
+    i.message(payload, max).ok()
+}
+
 impl Inflater {
     /// The decompressor for a client with `agreed` parameters: a window of
     /// `client_window_bits` (at least 9, zlib's smallest raw window; a wider window

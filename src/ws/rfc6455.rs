@@ -115,6 +115,15 @@ impl Decoder {
         }
     }
 
+    /// Heap bytes the decoder keeps (a fragmented message's reassembly, the text arena's
+    /// room), and whether it keeps an inflater (`permessage-deflate` from the client).
+    pub fn heap_bytes(&self) -> (usize, bool) {
+        (
+            self.partial.capacity() + self.arena.capacity(),
+            self.inflater.is_some(),
+        )
+    }
+
     /// Turns the text arena on or off. The relay turns it on for a connection whose
     /// `hello` declared it an emitter (AEP-0003 §4), whose messages are mostly Events,
     /// often many per read: no allocation per message, and at most [`TEXT_ARENA`] bytes
@@ -422,6 +431,25 @@ fn write_frame(opcode: OpCode, payload: &[u8], out: &mut BytesMut) {
     out.reserve(n + payload.len());
     out.put_slice(&head[..n]);
     out.put_slice(payload);
+}
+
+/// The frame the relay wrote at the front of `b` (unmasked): its first byte (FIN, RSV1,
+/// opcode), header length and payload length; `None` when `b` holds less than its
+/// header.
+pub(crate) fn server_frame(b: &[u8]) -> Option<(u8, usize, usize)> {
+    let (&b0, &b1) = (b.first()?, b.get(1)?);
+    Some(match b1 & 0x7f {
+        126 => (
+            b0,
+            4,
+            usize::from(u16::from_be_bytes(b.get(2..4)?.try_into().ok()?)),
+        ),
+        127 => {
+            let n = u64::from_be_bytes(b.get(2..10)?.try_into().ok()?);
+            (b0, 10, usize::try_from(n).ok()?)
+        }
+        n => (b0, 2, usize::from(n)),
+    })
 }
 
 /// Appends the server text frame of [`text`] to `out` (fan-out lays the frames of one

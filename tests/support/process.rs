@@ -167,6 +167,12 @@ impl RelayProcess {
         for (k, v) in envs {
             cmd.env(k, v);
         }
+        RelayProcess::start(cmd)
+    }
+
+    /// Runs `cmd` (the binary, or a wrapper that `exec`s it, with standard error piped)
+    /// and waits for its start-up line.
+    pub fn start(mut cmd: Command) -> RelayProcess {
         let mut child = cmd.spawn().expect("the binary starts");
         let stderr = Lines::collect(child.stderr.take().unwrap(), "relay");
         let line = stderr.wait("the start-up line", |l| {

@@ -11,6 +11,7 @@ mod support;
 mod auth;
 mod conformance_corpus;
 mod http_ingest;
+mod memory_budget;
 mod operations;
 mod refusals;
 mod retention;

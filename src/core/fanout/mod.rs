@@ -8,7 +8,7 @@
 //! of an ingest unit laid out back to back in shared arenas (`Frames`, `Unit`; see that
 //! module's docs for coalescing and compression). Fan-out never writes to a socket.
 
-use super::conn::{Conn, OutQueue};
+use super::conn::{Chunks, Conn, OutQueue, Tag, UNSHARED};
 use crate::envelope::{Capture, Event, Scope, Severity};
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
@@ -19,8 +19,11 @@ use slab::Slab;
 
 /// Queues the pending runs of `unit` on their connections, in order, as slices of its
 /// arenas, and starts a new arena generation. A run whose connection is gone, or whose
-/// slot was reused by another connection since, is dropped.
-fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>) {
+/// slot was reused by another connection since, is dropped. Each arena's frames become
+/// one shared chunk in `chunks` (counted once for the memory budget), opened with its
+/// first queued slice.
+fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>, chunks: &mut Chunks) {
+    let mut tags = [UNSHARED; crate::fanout::ARENAS];
     unit.drain_runs(|run, generation, bytes| {
         let Some(conn) = conns.get_mut(run.conn.0) else {
             return;
@@ -33,10 +36,15 @@ fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>) {
             return;
         };
         let slice = bytes.slice(run.start..run.end);
+        let tag: &mut Tag = &mut tags[run.arena];
+        if *tag == UNSHARED {
+            *tag = chunks.open(bytes.len());
+        }
+        chunks.take(*tag);
         if run.backlog {
-            conn.backlog.push(slice);
+            conn.backlog.push_shared(slice, *tag);
         } else {
-            conn.out.push(slice);
+            conn.out.push_shared(slice, *tag);
         }
     });
 }
@@ -92,6 +100,8 @@ pub(crate) struct Hub {
     /// The one `permessage-deflate` compressor (RFC 7692, `server_no_context_takeover`),
     /// created when a compressing subscriber first takes an Event; replay uses it too.
     pub(crate) deflater: Option<Box<Deflater>>,
+    /// The chunks of queued frames, each counted once (the memory budget).
+    pub(crate) chunks: Chunks,
     /// Counters.
     pub stats: FanoutStats,
 }
@@ -178,6 +188,12 @@ impl Hub {
             .saturating_add(events.saturating_mul(FRAMING));
     }
 
+    /// Heap bytes of the hub's own: the unit's arenas (their room not handed out yet) and
+    /// its runs. The shared compressor is the caller's to count (deflate state).
+    pub(crate) fn arena_bytes(&self) -> usize {
+        self.unit.heap_bytes()
+    }
+
     /// Whether a caller opened an ingest unit that is not ended yet.
     pub(crate) fn unit_open(&self) -> bool {
         self.unit.open
@@ -188,7 +204,7 @@ impl Hub {
     pub(crate) fn end_unit(&mut self, conns: &mut Slab<Conn>) {
         self.unit.open = false;
         self.unit.hint = 0;
-        queue_runs(&mut self.unit, conns);
+        queue_runs(&mut self.unit, conns, &mut self.chunks);
     }
 
     /// Fans `ev` out to every matching subscription, at most once per connection,
@@ -295,7 +311,7 @@ impl Hub {
             let fresh = pending > 0 || conn.offered != conn.out.pushed();
             if !backlog && fresh && !fits(&conn.out, pending, len, max_output) {
                 let paused = t.conn;
-                queue_runs(&mut self.unit, conns);
+                queue_runs(&mut self.unit, conns, &mut self.chunks);
                 self.note_positions(ev, placed, conns, serial, any_ws);
                 return Fanned::Paused(paused);
             }
@@ -357,7 +373,7 @@ impl Hub {
             }
         }
         if !self.unit.open {
-            queue_runs(&mut self.unit, conns);
+            queue_runs(&mut self.unit, conns, &mut self.chunks);
         }
         self.note_positions(ev, placed, conns, serial, any_ws);
         Fanned::Done

@@ -89,7 +89,7 @@ impl Setup {
                         self.written.resize(key + 1, Vec::new());
                     }
                     if !self.blocked.contains(&key) {
-                        let _ = conn.out.flush(&mut self.written[key]);
+                        let _ = conn.out.flush(&mut self.written[key], &mut self.hub.chunks);
                     }
                     conn.offered = conn.out.pushed();
                 }
@@ -337,4 +337,25 @@ fn compressed_frames_are_built_once_per_event_and_capture_level() {
         .flat_map(|e| ws::rfc6455::text(e.bytes()).to_vec())
         .collect();
     assert_eq!(s.queued(plain).1, plain_want, "plain frames beside them");
+}
+
+/// The memory budget counts a unit's frames once, however many queues hold slices of
+/// them, until the last slice is written or the last holder is gone.
+#[test]
+fn shared_frames_count_once_until_the_last_slice_goes() {
+    let mut s = Setup::new();
+    let a = s.subscribe("{}", None, false);
+    let b = s.subscribe("{}", None, false);
+    let odd = s.subscribe(r#"{"session":"s1"}"#, None, false);
+    let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
+    s.unit(&events, 1 << 20);
+    let all = sse_of(&events, |_| true).len();
+    assert_eq!(s.hub.chunks.bytes(), all, "three queues, one chunk");
+    assert_eq!(s.conns[a].out.own(), 0);
+    let mut sink = Vec::new();
+    let _ = s.conns[a].out.flush(&mut sink, &mut s.hub.chunks);
+    let _ = s.conns[odd].out.flush(&mut sink, &mut s.hub.chunks);
+    assert_eq!(s.hub.chunks.bytes(), all, "b still holds it");
+    s.conns[b].out.release_all(&mut s.hub.chunks);
+    assert_eq!(s.hub.chunks.bytes(), 0);
 }

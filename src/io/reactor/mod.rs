@@ -102,8 +102,11 @@ impl Relay {
     ///
     /// # Errors
     /// [`StartError`].
-    pub fn bind(config: Config) -> Result<Relay, StartError> {
+    pub fn bind(mut config: Config) -> Result<Relay, StartError> {
         config.validate()?;
+        if config.max_memory.is_none() {
+            config.max_memory = Some(super::host::memory_budget());
+        }
         let addr = config.listen;
         let io_err = |source| StartError::Io { addr, source };
         let poll = Poll::new().map_err(io_err)?;
