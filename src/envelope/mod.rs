@@ -22,8 +22,8 @@ mod scan;
 mod validate;
 
 pub use validate::{
-    header_version_supported, is_valid_extension_name, is_valid_type, version_supported,
-    SUPPORTED_VERSIONS,
+    header_version_supported, is_category, is_valid_extension_name, is_valid_type, vendor_token,
+    version_supported, CATEGORIES, SUPPORTED_VERSIONS,
 };
 
 /// The AEP-0001 §5.3 worked example Event, verbatim (non-normative spec text): a valid

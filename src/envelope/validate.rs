@@ -5,7 +5,8 @@
 //! 1. REQUIRED attributes present: `aep`, `id`, `type`, `time`, `source`, `agent`
 //!    (AEP-0001 §5.1).
 //! 2. `aep` is `MAJOR.MINOR` and a version this relay speaks (AEP-0001 §5.1 #1, §11).
-//! 3. `type` grammar with the closed category set (AEP-0001 §6, AEP-0002 §3).
+//! 3. `type` grammar: a core type's category from the closed set, a vendor type as the
+//!    envelope schema has it (AEP-0001 §6, AEP-0002 §3; see the decisions).
 //! 4. `time` is an RFC 3339 date-time with a timezone (AEP-0001 §5.1 #5).
 //! 5. `traceparent`, when present, is a W3C Trace Context header value (AEP-0001 §5.1 #14).
 //! 6. Session scoping (AEP-0001 §5.2, AEP-0004 §2.2).
@@ -23,9 +24,19 @@
 //!   command is `control.{rest}` with an imperative verb), so an unregistered
 //!   `control.{verb}` must omit `seq` too. The schema lists only the four registered
 //!   commands; for those, both agree.
-//! - **Vendor categories.** `x.{vendor}.{category}.{rest}` takes `category` from the
-//!   closed set (AEP-0001 §6 text), stricter than the schema's pattern, which admits any
-//!   token there.
+//! - **Vendor types.** `x.{vendor}.{token}.{rest}` takes any `[a-z0-9_]+` as `{token}`.
+//!   The AEP-0001 §6 text writes `{category}` there; the envelope schema's pattern
+//!   (`x\.[a-z0-9_-]+\.[a-z0-9_]+(\.[a-z0-9_]+)+`, what AEP-0001 §10 holds an emitter
+//!   to) admits any token, and the reference adapters emit such types
+//!   (`x.codex.otel.api_request`, `x.acp.fs.read.text.file`). Where prose and schema
+//!   disagree, the relay accepts what the schema accepts: it is a hop, consumers MUST
+//!   tolerate unknown types (AEP-0001 §6), and an NDJSON batch is all or none, so one
+//!   refused line would refuse every valid Event posted with it. `aep-relay validate`
+//!   warns about such a type without counting it invalid. The vendor token itself is
+//!   the schema's `[a-z0-9_-]+`, and a vendor type needs at least four tokens in all
+//!   (`x.acme.foo` is refused, as in the schema). Scope reads `{token}` only to find a
+//!   command (`control`, as the schema's `x\.[a-z0-9_-]+\.control\..+`); every other
+//!   vendor type, its token a category or not, is session-scoped (the first decision).
 //! - **`time`.** RFC 3339 §5.6 `date-time`: `T`/`t` separator and `Z`/`z` (RFC 3339 §5.6
 //!   note: these may be lower case), fractional seconds optional, seconds `00`-`60`
 //!   (leap second, §5.7), day checked against the month and leap years (§5.7).
@@ -38,9 +49,34 @@ use super::{is_command_type, Attr, Event, InvalidEvent};
 /// Envelope versions this relay speaks (major.minor), AEP-0001 §5.1 #1.
 pub const SUPPORTED_VERSIONS: [&str; 1] = ["0.1"];
 
-/// The closed category set of AEP 0.1 (AEP-0002 §3; `x` is the vendor namespace, not a
-/// category). Hard-coded: the build must not read the schema registry.
-pub(crate) const CATEGORIES: [&str; 13] = [
+/// Declares [`CATEGORIES`] and [`is_category`] from one list, so that the table and the
+/// `match` that runs for every Event (a length switch and one compare, rather than a scan
+/// of the table) cannot disagree.
+macro_rules! categories {
+    ($($c:literal,)+) => {
+        /// The closed category set of AEP 0.1 (AEP-0002 §3; `x` is the vendor namespace,
+        /// not a category): the first token of every core type. Hard-coded, as the build
+        /// must not read the schema registry, and the one list of them: the type grammar
+        /// ([`is_valid_type`], [`is_category`]), its refusal detail, the `validate` lint
+        /// and the corpus tests all read it, so a new category (a Standards-Track AEP,
+        /// AEP-0002 §3) is one line of it.
+        pub const CATEGORIES: &[&str] = &[$($c),+];
+
+        /// Whether `c` is one of the [`CATEGORIES`] (AEP-0002 §3).
+        ///
+        /// ```
+        /// use aep_relay::envelope::is_category;
+        /// assert!(is_category("tool"));
+        /// assert!(!is_category("otel"));
+        /// assert!(!is_category("x"));
+        /// ```
+        pub fn is_category(c: &str) -> bool {
+            matches!(c, $($c)|+)
+        }
+    };
+}
+
+categories! {
     "agent",
     "session",
     "run",
@@ -54,7 +90,7 @@ pub(crate) const CATEGORIES: [&str; 13] = [
     "assessment",
     "message",
     "control",
-];
+}
 
 /// Whether `name` is a legal extension attribute name (AEP-0001 §5.4): `[a-z0-9]{1,20}`
 /// and not a core attribute name.
@@ -112,83 +148,92 @@ pub fn header_version_supported(v: &str) -> bool {
     version_supported(v.trim_matches(|c| c == ' ' || c == '\t'))
 }
 
-/// Whether `c` is one of the thirteen [`CATEGORIES`]: a byte `match` (a length switch and
-/// one compare) rather than a scan of the list, as it runs for every Event.
-fn is_category(c: &[u8]) -> bool {
-    matches!(
-        c,
-        b"agent"
-            | b"session"
-            | b"run"
-            | b"progress"
-            | b"tool"
-            | b"delegation"
-            | b"attention"
-            | b"resource"
-            | b"error"
-            | b"state"
-            | b"assessment"
-            | b"message"
-            | b"control"
-    )
-}
-
-/// `rest` of a type: one or more `[a-z0-9_]+` tokens separated by single dots (no
-/// leading, trailing or doubled dot), in one pass.
-fn is_rest(rest: &[u8]) -> bool {
+/// The number of `[a-z0-9_]+` tokens in `s` when it is one or more of them separated by
+/// single dots (no leading, trailing or doubled dot), in one pass; `None` otherwise.
+fn tokens(s: &[u8]) -> Option<usize> {
+    let mut count = 1usize;
     let mut token = 0usize;
-    for &b in rest {
+    for &b in s {
         if b == b'.' {
             if token == 0 {
-                return false;
+                return None;
             }
+            count += 1;
             token = 0;
         } else if b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' {
             token += 1;
         } else {
-            return false;
+            return None;
         }
     }
-    token > 0
+    (token > 0).then_some(count)
 }
 
-/// `{category}.{rest}` with `category` in the closed set and `rest` one or more tokens.
-fn is_categorized(s: &[u8]) -> bool {
-    match memchr::memchr(b'.', s) {
-        Some(dot) => is_category(&s[..dot]) && is_rest(&s[dot + 1..]),
-        None => false,
-    }
+/// Whether `v` is a vendor token, the envelope schema's `[a-z0-9_-]+` (AEP-0001 §6: the
+/// `{vendor}` token additionally allows `-`).
+fn is_vendor(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.iter()
+            .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-/// Whether `t` is a well-formed AEP type (AEP-0001 §6, AEP-0002 §3): `{category}.{rest}`
-/// with `category` one of the thirteen categories and `rest` one or more `[a-z0-9_]+`
-/// tokens separated by dots, or the vendor form `x.{vendor}.{category}.{rest}` whose
-/// vendor token is `[a-z0-9_-]+`. Registration is not checked (unknown types are
-/// tolerated, AEP-0001 §6).
+/// Whether `t` is a well-formed AEP type (AEP-0001 §6, AEP-0002 §3), exactly the envelope
+/// schema's `type` pattern:
+///
+/// - a core type `{category}.{rest}`: `category` one of [`CATEGORIES`], `rest` one or more
+///   `[a-z0-9_]+` tokens separated by dots;
+/// - a vendor type `x.{vendor}.{token}.{rest}`: `vendor` is `[a-z0-9_-]+`, `token` any
+///   `[a-z0-9_]+` (a category or not: where the AEP-0001 §6 prose says `{category}`, the
+///   relay accepts what the schema accepts, as it is a hop and consumers MUST tolerate
+///   unknown types, AEP-0001 §6), `rest` one or more tokens.
+///
+/// Registration is not checked (unknown types are tolerated, AEP-0001 §6).
 ///
 /// ```
 /// use aep_relay::envelope::is_valid_type;
 /// assert!(is_valid_type("run.step.started"));
 /// assert!(is_valid_type("x.claude-code.session.config_change"));
+/// assert!(is_valid_type("x.codex.otel.api_request"));
 /// assert!(!is_valid_type("tool"));
+/// assert!(!is_valid_type("banana.peeled"));
 /// assert!(!is_valid_type("x.acme.foo"));
 /// ```
 pub fn is_valid_type(t: &str) -> bool {
-    let t = t.as_bytes();
-    match t.strip_prefix(b"x.") {
+    let b = t.as_bytes();
+    match b.strip_prefix(b"x.") {
         Some(vendored) => match memchr::memchr(b'.', vendored) {
             Some(dot) => {
-                let vendor = &vendored[..dot];
-                !vendor.is_empty()
-                    && vendor.iter().all(|&b| {
-                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
-                    })
-                    && is_categorized(&vendored[dot + 1..])
+                is_vendor(&vendored[..dot]) && tokens(&vendored[dot + 1..]).is_some_and(|n| n >= 2)
             }
             None => false,
         },
-        None => is_categorized(t),
+        // `dot` indexes an ASCII byte, so it is a char boundary of `t`.
+        None => match memchr::memchr(b'.', b) {
+            Some(dot) => is_category(&t[..dot]) && tokens(&b[dot + 1..]).is_some(),
+            None => false,
+        },
     }
+}
+
+/// The `{token}` of a vendor type `x.{vendor}.{token}.{rest}` (the place the AEP-0001 §6
+/// prose gives a category), or `None` when `t` is not a valid vendor type. What
+/// `aep-relay validate` lints: a token outside [`CATEGORIES`] is valid on the wire (see
+/// [`is_valid_type`]) but departs from the prose.
+///
+/// ```
+/// use aep_relay::envelope::vendor_token;
+/// assert_eq!(vendor_token("x.codex.otel.api_request"), Some("otel"));
+/// assert_eq!(vendor_token("x.claude-code.session.config_change"), Some("session"));
+/// assert_eq!(vendor_token("tool.completed"), None);
+/// assert_eq!(vendor_token("x.acme.foo"), None);
+/// ```
+pub fn vendor_token(t: &str) -> Option<&str> {
+    if !is_valid_type(t) {
+        return None;
+    }
+    let mut parts = t.strip_prefix("x.")?.splitn(3, '.');
+    parts.next()?;
+    parts.next()
 }
 
 /// `n` ASCII digits at `b[at..]` as a number.
@@ -324,7 +369,7 @@ pub(crate) fn validate(ev: &Event) -> Result<(), InvalidEvent> {
     let t = ev.event_type();
     if !is_valid_type(t) {
         return Err(InvalidEvent::new(format!(
-            "`type` {} must be {{category}}.{{rest}} or x.{{vendor}}.{{category}}.{{rest}}: lowercase [a-z0-9_] tokens, category one of {} (AEP-0001 §6, AEP-0002 §3)",
+            "`type` {} must be {{category}}.{{rest}} or x.{{vendor}}.{{token}}.{{rest}}: lowercase [a-z0-9_] tokens (the vendor token may also hold `-`), category one of {} (AEP-0001 §6, AEP-0002 §3)",
             shown(t),
             CATEGORIES.join(", ")
         )));
@@ -504,8 +549,14 @@ mod tests {
 
     #[test]
     fn every_category_in_bare_and_vendor_form() {
-        assert_eq!(CATEGORIES.len(), 13, "AEP-0002 §3: thirteen categories");
-        for c in CATEGORIES {
+        // The table holds distinct `[a-z]+` tokens, and `x` (the vendor namespace) is not
+        // among them; its length is not pinned, so a new category is one line.
+        let unique: std::collections::HashSet<_> = CATEGORIES.iter().collect();
+        assert_eq!(unique.len(), CATEGORIES.len());
+        assert!(!is_category("x") && !is_category("") && !is_category("Tool"));
+        for &c in CATEGORIES {
+            assert!(c.bytes().all(|b| b.is_ascii_lowercase()), "{c}");
+            assert!(is_category(c), "{c}");
             for t in [
                 format!("{c}.x"),
                 format!("{c}.step.started_2"),
@@ -539,8 +590,6 @@ mod tests {
             "tool.é",
             "banana.peeled",
             "x.acme.foo",
-            "x.acme.banana.peeled",
-            "x.acme.x.tool.y",
             "x..tool.x",
             "x.Acme.tool.x",
             "x.ac me.tool.x",
@@ -556,6 +605,160 @@ mod tests {
             "(AEP-0001 §6, AEP-0002 §3)",
         );
         refused(&[("type", Some(r#""tool""#))], "`type` \"tool\" must be");
+    }
+
+    /// The vendor form is the envelope schema's `x\.[a-z0-9_-]+\.[a-z0-9_]+(\.[a-z0-9_]+)+`:
+    /// any token third, a category or not (AEP-0001 §6 prose says category; the relay
+    /// accepts what the schema accepts).
+    #[test]
+    fn vendor_types_take_any_token_third() {
+        for good in [
+            "x.codex.otel.api_request",
+            "x.acp.fs.read.text.file",
+            "x.agui.text_message.start",
+            "x.kimi-code.web.event.approval.requested",
+            "x.acme.banana.peeled",
+            "x.acme.x.tool.y",
+            "x.acme.control_x.y",
+            "x.a-b.c.d",
+            "x.-.tool.done",
+            "x.--.a.b",
+            "x._.a.b",
+            "x.1.2.3",
+            "x.x.x.x",
+            "x.acme.otel.a.b.c.d.e",
+        ] {
+            assert!(is_valid_type(good), "{good}");
+            ok(&[("type", Some(&format!("\"{good}\"")))]);
+        }
+        for bad in [
+            // Too short: a vendor type has at least four tokens.
+            "x",
+            "x.",
+            "x.acme",
+            "x.acme.",
+            "x.acme.foo",
+            "x.acme.otel",
+            "x.acme.otel.",
+            "x.acme-corp.verb",
+            // Upper case anywhere.
+            "X.acme.otel.x",
+            "x.ACME.otel.x",
+            "x.acme.Otel.x",
+            "x.acme.otel.X",
+            "x.acme.otel.a.B",
+            // Empty tokens.
+            ".x.acme.otel.x",
+            "x..otel.x",
+            "x.acme..x",
+            "x.acme.otel..x",
+            "x.acme.otel.x.",
+            "x.acme.otel.x..y",
+            "x...",
+            "x....",
+            // `-` only in the vendor token; no other bytes.
+            "x.acme.ot-el.x",
+            "x.acme.otel.a-b",
+            "x.acme.otel.a b",
+            "x.acme.otel.é",
+            "x.ac/me.otel.x",
+            "x.acme.otel.x\n",
+            // Not the vendor namespace, and not a category.
+            "y.acme.otel.x",
+            "xx.acme.otel.x",
+        ] {
+            assert!(!is_valid_type(bad), "{bad:?}");
+        }
+        refused(
+            &[("type", Some(r#""x.acme.foo""#))],
+            "x.{vendor}.{token}.{rest}",
+        );
+        // Scope (AEP-0001 §5.2, the schema's rules): a vendor type whose token is not a
+        // category is session-scoped; `control` as the token makes it a command, the
+        // word elsewhere does not.
+        let t = [("type", Some(r#""x.codex.otel.api_request""#))];
+        refused(
+            &[t[0], ("seq", None)],
+            "`seq` is REQUIRED on session-scoped",
+        );
+        refused(
+            &[t[0], ("session", None)],
+            "`session` is REQUIRED on session-scoped",
+        );
+        let ev = parse(&event(&t)).unwrap();
+        assert_eq!(ev.scope(), super::super::Scope::Sequenced);
+        assert!(!ev.is_command());
+        assert!(!is_command_type("x.acme.otel.control.stop"));
+        assert!(is_command_type("x.acme.control.stop"));
+    }
+
+    /// [`is_valid_type`] against the envelope schema's `type` pattern written out as token
+    /// rules, on every string of up to five pieces (tokens, dots, the bytes at the edges).
+    #[test]
+    fn type_grammar_agrees_with_the_schema_pattern() {
+        fn schema(t: &str) -> bool {
+            let parts: Vec<&str> = t.split('.').collect();
+            let token = |p: &&str| {
+                !p.is_empty()
+                    && p.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            };
+            let vendor = !parts.get(1).unwrap_or(&"").is_empty()
+                && parts[1].bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            (CATEGORIES.contains(&parts[0]) && parts.len() >= 2 && parts[1..].iter().all(token))
+                || (parts[0] == "x" && parts.len() >= 4 && vendor && parts[2..].iter().all(token))
+        }
+        const PIECES: [&str; 12] = [
+            "x.", "x", "a", ".", ".a", "-", "_", "run", "A", "0", "é", " ",
+        ];
+        let mut t = String::new();
+        let mut checked = 0;
+        // Every sequence of up to five pieces, counting in base 12.
+        let mut idx: Vec<usize> = Vec::new();
+        loop {
+            t.clear();
+            for &i in &idx {
+                t.push_str(PIECES[i]);
+            }
+            assert_eq!(is_valid_type(&t), schema(&t), "{t:?}");
+            assert_eq!(
+                vendor_token(&t).is_some(),
+                schema(&t) && t.starts_with("x."),
+                "{t:?}"
+            );
+            checked += 1;
+            // Next sequence: count in base 10, growing by one piece on overflow.
+            let mut k = idx.len();
+            loop {
+                if k == 0 {
+                    idx.insert(0, 0);
+                    idx.iter_mut().for_each(|i| *i = 0);
+                    break;
+                }
+                k -= 1;
+                idx[k] += 1;
+                if idx[k] < PIECES.len() {
+                    break;
+                }
+                idx[k] = 0;
+            }
+            if idx.len() > 5 {
+                break;
+            }
+        }
+        assert_eq!(checked, 271_453);
+    }
+
+    #[test]
+    fn vendor_token_is_the_third_token_of_a_valid_vendor_type() {
+        assert_eq!(vendor_token("x.codex.otel.api_request"), Some("otel"));
+        assert_eq!(vendor_token("x.acp.fs.read.text.file"), Some("fs"));
+        assert_eq!(vendor_token("x.a-b.tool.x"), Some("tool"));
+        for none in ["tool.completed", "x.acme.foo", "x.acme.Otel.x", "", "x"] {
+            assert_eq!(vendor_token(none), None, "{none:?}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `aep-relay validate` on the upstream corpus: the 64 golden Events are valid; of the
 //! single-Event cases of `invalid/cases.json`, exactly the envelope-level ones are
 //! reported, each at its own line (payload-schema cases are not a relay's to check,
-//! AEP-0001 §5). Exit status 0 / 1 / 2; standard input when no file is named.
+//! AEP-0001 §5). Exit status 0 / 1 / 2; standard input when no file is named. A vendor
+//! type off the categories is a warning on standard error, never an invalid line.
 
 use crate::support;
 use std::io::Write;
@@ -127,4 +128,44 @@ fn standard_input_blank_lines_and_unreadable_files() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A vendor type whose third token is not a category is valid (the envelope schema's
+/// `x.{vendor}.{token}.{rest}`, AEP-0001 §6) and linted: one warning on standard error per
+/// distinct type, at its first line; nothing on standard output; exit status 0.
+#[test]
+fn vendor_types_off_the_categories_are_warned_about_not_refused() {
+    let line = |seq: u64, t: &str| event("s", 0, seq, t, "");
+    let input = [
+        line(0, "x.codex.otel.api_request"),
+        line(1, "x.claude-code.session.config_change"),
+        line(2, "x.codex.otel.api_request"),
+        line(3, "tool.completed"),
+        line(4, "x.acp.fs.read.text.file"),
+    ]
+    .map(|l| l + "\n")
+    .concat();
+    let out = validate(&[], input.as_bytes());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(text(&out.stdout), "");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains(": warning: ")).collect();
+    assert_eq!(
+        warnings,
+        [
+            "-:1: warning: `x.codex.otel.api_request`: `otel` is not a category (AEP-0001 §6 prose: x.{vendor}.{category}.{rest}; the envelope schema and the relay accept it)",
+            "-:5: warning: `x.acp.fs.read.text.file`: `fs` is not a category (AEP-0001 §6 prose: x.{vendor}.{category}.{rest}; the envelope schema and the relay accept it)",
+        ],
+        "{err}"
+    );
+    assert!(
+        err.contains("validate: 5 lines in 1 file: 5 valid, 0 invalid; 2 warnings ("),
+        "{err}"
+    );
+    // `--quiet` prints only the summary, which still counts them.
+    let out = validate(&["-q"], input.as_bytes());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("0 invalid; 2 warnings ("), "{err}");
 }

@@ -9,7 +9,8 @@
 //!   [`downlevel`]), and resume (through [`Store`] and over `GET /stream`). It is part of
 //!   the repository, so these tests always run.
 //! - **The upstream one**, `../shared/aep-fixtures`: `attr-match/`, `downlevel/`,
-//!   `golden/` and the envelope-level cases of `invalid/`. Each test is ignored
+//!   `golden/`, the envelope-level cases of `invalid/`, and the types the reference
+//!   adapters emit (`mappings/`, over `POST /events`). Each test is ignored
 //!   (`cfg(no_fixtures)`, see build.rs) when `../shared` is absent.
 //!
 //! A failing case is reported by name with what was expected and what happened; all
@@ -712,6 +713,156 @@ fn upstream_invalid_envelope_level() {
     report("upstream invalid", cases.len(), failures);
 }
 
+/// Every `type` the reference adapters emit, by the mapping fixtures
+/// (`mappings/*.json`): the `type` members of their expected Events, wherever a file
+/// nests them (`expected`, `deltas_expected`, `companion`, `primary`, the modes), and
+/// not those of the vendor input (`input`) or of payloads (`data`, `expected_data*`).
+/// Sorted, without repeats.
+fn mapping_types() -> Vec<String> {
+    fn walk(v: &Value, out: &mut std::collections::BTreeSet<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("input" | "data" | "expected_data" | "expected_data_metadata", _) => {}
+                        ("type", Value::String(t)) => {
+                            out.insert(t.clone());
+                        }
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let dir = shared("aep-fixtures/mappings");
+    let mut types = std::collections::BTreeSet::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            files += 1;
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            walk(&upstream(&format!("mappings/{name}")), &mut types);
+        }
+    }
+    assert!(files >= 12, "only {files} mapping files");
+    types.into_iter().collect()
+}
+
+/// A valid Event of type `t` at `seq` in session `maps`, scoped as the envelope schema
+/// scopes it (AEP-0001 §5.2): an `agent.*` type carries neither `session` nor `seq`, a
+/// foreign-emitter type (a command, `attention.routed`) `session` without `seq`.
+fn mapping_event(t: &str, seq: usize) -> String {
+    let mut ev = serde_json::json!({
+        "aep": "0.1",
+        "id": format!("map-{seq}"),
+        "type": t,
+        "time": "2026-07-03T10:00:00Z",
+        "source": "aep://conformance/agent/mappings/session/maps",
+        "agent": "mappings",
+        "session": "maps",
+        "seq": seq,
+        "data": {},
+    });
+    let m = ev.as_object_mut().unwrap();
+    if t.starts_with("agent.") {
+        m.shift_remove("session");
+        m.shift_remove("seq");
+    } else if is_command_type(t) || t == "attention.routed" {
+        m.shift_remove("seq");
+    }
+    ev.to_string()
+}
+
+/// What the reference adapters emit passes the relay (AEP-0001 §6: the vendor form is
+/// the envelope schema's `x.{vendor}.{token}.{rest}`, any token third; consumers MUST
+/// tolerate unknown types): every type of the mapping fixtures, each in a valid Event, in
+/// ONE NDJSON batch with valid core Events, is accepted whole (a batch is all or none,
+/// AEP-0003 §3.2) and replays byte for byte. The envelope-level cases of
+/// `invalid/cases.json` stay refused over the wire, alone and as one line of that batch.
+#[test]
+#[cfg_attr(no_fixtures, ignore = "needs ../shared/aep-fixtures")]
+fn upstream_mapping_types_over_http() {
+    let types = mapping_types();
+    let vendor: Vec<&String> = types.iter().filter(|t| t.starts_with("x.")).collect();
+    assert_eq!(
+        (types.len(), vendor.len()),
+        (140, 115),
+        "the mapping fixtures pin 140 types, 115 of them vendor types: {types:?}"
+    );
+    let offcategory = vendor
+        .iter()
+        .filter(|t| !aep_relay::envelope::is_category(t.split('.').nth(2).unwrap()))
+        .count();
+    assert_eq!(
+        offcategory, 78,
+        "vendor types whose third token is no category"
+    );
+    let commands: Vec<&String> = types.iter().filter(|t| is_command_type(t)).collect();
+    assert!(
+        commands.is_empty(),
+        "a command cannot be posted (AEP-0004 §4.1): {commands:?}"
+    );
+
+    let mut batch = vec![support::ev("a", "core", 0)];
+    for (i, t) in types.iter().enumerate() {
+        batch.push(mapping_event(t, i));
+        if i == types.len() / 2 {
+            batch.push(support::ev("a", "core", 1));
+        }
+    }
+    batch.push(support::ev("a", "core", 2));
+
+    let relay = TestRelay::start();
+    let (status, answer) = relay.post_lines(&batch);
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(batch.len() as u64)),
+        "{} Events ({} mapping types) answered {status} {answer}",
+        batch.len(),
+        types.len()
+    );
+    let mut replayed = relay.replay_all();
+    replayed.sort();
+    let mut posted = batch.clone();
+    posted.sort();
+    assert_eq!(replayed, posted, "the replay is not the posted batch");
+
+    // The envelope-level invalid cases: refused alone, and each refuses the whole batch
+    // it is a line of, naming that line.
+    let doc = upstream("invalid/cases.json");
+    let mut failures = Vec::new();
+    let mut refused = 0;
+    for case in array(&doc, "cases") {
+        let rule = case["rule"].as_str().unwrap_or_default();
+        let Value::Object(ev) = &case["event"] else {
+            continue; // a stream case
+        };
+        if rule.contains("payload schema") || rule.contains("field_spec") {
+            continue; // not a relay's to enforce (AEP-0001 §5)
+        }
+        refused += 1;
+        let n = name(case);
+        let line = serde_json::to_string(ev).unwrap();
+        let (status, answer) = relay.post("application/json", &line);
+        if (status, answer["error"].as_str()) != (400, Some("invalid-event")) {
+            failures.push(format!("{n}: alone, answered {status} {answer}"));
+        }
+        let mut with = batch.clone();
+        with.insert(batch.len() / 2, line);
+        let (status, answer) = relay.post_lines(&with);
+        let want = (400, Some("invalid-event"), Some(batch.len() as u64 / 2 + 1));
+        let got = (status, answer["error"].as_str(), answer["line"].as_u64());
+        if got != want {
+            failures.push(format!("{n}: in the batch, answered {status} {answer}"));
+        }
+    }
+    assert_eq!(refused, 17, "envelope-level cases of invalid/cases.json");
+    report("upstream invalid over POST /events", refused, failures);
+}
+
 /// The corpora themselves: every project case names a rule, and names are unique (a
 /// failure report must point at exactly one case).
 #[test]
@@ -739,24 +890,11 @@ fn project_corpus_shape() {
             }
         }
     }
-    // Every category of AEP-0002 §3 appears in the envelope corpus, bare and vendored.
+    // Every category of AEP-0002 §3 (the relay's one table of them) appears in the
+    // envelope corpus, bare and vendored.
     let doc = project("envelope.json");
     let text = doc.to_string();
-    for c in [
-        "agent",
-        "session",
-        "run",
-        "progress",
-        "tool",
-        "delegation",
-        "attention",
-        "resource",
-        "error",
-        "state",
-        "assessment",
-        "message",
-        "control",
-    ] {
+    for c in aep_relay::envelope::CATEGORIES {
         assert!(text.contains(&format!("\"{c}.")), "no bare {c}.* case");
         assert!(
             text.contains(&format!(".{c}.")),
