@@ -40,7 +40,7 @@ fn a_full_ring_keeps_the_fact_and_sheds_deltas() {
     let relay = TestRelay::with(|c| c.buffer_per_session = 8);
     let ask = at("s", 1, "attention.requested", "notice");
     let deltas: Vec<String> = (2..=101)
-        .map(|q| at("s", q, "progress.status", "debug"))
+        .map(|q| at("s", q, "x.agui.text_message.content", "debug"))
         .collect();
     let done = at("s", 102, "run.finished", "info");
     relay.post_ok(&[&ask]);
@@ -94,7 +94,7 @@ fn an_evicted_fact_is_owed_a_marker() {
 
     let relay = TestRelay::with(|c| c.buffer_per_session = 3);
     let mut sent = vec![at("d", 1, "tool.completed", "info")];
-    sent.extend((2..=6).map(|q| at("d", q, "progress.status", "debug")));
+    sent.extend((2..=6).map(|q| at("d", q, "x.agui.text_message.content", "debug")));
     let refs: Vec<&str> = sent.iter().map(String::as_str).collect();
     relay.post_ok(&refs);
     let (comments, data) = resume(&relay, "d", 0);
