@@ -61,7 +61,8 @@ struct Cli {
     /// Most simultaneous connections (503 with Retry-After above).
     #[arg(long, env = "AEP_MAX_CONNECTIONS", default_value_t = config::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
-    /// Bound of one connection's output queue in bytes (backpressure).
+    /// Bound of one connection's output queue in bytes (backpressure: toward a slow
+    /// consumer, debug Events are dropped past half of it, info past three quarters).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
     /// Largest WebSocket message in bytes, fragments reassembled (close 1009 above).

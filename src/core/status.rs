@@ -72,7 +72,7 @@ impl Core {
             "buffered_bytes": self.store.byte_len(),
             "ingested": self.ingested,
             "deliveries": st.deliveries,
-            "dropped": st.dropped,
+            "dropped": st.dropped.total(),
             "backpressure_disconnects": st.backpressure_disconnects,
             "rejected": rejected,
             "not_found": not_found,
@@ -128,9 +128,18 @@ impl Core {
         x.family(
             metrics::DROPPED,
             "counter",
-            "debug/info Events not delivered to slow consumers (AEP-0003 §8.4).",
+            "Events not delivered to slow consumers, by severity (AEP-0003 §8.4: debug past half of --max-output, info past three quarters).",
         )
-        .sample(metrics::DROPPED, &[], st.dropped as f64);
+        .sample(
+            metrics::DROPPED,
+            &[("severity", "debug")],
+            st.dropped.debug as f64,
+        )
+        .sample(
+            metrics::DROPPED,
+            &[("severity", "info")],
+            st.dropped.info as f64,
+        );
         x.family(
             metrics::DISCONNECTS,
             "counter",
@@ -164,13 +173,13 @@ impl Core {
                 _ => http_n += 1,
             }
             queued += c.out.len();
-            if c.dropped > 0 {
+            if !c.dropped.is_empty() {
                 let k = key.to_string();
                 let peer = c.peer.to_string();
                 x.sample(
                     metrics::CONN_DROPPED,
                     &[("conn", &k), ("peer", &peer)],
-                    c.dropped as f64,
+                    c.dropped.total() as f64,
                 );
             }
         }

@@ -232,7 +232,7 @@ impl Core {
                     }
                 }
             }
-            let dropped = self.conns.get(key).map_or(0, |c| c.dropped);
+            let dropped = self.conns.get(key).map_or(0, |c| c.dropped.total());
             last.push(aep::closing(reason, delivered, dropped));
         }
         last.push(rfc6455::close(code, reason));
