@@ -386,6 +386,12 @@ pub(crate) struct Conn {
     /// Events not delivered because of backpressure since the connection opened, by
     /// severity (AEP-0003 §8.4).
     pub(crate) dropped: Drops,
+    /// Whether this consumer is told of drops in its stream: every SSE stream (a
+    /// comment), a WebSocket that asked in its `hello` (a `dropped` frame).
+    pub(crate) announce_drops: bool,
+    /// Of `dropped`, those the consumer was not told of yet: the notice goes before the
+    /// next Event delivered to it (counted only while `announce_drops`).
+    pub(crate) unannounced: Drops,
     /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
     /// it: fan-out skips it, so it is counted once, however many Events meet it.
     pub(crate) doomed: bool,
@@ -466,6 +472,8 @@ impl Conn {
             unit_pending: 0,
             deflate_window: 0,
             dropped: Drops::default(),
+            announce_drops: false,
+            unannounced: Drops::default(),
             doomed: false,
             write_shut: false,
             peer_eof: false,

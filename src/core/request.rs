@@ -816,6 +816,8 @@ impl Core {
             Some(sub) => Phase::Sse { sub },
             None => Phase::Closing,
         };
+        // A live stream is told of drops with a comment (AEP-0003 §8.4, `sse::dropped`).
+        conn.announce_drops = true;
         let mut sessions = replay_sessions(&self.store, &req.from);
         if let Some(names) = req.history_sessions() {
             sessions.extend(history_streams(&self.store, names));

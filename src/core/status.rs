@@ -392,7 +392,7 @@ impl Core {
                 accepts: [],
                 routes,
             },
-            experimental: Empty {},
+            experimental: Experimental { dropped: Empty {} },
             limits: grant.map(|_| Limits {
                 subscriptions: c.max_subscriptions_per_conn,
                 from: c.max_from_positions,
@@ -412,10 +412,17 @@ pub(super) struct Capabilities {
     capture: [&'static str; 4],
     roster: Empty,
     control: ControlCaps,
-    experimental: Empty,
+    experimental: Experimental,
     /// Per-connection limits, on a socket's `hello` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
+}
+
+/// `experimental` (AEP-0003 §4 rule 6): `dropped`, the WebSocket `dropped` frame a
+/// consumer asks for by declaring the same key in its `hello` (`ws::aep::dropped`).
+#[derive(Debug, Serialize)]
+struct Experimental {
+    dropped: Empty,
 }
 
 /// `replay`: depth per session, sessions held, `from=all` supported.

@@ -13,15 +13,18 @@ use crate::envelope::{Capture, Event, Scope, Severity};
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
 use crate::ids::{ConnId, SubId};
+use crate::sse;
 use crate::store::StreamId;
+use crate::ws::aep;
 use crate::ws::deflate::Deflater;
 use slab::Slab;
 
 /// Queues the pending runs of `unit` on their connections, in order, as slices of its
-/// arenas, and starts a new arena generation. A run whose connection is gone, or whose
-/// slot was reused by another connection since, is dropped.
+/// arenas (each behind its drop notice, if any), and starts a new arena generation. A
+/// run whose connection is gone, or whose slot was reused by another connection since,
+/// is dropped.
 fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>) {
-    unit.drain_runs(|run, generation, bytes| {
+    unit.drain_runs(|run, generation, bytes, notice| {
         let Some(conn) = conns.get_mut(run.conn.0) else {
             return;
         };
@@ -29,14 +32,16 @@ fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>) {
             return; // the slot was reused by another connection
         }
         conn.unit_pending = 0;
-        let Some(bytes) = bytes else {
-            return;
-        };
-        let slice = bytes.slice(run.start..run.end);
-        if run.backlog {
-            conn.backlog.push(slice);
+        let q = if run.backlog {
+            &mut conn.backlog
         } else {
-            conn.out.push(slice);
+            &mut conn.out
+        };
+        if let Some(notice) = notice {
+            q.push(notice.clone());
+        }
+        if let Some(bytes) = bytes {
+            q.push(bytes.slice(run.start..run.end));
         }
     });
 }
@@ -218,9 +223,12 @@ impl Hub {
     /// computed once per Event): half of `max_output` for `debug`, three quarters for
     /// `info`, all of it for `notice` and above. Past its mark a `debug` or `info` Event
     /// is dropped and counted (`Conn::dropped`, by severity); a `notice`+ Event that
-    /// does not fit the whole bound disconnects the consumer. Live frames held behind a
-    /// replay (`Conn::backlog`) are judged by the same marks against the backlog's own
-    /// length.
+    /// does not fit the whole bound disconnects the consumer. A consumer told of drops
+    /// (`Conn::announce_drops`) gets a notice just before the next Event delivered to
+    /// it: the SSE comment [`sse::dropped`] or the WebSocket frame [`aep::dropped`],
+    /// queued as its own slice ahead of that Event's run, so it never splits a frame
+    /// and costs nothing while nothing is dropped. Live frames held behind a replay
+    /// (`Conn::backlog`) are judged by the same marks against the backlog's own length.
     ///
     /// **Pauses come first.** Fan-out never writes to a socket. A target whose queue is
     /// past the Event's mark and got frames since its socket was last offered the queue
@@ -322,21 +330,37 @@ impl Hub {
             // Behind a replay, and until what it held back has all moved on, live frames
             // wait in the backlog: they never overtake it.
             let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            // Drops not yet told go just before this Event, if it is queued: it must fit
+            // with their notice.
+            let announce = !conn.unannounced.is_empty();
+            let need = if announce {
+                let n = conn.unannounced;
+                len + if t.ws {
+                    aep::dropped_len(n.debug, n.info)
+                } else {
+                    sse::dropped_len(n.debug, n.info)
+                }
+            } else {
+                len
+            };
             // A consumer that cannot take the Event within its mark, and got frames since
             // its socket was last offered the queue, pauses the publication here: the
             // targets decided so far keep what they got (`Conn::decided`), the rest get
             // the Event when it is fanned out again, once the reactor wrote.
             let fresh = pending > 0 || conn.offered != conn.out.pushed();
-            if !backlog && fresh && !fits(&conn.out, pending, len, mark) {
+            if !backlog && fresh && !fits(&conn.out, pending, need, mark) {
                 let paused = t.conn;
                 queue_runs(&mut self.unit, conns);
                 self.note_positions(ev, placed, conns, serial, any_ws);
                 return Fanned::Paused(paused);
             }
             let q = if backlog { &conn.backlog } else { &conn.out };
-            let verdict = if !fits(q, pending, len, mark) {
+            let verdict = if !fits(q, pending, need, mark) {
                 if severity <= Severity::Info {
                     conn.dropped.count(severity);
+                    if conn.announce_drops {
+                        conn.unannounced.count(severity);
+                    }
                     Queued::Dropped
                 } else {
                     Queued::Disconnect
@@ -348,10 +372,21 @@ impl Hub {
             match verdict {
                 Queued::Yes => {
                     let unit = &mut self.unit;
+                    let mut notice = 0;
+                    if announce {
+                        let n = std::mem::take(&mut conn.unannounced);
+                        unit.notices.push(if t.ws {
+                            aep::dropped(n.debug, n.info)
+                        } else {
+                            sse::dropped(n.debug, n.info)
+                        });
+                        notice = unit.notices.len() as u32;
+                    }
                     let open = conn.unit_generation == unit.generation && pending > 0;
                     match unit.runs.get_mut(conn.unit_run) {
                         Some(r)
                             if open
+                                && notice == 0
                                 && r.conn == t.conn
                                 && r.arena == arena
                                 && r.end == start
@@ -367,11 +402,12 @@ impl Hub {
                                 start,
                                 end,
                                 backlog,
+                                notice,
                             });
                         }
                     }
                     conn.unit_generation = unit.generation;
-                    conn.unit_pending = pending + len;
+                    conn.unit_pending = pending + need;
                     self.targets[ti].queued = true;
                     self.stats.deliveries += 1;
                     self.stats.deliveries_ws += u64::from(t.ws);

@@ -1,11 +1,12 @@
 //! Coalescing (module docs of `crate::fanout`): the frames of one ingest unit reach each
 //! connection as few slices as its selection allows, byte-identical to the per-Event
-//! frames, in order. Backpressure (AEP-0003 §8.4): pauses, shedding by severity.
+//! frames, in order. Backpressure (AEP-0003 §8.4): pauses, shedding by severity, drop
+//! notices.
 
 use super::*;
 use crate::envelope::Event;
 use crate::filter::Filter;
-use crate::ws::{self, Delivered};
+use crate::ws::{self, aep, Delivered};
 use crate::{capture, sse};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -97,6 +98,16 @@ impl Setup {
         }
         self.hub.end_unit(&mut self.conns);
         (dirty, doomed)
+    }
+
+    /// The consumer `key` reads everything queued for it (its socket takes it all).
+    fn drain(&mut self, key: usize) {
+        if self.written.len() <= key {
+            self.written.resize(key + 1, Vec::new());
+        }
+        let conn = &mut self.conns[key];
+        let _ = conn.out.flush(&mut self.written[key]);
+        conn.offered = conn.out.pushed();
     }
 
     /// Queue entries and queued bytes of `key`.
@@ -251,12 +262,95 @@ fn the_marks_are_half_and_three_quarters_of_the_bound() {
     }
 }
 
+/// A consumer told of drops (every SSE stream) gets `: dropped {n} debug={d} info={i}`
+/// just before the next Event delivered after them, between two messages, with the
+/// count since the previous comment; nothing when nothing was dropped.
+#[test]
+fn drops_are_announced_just_before_the_next_event_delivered() {
+    let mut s = Setup::new();
+    let slow = s.subscribe("{}", None, false);
+    s.conns[slow].announce_drops = true;
+    s.blocked.push(slow);
+    let debug: Vec<_> = (100..110).map(|i| event(i, "debug")).collect();
+    let one = sse::message(&debug[0], debug[0].bytes()).len();
+    let max = 8 * one + 100;
+    s.unit(&debug, max);
+    let (_, first) = s.queued(slow);
+    assert_eq!(first, sse_of(&debug[..4], |_| true), "no comment yet");
+    // The consumer reads everything; the next Events are delivered, the first after
+    // the comment.
+    s.drain(slow);
+    let next = [event(110, "info"), event(111, "debug")];
+    s.unit(&next, max);
+    s.drain(slow);
+    let mut want = sse_of(&debug[..4], |_| true);
+    want.extend_from_slice(b": dropped 6 debug=6 info=0\n\n");
+    want.extend_from_slice(&sse_of(&next, |_| true));
+    assert_eq!(s.written[slow], want);
+    assert!(s.conns[slow].unannounced.is_empty());
+    // Drops of both severities, then a notice: one comment with both counts.
+    s.written[slow].clear();
+    let info: Vec<_> = (120..128).map(|i| event(i, "info")).collect();
+    let debug: Vec<_> = (128..134).map(|i| event(i, "debug")).collect();
+    let late: Vec<_> = (134..138).map(|i| event(i, "info")).collect();
+    let mixed: Vec<_> = [&info[..], &debug[..], &late[..]].concat();
+    s.unit(&mixed, max);
+    assert_eq!(s.conns[slow].dropped, Drops { debug: 12, info: 6 });
+    s.drain(slow);
+    let notice = event(140, "notice");
+    s.unit(std::slice::from_ref(&notice), max);
+    s.drain(slow);
+    let mut want = sse_of(&info[..6], |_| true);
+    want.extend_from_slice(b": dropped 12 debug=6 info=6\n\n");
+    want.extend_from_slice(&sse_of(&[notice], |_| true));
+    assert_eq!(
+        String::from_utf8_lossy(&s.written[slow]),
+        String::from_utf8_lossy(&want)
+    );
+}
+
+/// A WebSocket that asked (`capabilities.experimental.dropped`) gets a `dropped` frame
+/// where an SSE stream gets the comment; one that did not gets nothing but the count.
+#[test]
+fn a_websocket_that_asked_gets_a_dropped_frame() {
+    let mut s = Setup::new();
+    let asked = s.subscribe("{}", None, true);
+    let quiet = s.subscribe("{}", None, true);
+    s.conns[asked].announce_drops = true;
+    s.blocked.extend([asked, quiet]);
+    let debug: Vec<_> = (100..110).map(|i| event(i, "debug")).collect();
+    let one = ws::rfc6455::text(debug[0].bytes()).len();
+    let max = 8 * one + 100;
+    s.unit(&debug, max);
+    s.drain(asked);
+    s.drain(quiet);
+    let next = event(110, "notice");
+    s.unit(std::slice::from_ref(&next), max);
+    s.drain(asked);
+    s.drain(quiet);
+    let frames = |evs: &[Arc<Event>]| -> Vec<u8> {
+        evs.iter()
+            .flat_map(|e| ws::rfc6455::text(e.bytes()).to_vec())
+            .collect()
+    };
+    let mut want = frames(&debug[..4]);
+    want.extend_from_slice(&aep::dropped(6, 0));
+    want.extend_from_slice(&frames(std::slice::from_ref(&next)));
+    assert_eq!(s.written[asked], want);
+    let mut want = frames(&debug[..4]);
+    want.extend_from_slice(&frames(std::slice::from_ref(&next)));
+    assert_eq!(s.written[quiet], want);
+    assert_eq!(s.conns[quiet].dropped.debug, 6);
+    assert!(s.conns[quiet].unannounced.is_empty(), "nothing to tell");
+}
+
 /// Live frames held behind a replay (the backlog) are shed by the same marks, against
-/// the backlog's own length.
+/// the backlog's own length, and the comment goes into the backlog, in order.
 #[test]
 fn the_backlog_behind_a_replay_sheds_by_the_same_marks() {
     let mut s = Setup::new();
     let late = s.subscribe("{}", None, false);
+    s.conns[late].announce_drops = true;
     // Something held already: live frames join the backlog, not the queue.
     s.conns[late]
         .backlog
@@ -270,6 +364,7 @@ fn the_backlog_behind_a_replay_sheds_by_the_same_marks() {
     s.unit(std::slice::from_ref(&notice), max);
     let mut want = b": held\n\n".to_vec();
     want.extend_from_slice(&sse_of(&debug[..4], |_| true));
+    want.extend_from_slice(b": dropped 16 debug=16 info=0\n\n");
     want.extend_from_slice(&sse_of(&[notice], |_| true));
     assert_eq!(s.conns[late].backlog.concat(), want);
     assert!(s.conns[late].out.is_empty());
@@ -282,6 +377,7 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
     for severity in ["debug", "info"] {
         let mut s = Setup::new();
         let fast = s.subscribe("{}", None, false);
+        s.conns[fast].announce_drops = true;
         let events: Vec<_> = (0..50).map(|i| event(i, severity)).collect();
         let one = sse::message(&events[0], events[0].bytes()).len();
         // The batch is far larger than the bound; the pipe takes everything offered.
@@ -294,7 +390,7 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
         );
         let mut got = s.written[fast].clone();
         got.extend_from_slice(&s.queued(fast).1);
-        assert_eq!(got, sse_of(&events, |_| true), "{severity}");
+        assert_eq!(got, sse_of(&events, |_| true), "{severity}: and no comment");
     }
 }
 
