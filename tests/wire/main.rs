@@ -15,6 +15,7 @@ mod operations;
 mod refusals;
 mod review_findings;
 mod same_name_sessions;
+mod shedding;
 mod sse_hostile;
 mod sse_stream;
 mod status_page;
