@@ -67,7 +67,8 @@ struct Cli {
     /// physical memory.
     #[arg(long, env = "AEP_MAX_MEMORY", value_name = "SIZE", value_parser = config::memory::parse_size)]
     max_memory: Option<usize>,
-    /// Bound of one connection's output queue in bytes (backpressure).
+    /// Bound of one connection's output queue in bytes (backpressure: toward a slow
+    /// consumer, debug Events are dropped past half of it, info past three quarters).
     #[arg(long, env = "AEP_MAX_OUTPUT", default_value_t = config::DEFAULT_MAX_OUTPUT)]
     max_output: usize,
     /// Largest WebSocket message in bytes, fragments reassembled (close 1009 above).

@@ -13,8 +13,9 @@ pub const INGESTED: &str = "aep_events_ingested_total";
 pub const REJECTED: &str = "aep_events_rejected_total";
 /// Frames delivered to subscribers, by binding.
 pub const DELIVERIES: &str = "aep_deliveries_total";
-/// `debug`/`info` Events not delivered to a slow consumer (AEP-0003 §8.4).
-pub const DROPPED: &str = "aep_backpressure_dropped_total";
+/// Events not delivered to a slow consumer, by `severity` (`debug`, `info`: nothing
+/// above is ever dropped, AEP-0003 §8.4); one per Event and consumer.
+pub const DROPPED: &str = "aep_dropped_events_total";
 /// Consumers disconnected because a `notice`+ Event could not be queued.
 pub const DISCONNECTS: &str = "aep_backpressure_disconnects_total";
 /// Drops per live connection that had any (a counter per connection: it only grows

@@ -342,6 +342,35 @@ fn put_decimal(b: &mut BytesMut, v: u64) {
     b.put_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
+/// The `: dropped {n} debug={d} info={i}` comment (AEP-0003 §8.4): `n` Events, `d` of
+/// severity `debug` and `i` of `info`, were not delivered to this consumer since the
+/// previous such comment (or since the stream opened) because it read too slowly.
+/// The relay writes it just before the next Event it delivers after them, between two
+/// messages: where the missing Events would have been. `n = d + i`, all three in ASCII
+/// decimal, both severities always named. [`dropped_len`] bytes long.
+///
+/// ```
+/// assert_eq!(&aep_relay::sse::dropped(10, 2)[..], b": dropped 12 debug=10 info=2\n\n");
+/// ```
+pub fn dropped(debug: u64, info: u64) -> Bytes {
+    let mut b = BytesMut::with_capacity(dropped_len(debug, info));
+    b.put_slice(b": dropped ");
+    put_decimal(&mut b, debug.saturating_add(info));
+    b.put_slice(b" debug=");
+    put_decimal(&mut b, debug);
+    b.put_slice(b" info=");
+    put_decimal(&mut b, info);
+    b.put_slice(b"\n\n");
+    b.freeze()
+}
+
+/// The length of [`dropped`]`(debug, info)` in bytes, without building it.
+pub fn dropped_len(debug: u64, info: u64) -> usize {
+    let digits = |v: u64| v.checked_ilog10().map_or(1, |l| l as usize + 1);
+    let count = debug.saturating_add(info);
+    ": dropped  debug= info=\n\n".len() + digits(count) + digits(debug) + digits(info)
+}
+
 /// The `: replay-exhausted {session} {epoch}:{seq}` comment (AEP-0003 §3.3.3), the
 /// session [`escape`]d as in `id:` (so it names exactly the session a consumer resumes
 /// with, and the line holds no CR, LF or NUL).
@@ -357,6 +386,20 @@ pub fn replay_exhausted(session: &str, earliest: (u64, u64)) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dropped_comment_is_one_line_of_fixed_shape_and_known_length() {
+        assert_eq!(&dropped(0, 7)[..], b": dropped 7 debug=0 info=7\n\n");
+        let widest = dropped(u64::MAX, u64::MAX);
+        assert_eq!(
+            &widest[..],
+            format!(": dropped {m} debug={m} info={m}\n\n", m = u64::MAX).as_bytes()
+        );
+        for (d, i) in [(0, 0), (9, 0), (9, 1), (10, 99), (12345, 0), (u64::MAX, 1)] {
+            assert_eq!(dropped(d, i).len(), dropped_len(d, i), "{d} {i}");
+        }
+        assert_eq!(widest.len(), dropped_len(u64::MAX, u64::MAX));
+    }
 
     #[test]
     fn last_event_id_takes_numbers_from_the_right() {

@@ -96,7 +96,10 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Most simultaneous connections; more are answered 503 with `Retry-After`.
     pub max_connections: usize,
-    /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4).
+    /// Bound of one connection's queued output in bytes (backpressure, AEP-0003 §8.4):
+    /// toward a consumer that falls behind, `debug` Events are dropped past half of it,
+    /// `info` Events past three quarters, and a `notice`+ Event that does not fit it
+    /// disconnects the consumer.
     pub max_output_bytes: usize,
     /// Largest WebSocket message in bytes, fragments reassembled (`AEP_MAX_WS_MESSAGE`);
     /// a larger one closes the socket with 1009 as soon as its header announces it, so

@@ -1,7 +1,7 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`](super::ConnId).
 
-use crate::envelope::Capture;
+use crate::envelope::{Capture, Severity};
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::ids::SubId;
@@ -328,6 +328,37 @@ impl OutQueue {
     }
 }
 
+/// Events not delivered to one consumer because of backpressure, by severity
+/// (AEP-0003 §8.4: only `debug` and `info` are ever dropped).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Drops {
+    /// `debug` Events dropped.
+    pub(crate) debug: u64,
+    /// `info` Events dropped.
+    pub(crate) info: u64,
+}
+
+impl Drops {
+    /// Counts one dropped Event of `severity` (`debug`, or else `info`: nothing above
+    /// `info` is ever dropped).
+    pub(crate) fn count(&mut self, severity: Severity) {
+        if severity == Severity::Debug {
+            self.debug += 1;
+        } else {
+            self.info += 1;
+        }
+    }
+
+    /// Events dropped, both severities.
+    pub(crate) fn total(&self) -> u64 {
+        self.debug + self.info
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.debug == 0 && self.info == 0
+    }
+}
+
 /// A replay in progress for one subscription (AEP-0003 §5, §7), advanced a page at a
 /// time as the consumer reads, so its memory stays bounded however much the store holds.
 #[derive(Debug)]
@@ -485,8 +516,15 @@ pub(crate) struct Conn {
     /// the relay's window limit in bits (`ws::deflate::Agreed::server_window_bits`).
     /// Fan-out reads it here, beside `mark`, to pick the shared compressed frame.
     pub(crate) deflate_window: u8,
-    /// Events not delivered because of backpressure (AEP-0003 §8.4).
-    pub(crate) dropped: u64,
+    /// Events not delivered because of backpressure since the connection opened, by
+    /// severity (AEP-0003 §8.4).
+    pub(crate) dropped: Drops,
+    /// Whether this consumer is told of drops in its stream: every SSE stream (a
+    /// comment), a WebSocket that asked in its `hello` (a `dropped` frame).
+    pub(crate) announce_drops: bool,
+    /// Of `dropped`, those the consumer was not told of yet: the notice goes before the
+    /// next Event delivered to it (counted only while `announce_drops`).
+    pub(crate) unannounced: Drops,
     /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
     /// it: fan-out skips it, so it is counted once, however many Events meet it.
     pub(crate) doomed: bool,
@@ -568,7 +606,9 @@ impl Conn {
             unit_run: 0,
             unit_pending: 0,
             deflate_window: 0,
-            dropped: 0,
+            dropped: Drops::default(),
+            announce_drops: false,
+            unannounced: Drops::default(),
             doomed: false,
             write_shut: false,
             peer_eof: false,

@@ -978,7 +978,8 @@ impl Core {
             if let Some(c) = self.conns.get(key) {
                 log::info!(
                     "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
-                    c.peer, c.dropped
+                    c.peer,
+                    c.dropped.total()
                 );
             }
             self.close(key);

@@ -819,6 +819,8 @@ impl Core {
         for (name, _, earliest) in lost_markers(&self.store, &req.from) {
             conn.out.push(sse::replay_exhausted(&name, earliest));
         }
+        // A live stream is told of drops with a comment (AEP-0003 §8.4, `sse::dropped`).
+        conn.announce_drops = true;
         let mut sessions = replay_sessions(&self.store, &req.from);
         if let Some(names) = req.history_sessions() {
             sessions.extend(history_streams(&self.store, names));

@@ -72,7 +72,7 @@ impl Core {
             "buffered_bytes": self.store.byte_len(),
             "ingested": self.ingested,
             "deliveries": st.deliveries,
-            "dropped": st.dropped,
+            "dropped": st.dropped.total(),
             "backpressure_disconnects": st.backpressure_disconnects,
             // The memory budget (`null`: none) and what is held against it.
             "memory": {"budget": self.ledger.budget, "used": self.memory_used().total()},
@@ -130,9 +130,18 @@ impl Core {
         x.family(
             metrics::DROPPED,
             "counter",
-            "debug/info Events not delivered to slow consumers (AEP-0003 §8.4).",
+            "Events not delivered to slow consumers, by severity (AEP-0003 §8.4: debug past half of --max-output, info past three quarters).",
         )
-        .sample(metrics::DROPPED, &[], st.dropped as f64);
+        .sample(
+            metrics::DROPPED,
+            &[("severity", "debug")],
+            st.dropped.debug as f64,
+        )
+        .sample(
+            metrics::DROPPED,
+            &[("severity", "info")],
+            st.dropped.info as f64,
+        );
         x.family(
             metrics::DISCONNECTS,
             "counter",
@@ -166,13 +175,13 @@ impl Core {
                 _ => http_n += 1,
             }
             queued += c.out.len();
-            if c.dropped > 0 {
+            if !c.dropped.is_empty() {
                 let k = key.to_string();
                 let peer = c.peer.to_string();
                 x.sample(
                     metrics::CONN_DROPPED,
                     &[("conn", &k), ("peer", &peer)],
-                    c.dropped as f64,
+                    c.dropped.total() as f64,
                 );
             }
         }
@@ -425,7 +434,7 @@ impl Core {
                 accepts: [],
                 routes,
             },
-            experimental: Empty {},
+            experimental: Experimental { dropped: Empty {} },
             limits: grant.map(|_| Limits {
                 subscriptions: c.max_subscriptions_per_conn,
                 from: c.max_from_positions,
@@ -445,10 +454,17 @@ pub(super) struct Capabilities {
     capture: [&'static str; 4],
     roster: Empty,
     control: ControlCaps,
-    experimental: Empty,
+    experimental: Experimental,
     /// Per-connection limits, on a socket's `hello` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
+}
+
+/// `experimental` (AEP-0003 §4 rule 6): `dropped`, the WebSocket `dropped` frame a
+/// consumer asks for by declaring the same key in its `hello` (`ws::aep::dropped`).
+#[derive(Debug, Serialize)]
+struct Experimental {
+    dropped: Empty,
 }
 
 /// `replay`: depth per session, sessions held, `from=all` supported.

@@ -258,7 +258,7 @@ impl Core {
                     }
                 }
             }
-            let dropped = self.conns.get(key).map_or(0, |c| c.dropped);
+            let dropped = self.conns.get(key).map_or(0, |c| c.dropped.total());
             last.push(aep::closing(reason, delivered, dropped));
         }
         last.push(rfc6455::close(code, reason));
@@ -350,8 +350,11 @@ impl Core {
         let grant = ws.grant;
         // An emitter's messages go into the decoder's text arena (no allocation each).
         ws.decoder.set_arena(decl.role.emits());
+        let announce = decl.dropped;
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
+        // `dropped` frames only for a peer that asked (`capabilities.experimental`).
+        self.conns[key].announce_drops = announce;
         let frame = self.hello_frame(version, grant);
         self.ws_send(key, frame);
     }

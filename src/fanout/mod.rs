@@ -132,6 +132,10 @@ pub(crate) struct Run {
     pub(crate) end: usize,
     /// Goes to the connection's replay backlog rather than its output queue.
     pub(crate) backlog: bool,
+    /// Bytes queued just ahead of the run (the core's drop notice, AEP-0003 §8.4):
+    /// `Unit::notices[notice - 1]`; 0 for none. A run with a notice is never extended
+    /// backwards over it: it starts where the notice goes.
+    pub(crate) notice: u32,
 }
 
 /// The frames of one ingest unit and the runs connections take of them (see the module
@@ -145,6 +149,9 @@ pub(crate) struct Run {
 pub(crate) struct Unit {
     arenas: [BytesMut; ARENAS],
     pub(crate) runs: Vec<Run>,
+    /// What runs queue ahead of themselves ([`Run::notice`]); empty unless a consumer
+    /// had Events dropped, so it allocates nothing otherwise.
+    pub(crate) notices: Vec<Bytes>,
     /// Bumped each time the unit's runs are queued: frames placed before are no longer
     /// in the (now emptied) arenas, and a connection's `unit_generation` older than
     /// this has no open run.
@@ -173,11 +180,15 @@ impl Unit {
         10 + slot
     }
 
-    /// Hands every pending run, in order, to `queue` with the unit's generation and the
+    /// Hands every pending run, in order, to `queue` with the unit's generation, the
     /// frozen bytes of its arena (`None` when the arena is empty: its frames were dropped
-    /// with a paused fan-out), then starts a new arena generation. `queue` slices the run
-    /// out of the bytes (`start..end`) into its connection's queue.
-    pub(crate) fn drain_runs(&mut self, mut queue: impl FnMut(&Run, u64, Option<&Bytes>)) {
+    /// with a paused fan-out) and its notice, then starts a new arena generation. `queue`
+    /// slices the run out of the bytes (`start..end`) into its connection's queue, after
+    /// the notice.
+    pub(crate) fn drain_runs(
+        &mut self,
+        mut queue: impl FnMut(&Run, u64, Option<&Bytes>, Option<&Bytes>),
+    ) {
         // Frames placed for an Event whose fan-out paused are dropped with the arena's
         // split; only runs are queued.
         if self.runs.is_empty() {
@@ -190,8 +201,12 @@ impl Unit {
             }
         }
         for run in self.runs.drain(..) {
-            queue(&run, self.generation, frozen[run.arena].as_ref());
+            let notice = (run.notice as usize)
+                .checked_sub(1)
+                .and_then(|i| self.notices.get(i));
+            queue(&run, self.generation, frozen[run.arena].as_ref(), notice);
         }
+        self.notices.clear();
         self.generation += 1;
     }
 }

@@ -63,6 +63,10 @@ pub struct Declaration {
     /// The string members of `capabilities.control.accepts`; `None` when the peer
     /// declared no such list (it then accepts no command, AEP-0004 §7).
     pub accepts: Option<Vec<String>>,
+    /// Whether the peer declared `capabilities.experimental.dropped` (any value but
+    /// `false` or `null`): it asks to be told of Events dropped toward it by
+    /// backpressure with [`dropped`] frames (AEP-0003 §4 rule 6, §8.4).
+    pub dropped: bool,
 }
 
 impl Declaration {
@@ -158,6 +162,10 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
                 .map(str::to_string)
                 .collect()
         });
+    let dropped = caps
+        .and_then(|c| c.get("experimental"))
+        .and_then(|e| e.get("dropped"))
+        .is_some_and(|d| !d.is_null() && *d != Value::Bool(false));
     Ok(Declaration {
         role,
         version,
@@ -166,6 +174,7 @@ pub fn parse_hello(v: &Map<String, Value>) -> Result<Declaration, HelloError> {
         control,
         emits: caps.and_then(|c| c.get("emits")).cloned(),
         accepts,
+        dropped,
     })
 }
 
@@ -295,6 +304,31 @@ pub fn pong(t: Option<&Value>) -> Bytes {
     }
 }
 
+/// `{"type":"dropped","count":n,"debug":d,"info":i}`: `n` Events, `d` of severity
+/// `debug` and `i` of `info`, were not delivered to this connection since the previous
+/// such frame because it read too slowly (AEP-0003 §8.4); sent just before the next
+/// Event delivered after them. Not a frame of AEP-0003 §2's 0.1 list: the relay sends it
+/// only to a peer whose `hello` declared `capabilities.experimental.dropped`
+/// ([`Declaration::dropped`]), and declares the same key in its own (AEP-0003 §4 rule 6,
+/// the graduation namespace). [`dropped_len`] bytes long, frame header included.
+pub fn dropped(debug: u64, info: u64) -> Bytes {
+    let count = debug.saturating_add(info);
+    rfc6455::text(
+        format!(r#"{{"type":"dropped","count":{count},"debug":{debug},"info":{info}}}"#).as_bytes(),
+    )
+}
+
+/// The length of [`dropped`]`(debug, info)` in bytes, without building it: always a
+/// text frame with a 2-byte header (the payload stays under 126 bytes).
+pub fn dropped_len(debug: u64, info: u64) -> usize {
+    let digits = |v: u64| v.checked_ilog10().map_or(1, |l| l as usize + 1);
+    let count = debug.saturating_add(info);
+    2 + r#"{"type":"dropped","count":,"debug":,"info":}"#.len()
+        + digits(count)
+        + digits(debug)
+        + digits(info)
+}
+
 /// `{"type":"closing","reason":…,"delivered":[{"sub","session","source","epoch","seq"}…]}`
 /// (one entry per subscription and owning stream `(source, session)`, AEP-0001 §5.2), plus
 /// `dropped` (a count) and a `detail` when backpressure dropped Events toward it
@@ -373,10 +407,50 @@ mod tests {
         ))
         .unwrap();
         assert!(d.accepts("control.cancel") && !d.accepts("control.pause"));
+        assert!(!d.dropped, "no `experimental.dropped`: no `dropped` frames");
         assert_eq!(
             roster_entry("s", &d),
             serde_json::json!({"session":"s","agent":"a","instance":"h/1",
                 "control":{"accepts":["control.cancel",3],"ack_window_ms":5},"emits":["tool"]})
+        );
+    }
+
+    /// `capabilities.experimental.dropped` asks for `dropped` frames; `false` and
+    /// `null` do not.
+    #[test]
+    fn hello_asks_for_dropped_frames_in_the_experimental_namespace() {
+        let asks = |caps: &str| {
+            let h = format!(r#"{{"versions":["0.1"],"role":"consumer","capabilities":{caps}}}"#);
+            parse_hello(&obj(&h)).unwrap().dropped
+        };
+        assert!(asks(r#"{"experimental":{"dropped":{}}}"#));
+        assert!(asks(r#"{"experimental":{"dropped":true}}"#));
+        assert!(!asks(r#"{"experimental":{"dropped":false}}"#));
+        assert!(!asks(r#"{"experimental":{"dropped":null}}"#));
+        assert!(!asks(r#"{"experimental":{}}"#));
+        assert!(!asks(r#"{"dropped":{}}"#));
+    }
+
+    /// The frame's JSON has a fixed member order, and its length is known ahead.
+    #[test]
+    fn the_dropped_frame() {
+        let f = dropped(10, 2);
+        assert_eq!(
+            &f[2..],
+            br#"{"type":"dropped","count":12,"debug":10,"info":2}"#
+        );
+        assert_eq!(
+            f[..2],
+            [0x81, (f.len() - 2) as u8],
+            "FIN, text, short length"
+        );
+        for (d, i) in [(0, 0), (9, 0), (9, 1), (10, 99), (u64::MAX, u64::MAX)] {
+            assert_eq!(dropped(d, i).len(), dropped_len(d, i), "{d} {i}");
+        }
+        assert_eq!(
+            dropped(u64::MAX, u64::MAX)[1],
+            104,
+            "the widest: a short length"
         );
     }
 }

@@ -350,7 +350,7 @@ fn until_drops(r: &Relay, session: &str) {
             .map(|s| envelope_with(session, s, &pad))
             .collect();
         r.post_ok(&lines);
-        if r.metric("aep_backpressure_dropped_total") > 0.0 {
+        if r.metric(r#"aep_dropped_events_total{severity="info"}"#) > 0.0 {
             return;
         }
     }
@@ -775,7 +775,7 @@ fn prometheus_sees_the_traffic_through_promql() {
     // Drops toward the stalled consumer.
     until_drops(&single, "drops");
     prom.until(
-        r#"increase(aep_backpressure_dropped_total{job="single"}[30s])"#,
+        r#"increase(aep_dropped_events_total{job="single",severity="info"}[30s])"#,
         "drops",
         |s| s.len() == 1 && s[0].value > 0.0,
     );

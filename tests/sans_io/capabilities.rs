@@ -6,7 +6,7 @@ use aep_relay::ws::rfc6455::client_frame;
 use aep_relay::Config;
 use aep_sim::Sim;
 
-const CAPS: &str = r#""capabilities":{"filters":["attr-match"],"replay":{"buffer":10000,"per":"session","sessions":500,"all":true,"evicts":"debug-first"},"capture":["none","metadata","redacted","full"],"roster":{},"control":{"accepts":[],"routes":false},"experimental":{}"#;
+const CAPS: &str = r#""capabilities":{"filters":["attr-match"],"replay":{"buffer":10000,"per":"session","sessions":500,"all":true,"evicts":"debug-first"},"capture":["none","metadata","redacted","full"],"roster":{},"control":{"accepts":[],"routes":false},"experimental":{"dropped":{}}"#;
 
 fn body(out: &[u8]) -> String {
     let text = String::from_utf8_lossy(out);

@@ -17,6 +17,7 @@ mod refusals;
 mod retention;
 mod review_findings;
 mod same_name_sessions;
+mod shedding;
 mod sse_hostile;
 mod sse_stream;
 mod status_page;

@@ -141,7 +141,7 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
     });
 
     let (_, text) = metrics(&relay, None);
-    let dropped = metric(&text, "aep_backpressure_dropped_total");
+    let dropped = metric(&text, r#"aep_dropped_events_total{severity="info"}"#);
     assert!(
         dropped > 0.0,
         "info Events toward the stalled consumer were dropped and counted"
@@ -156,8 +156,9 @@ fn stalled_consumer_is_bounded_dropped_then_disconnected_and_resumes() {
         "bounded memory: {queued} bytes queued"
     );
 
-    // A notice cannot be dropped: the stalled consumer's queue has no room for it (less
-    // than one info Event's worth is free), so it is disconnected instead.
+    // A notice cannot be dropped: the stalled consumer's queue has no room for it (info
+    // Events filled it to three quarters, and the notice is larger than the quarter
+    // left), so it is disconnected instead.
     let notice = backpressure_notice(batches * per);
     relay.post_ok(&[&notice]);
     assert_eq!(healthy.expect().data, notice, "others still get it");

@@ -601,7 +601,7 @@ fn a_stalled_tls_consumer_is_bounded_dropped_disconnected_and_resumes_exactly() 
 
     let text = tls.metrics();
     assert!(
-        metric(&text, "aep_backpressure_dropped_total") > 0.0,
+        metric(&text, r#"aep_dropped_events_total{severity="info"}"#) > 0.0,
         "info Events toward the stalled consumer were dropped and counted"
     );
     let queued = metric(&text, "aep_output_queued_bytes");

@@ -8,23 +8,25 @@
 //! of an ingest unit laid out back to back in shared arenas (`Frames`, `Unit`; see that
 //! module's docs for coalescing and compression). Fan-out never writes to a socket.
 
-use super::conn::{Chunks, Conn, OutQueue, Tag, UNSHARED};
+use super::conn::{Chunks, Conn, Drops, OutQueue, Tag, UNSHARED};
 use crate::envelope::{Capture, Event, Scope, Severity};
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
 use crate::ids::{ConnId, SubId};
+use crate::sse;
 use crate::store::StreamId;
+use crate::ws::aep;
 use crate::ws::deflate::Deflater;
 use slab::Slab;
 
 /// Queues the pending runs of `unit` on their connections, in order, as slices of its
-/// arenas, and starts a new arena generation. A run whose connection is gone, or whose
-/// slot was reused by another connection since, is dropped. Each arena's frames become
-/// one shared chunk in `chunks` (counted once for the memory budget), opened with its
-/// first queued slice.
+/// arenas (each behind its drop notice, if any), and starts a new arena generation. A
+/// run whose connection is gone, or whose slot was reused by another connection since,
+/// is dropped. Each arena's frames become one shared chunk in `chunks` (counted once for
+/// the memory budget), opened with its first queued slice.
 fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>, chunks: &mut Chunks) {
     let mut tags = [UNSHARED; crate::fanout::ARENAS];
-    unit.drain_runs(|run, generation, bytes| {
+    unit.drain_runs(|run, generation, bytes, notice| {
         let Some(conn) = conns.get_mut(run.conn.0) else {
             return;
         };
@@ -32,6 +34,14 @@ fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>, chunks: &mut Chunks) {
             return; // the slot was reused by another connection
         }
         conn.unit_pending = 0;
+        let q = if run.backlog {
+            &mut conn.backlog
+        } else {
+            &mut conn.out
+        };
+        if let Some(notice) = notice {
+            q.push(notice.clone());
+        }
         let Some(bytes) = bytes else {
             return;
         };
@@ -41,12 +51,23 @@ fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>, chunks: &mut Chunks) {
             *tag = chunks.open(bytes.len());
         }
         chunks.take(*tag);
-        if run.backlog {
-            conn.backlog.push_shared(slice, *tag);
-        } else {
-            conn.out.push_shared(slice, *tag);
-        }
+        q.push_shared(slice, *tag);
     });
+}
+
+/// The queue length, in bytes, up to which an Event of `severity` is queued toward a
+/// consumer whose queue is bounded by `max_output` (AEP-0003 §8.4, AEP-0007 §5 item 1):
+/// `debug` up to half of it, `info` up to three quarters, `notice` and above up to all
+/// of it. A consumer that falls behind sheds its `debug` Events first and its `info`
+/// Events next, so the last quarter stays for the Events that cannot be dropped, and
+/// the half before it for those and `info`: a `notice` meets a full queue (and
+/// disconnects the consumer) only when `notice`-and-above Events alone outrun it.
+fn shed_mark(severity: Severity, max_output: usize) -> usize {
+    match severity {
+        Severity::Debug => max_output / 2,
+        Severity::Info => max_output - max_output / 4,
+        _ => max_output,
+    }
 }
 
 /// The wider of two ceilings (`None`, as received, is the widest): a connection whose
@@ -71,15 +92,16 @@ struct Target {
 
 /// Counters the hub keeps (read by `/metrics`).
 #[derive(Debug, Default, Clone)]
-pub struct FanoutStats {
+pub(crate) struct FanoutStats {
     /// Frames queued to subscribers.
-    pub deliveries: u64,
+    pub(crate) deliveries: u64,
     /// Of `deliveries`, those to WebSocket connections.
-    pub deliveries_ws: u64,
-    /// `debug`/`info` Events not delivered to a slow consumer (AEP-0003 §8.4).
-    pub dropped: u64,
+    pub(crate) deliveries_ws: u64,
+    /// `debug`/`info` Events not delivered to a slow consumer, by severity (AEP-0003
+    /// §8.4), one per Event and consumer.
+    pub(crate) dropped: Drops,
     /// Consumers disconnected because a `notice`+ Event could not be queued.
-    pub backpressure_disconnects: u64,
+    pub(crate) backpressure_disconnects: u64,
 }
 
 /// Subscriptions and their index, and the delivery of an Event's frames into the
@@ -103,7 +125,7 @@ pub(crate) struct Hub {
     /// The chunks of queued frames, each counted once (the memory budget).
     pub(crate) chunks: Chunks,
     /// Counters.
-    pub stats: FanoutStats,
+    pub(crate) stats: FanoutStats,
 }
 
 /// How one Event's fan-out ended.
@@ -124,16 +146,17 @@ pub(crate) enum Fanned {
 pub(crate) enum Queued {
     /// The frame is queued.
     Yes,
-    /// Dropped (`debug`/`info` toward a full queue), counted.
+    /// Dropped (`debug`/`info` toward a queue past its mark, [`shed_mark`]), counted.
     Dropped,
     /// The consumer must be disconnected (`notice`+ toward a full queue).
     Disconnect,
 }
 
-/// Whether a frame of `len` bytes fits `q` of `conn` under `max_output` (an empty queue
-/// takes anything: one frame larger than the bound still goes).
-fn fits(q: &OutQueue, pending: usize, len: usize, max_output: usize) -> bool {
-    q.len() + pending + len <= max_output || (q.is_empty() && pending == 0)
+/// Whether a frame of `len` bytes fits `q`, with `pending` bytes of the open unit
+/// still to join it, within `mark` (an empty queue takes anything: one frame larger
+/// than the bound still goes).
+fn fits(q: &OutQueue, pending: usize, len: usize, mark: usize) -> bool {
+    q.len() + pending + len <= mark || (q.is_empty() && pending == 0)
 }
 
 impl Hub {
@@ -212,12 +235,31 @@ impl Hub {
     /// output are appended to `dirty`; connections that must be dropped for backpressure
     /// to `doomed`.
     ///
-    /// Fan-out never writes to a socket. A target whose queue cannot take the Event and
-    /// got frames since its socket was last offered the queue (`Conn::offered`) pauses
-    /// the fan-out before anything is delivered: [`Fanned::Paused`], with the unit's
-    /// pending runs queued. Once the reactor wrote, the caller fans the same Event out
-    /// again, and a target that still cannot take it is then a slow consumer (dropped
-    /// or disconnected, AEP-0003 §8.4).
+    /// **Shedding by severity** (AEP-0003 §8.4, AEP-0007 §5 item 1). A queue takes the
+    /// Event while it stays within the mark of the Event's severity ([`shed_mark`],
+    /// computed once per Event): half of `max_output` for `debug`, three quarters for
+    /// `info`, all of it for `notice` and above. Past its mark a `debug` or `info` Event
+    /// is dropped and counted (`Conn::dropped`, by severity); a `notice`+ Event that
+    /// does not fit the whole bound disconnects the consumer. A consumer told of drops
+    /// (`Conn::announce_drops`) gets a notice just before the next Event delivered to
+    /// it: the SSE comment [`sse::dropped`] or the WebSocket frame [`aep::dropped`],
+    /// queued as its own slice ahead of that Event's run, so it never splits a frame
+    /// and costs nothing while nothing is dropped. Live frames held behind a replay
+    /// (`Conn::backlog`) are judged by the same marks against the backlog's own length.
+    ///
+    /// **Pauses come first.** Fan-out never writes to a socket. A target whose queue is
+    /// past the Event's mark and got frames since its socket was last offered the queue
+    /// (`Conn::offered`) pauses the fan-out before anything is delivered:
+    /// [`Fanned::Paused`], with the unit's pending runs queued. Once the reactor wrote,
+    /// the caller fans the same Event out again, and a target still past the mark is
+    /// then a slow consumer (the Event is dropped, or the consumer disconnected). So the
+    /// pause comes at the Event's mark, not only at the bound: a consumer is judged
+    /// slow at a mark only once its socket was offered everything queued, and one that
+    /// keeps up loses nothing however far one unit's frames for it go past the marks.
+    /// One that does not read still pauses a publication at most once per run of
+    /// frames queued to it since its last write, as at the bound. Toward a consumer
+    /// that fell behind, `debug` Events stop at the first mark, so a `notice` finds
+    /// room without a pause: the room above the marks is kept for it.
     ///
     /// Subscriptions are a disjunction (AEP-0003 §6.5): when several subscriptions of
     /// one connection match, the Event is delivered once, at the widest of their
@@ -281,6 +323,7 @@ impl Hub {
             });
         }
         let severity = ev.severity();
+        let mark = shed_mark(severity, max_output);
         let mut frames = Frames::default();
         for ti in 0..self.targets.len() {
             let t = self.targets[ti];
@@ -304,21 +347,37 @@ impl Hub {
             // Behind a replay, and until what it held back has all moved on, live frames
             // wait in the backlog: they never overtake it.
             let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
-            // A consumer that cannot take the Event, and got frames since its socket was
-            // last offered the queue, pauses the publication here: the targets decided so
-            // far keep what they got (`Conn::decided`), the rest get the Event when it is
-            // fanned out again, once the reactor wrote.
+            // Drops not yet told go just before this Event, if it is queued: it must fit
+            // with their notice.
+            let announce = !conn.unannounced.is_empty();
+            let need = if announce {
+                let n = conn.unannounced;
+                len + if t.ws {
+                    aep::dropped_len(n.debug, n.info)
+                } else {
+                    sse::dropped_len(n.debug, n.info)
+                }
+            } else {
+                len
+            };
+            // A consumer that cannot take the Event within its mark, and got frames since
+            // its socket was last offered the queue, pauses the publication here: the
+            // targets decided so far keep what they got (`Conn::decided`), the rest get
+            // the Event when it is fanned out again, once the reactor wrote.
             let fresh = pending > 0 || conn.offered != conn.out.pushed();
-            if !backlog && fresh && !fits(&conn.out, pending, len, max_output) {
+            if !backlog && fresh && !fits(&conn.out, pending, need, mark) {
                 let paused = t.conn;
                 queue_runs(&mut self.unit, conns, &mut self.chunks);
                 self.note_positions(ev, placed, conns, serial, any_ws);
                 return Fanned::Paused(paused);
             }
             let q = if backlog { &conn.backlog } else { &conn.out };
-            let verdict = if !fits(q, pending, len, max_output) {
+            let verdict = if !fits(q, pending, need, mark) {
                 if severity <= Severity::Info {
-                    conn.dropped += 1;
+                    conn.dropped.count(severity);
+                    if conn.announce_drops {
+                        conn.unannounced.count(severity);
+                    }
                     Queued::Dropped
                 } else {
                     Queued::Disconnect
@@ -330,10 +389,21 @@ impl Hub {
             match verdict {
                 Queued::Yes => {
                     let unit = &mut self.unit;
+                    let mut notice = 0;
+                    if announce {
+                        let n = std::mem::take(&mut conn.unannounced);
+                        unit.notices.push(if t.ws {
+                            aep::dropped(n.debug, n.info)
+                        } else {
+                            sse::dropped(n.debug, n.info)
+                        });
+                        notice = unit.notices.len() as u32;
+                    }
                     let open = conn.unit_generation == unit.generation && pending > 0;
                     match unit.runs.get_mut(conn.unit_run) {
                         Some(r)
                             if open
+                                && notice == 0
                                 && r.conn == t.conn
                                 && r.arena == arena
                                 && r.end == start
@@ -349,11 +419,12 @@ impl Hub {
                                 start,
                                 end,
                                 backlog,
+                                notice,
                             });
                         }
                     }
                     conn.unit_generation = unit.generation;
-                    conn.unit_pending = pending + len;
+                    conn.unit_pending = pending + need;
                     self.targets[ti].queued = true;
                     self.stats.deliveries += 1;
                     self.stats.deliveries_ws += u64::from(t.ws);
@@ -362,7 +433,7 @@ impl Hub {
                         dirty.push(t.conn.0);
                     }
                 }
-                Queued::Dropped => self.stats.dropped += 1,
+                Queued::Dropped => self.stats.dropped.count(severity),
                 Queued::Disconnect => {
                     // Once per consumer (`aep_backpressure_disconnects_total`): the
                     // connection is skipped by every later fan-out until it is closed.

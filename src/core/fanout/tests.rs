@@ -1,11 +1,12 @@
 //! Coalescing (module docs of `crate::fanout`): the frames of one ingest unit reach each
 //! connection as few slices as its selection allows, byte-identical to the per-Event
-//! frames, in order.
+//! frames, in order. Backpressure (AEP-0003 §8.4): pauses, shedding by severity, drop
+//! notices.
 
 use super::*;
 use crate::envelope::Event;
 use crate::filter::Filter;
-use crate::ws::{self, Delivered};
+use crate::ws::{self, aep, Delivered};
 use crate::{capture, sse};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -99,6 +100,16 @@ impl Setup {
         (dirty, doomed)
     }
 
+    /// The consumer `key` reads everything queued for it (its socket takes it all).
+    fn drain(&mut self, key: usize) {
+        if self.written.len() <= key {
+            self.written.resize(key + 1, Vec::new());
+        }
+        let conn = &mut self.conns[key];
+        let _ = conn.out.flush(&mut self.written[key], &mut self.hub.chunks);
+        conn.offered = conn.out.pushed();
+    }
+
     /// Queue entries and queued bytes of `key`.
     fn queued(&mut self, key: usize) -> (usize, Vec<u8>) {
         let q = &self.conns[key].out;
@@ -187,44 +198,200 @@ fn ceilings_select_their_arena_and_several_subscriptions_deliver_once_at_the_wid
     assert_eq!(entries, 6, "alternating arenas: a run per frame");
 }
 
+/// AEP-0003 §8.4, AEP-0007 §5 item 1: toward a consumer that reads nothing, `debug`
+/// Events stop at half the bound, `info` at three quarters, `notice` and above take the
+/// rest; drops are counted by severity, in order, and only a `notice` that does not fit
+/// the whole bound disconnects.
 #[test]
-fn a_full_queue_drops_info_and_keeps_order() {
+fn a_queue_sheds_debug_past_half_its_bound_and_info_past_three_quarters() {
     let mut s = Setup::new();
     let slow = s.subscribe("{}", None, false);
-    let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
-    let one = sse::message(&events[0], events[0].bytes()).len();
-    // Room for three frames, and a socket that takes nothing.
     s.blocked.push(slow);
-    let (_, doomed) = s.unit(&events, one * 3 + 10);
-    assert!(
-        doomed.is_empty(),
-        "info Events are dropped, never a disconnect"
+    let frame = |e: &Arc<Event>| sse::message(e, e.bytes()).len();
+    let debug: Vec<_> = (100..140).map(|i| event(i, "debug")).collect();
+    let info: Vec<_> = (200..240).map(|i| event(i, "info")).collect();
+    let one = frame(&debug[0]);
+    let max = 16 * one;
+    // Each run stops at its mark, the next frame of its severity past it.
+    let (_, doomed) = s.unit(&debug, max);
+    assert!(doomed.is_empty());
+    let (_, after_debug) = s.queued(slow);
+    assert!(after_debug.len() <= max / 2 && after_debug.len() + one > max / 2);
+    assert_eq!(after_debug, sse_of(&debug[..8], |_| true));
+    assert_eq!(s.conns[slow].dropped, Drops { debug: 32, info: 0 });
+    let (_, doomed) = s.unit(&info, max);
+    assert!(doomed.is_empty());
+    let (_, after_info) = s.queued(slow);
+    let took = (after_info.len() - after_debug.len()) / frame(&info[0]);
+    assert_eq!(took, 4, "info up to three quarters: 12 frames of 16");
+    assert_eq!(
+        after_info[after_debug.len()..],
+        sse_of(&info[..4], |_| true)
     );
-    let (_, bytes) = s.queued(slow);
-    assert_eq!(bytes, sse_of(&events[..3], |_| true));
-    assert_eq!(s.hub.stats.dropped, 7);
-    assert_eq!(s.conns[slow].dropped, 7);
-    // A notice that does not fit disconnects (AEP-0003 §8.4).
-    let (_, doomed) = s.unit(&[event(10, "notice")], one * 3 + 10);
-    assert_eq!(doomed, vec![slow]);
+    let dropped = Drops {
+        debug: 32,
+        info: 36,
+    };
+    assert_eq!(s.conns[slow].dropped, dropped);
+    assert_eq!(s.hub.stats.dropped, dropped);
+    // A debug Event now finds the queue past its mark too; a notice still fits.
+    let (_, doomed) = s.unit(&[event(300, "debug"), event(301, "notice")], max);
+    assert!(doomed.is_empty());
+    assert_eq!(s.conns[slow].dropped.debug, 33);
+    let notices: Vec<_> = (302..306).map(|i| event(i, "notice")).collect();
+    let (_, doomed) = s.unit(&notices[..2], max);
+    assert!(doomed.is_empty(), "notices take the last quarter");
+    let (_, doomed) = s.unit(&notices[2..], max);
+    assert_eq!(doomed, vec![slow], "a notice that does not fit disconnects");
+    assert_eq!(s.hub.stats.backpressure_disconnects, 1);
+}
+
+/// The marks come from one function of the severity and the bound.
+#[test]
+fn the_marks_are_half_and_three_quarters_of_the_bound() {
+    let max = 1 << 20;
+    assert_eq!(shed_mark(Severity::Debug, max), 512 * 1024);
+    assert_eq!(shed_mark(Severity::Info, max), 768 * 1024);
+    for s in [
+        Severity::Notice,
+        Severity::Warning,
+        Severity::Error,
+        Severity::Critical,
+    ] {
+        assert_eq!(shed_mark(s, max), max);
+    }
+}
+
+/// A consumer told of drops (every SSE stream) gets `: dropped {n} debug={d} info={i}`
+/// just before the next Event delivered after them, between two messages, with the
+/// count since the previous comment; nothing when nothing was dropped.
+#[test]
+fn drops_are_announced_just_before_the_next_event_delivered() {
+    let mut s = Setup::new();
+    let slow = s.subscribe("{}", None, false);
+    s.conns[slow].announce_drops = true;
+    s.blocked.push(slow);
+    let debug: Vec<_> = (100..110).map(|i| event(i, "debug")).collect();
+    let one = sse::message(&debug[0], debug[0].bytes()).len();
+    let max = 8 * one + 100;
+    s.unit(&debug, max);
+    let (_, first) = s.queued(slow);
+    assert_eq!(first, sse_of(&debug[..4], |_| true), "no comment yet");
+    // The consumer reads everything; the next Events are delivered, the first after
+    // the comment.
+    s.drain(slow);
+    let next = [event(110, "info"), event(111, "debug")];
+    s.unit(&next, max);
+    s.drain(slow);
+    let mut want = sse_of(&debug[..4], |_| true);
+    want.extend_from_slice(b": dropped 6 debug=6 info=0\n\n");
+    want.extend_from_slice(&sse_of(&next, |_| true));
+    assert_eq!(s.written[slow], want);
+    assert!(s.conns[slow].unannounced.is_empty());
+    // Drops of both severities, then a notice: one comment with both counts.
+    s.written[slow].clear();
+    let info: Vec<_> = (120..128).map(|i| event(i, "info")).collect();
+    let debug: Vec<_> = (128..134).map(|i| event(i, "debug")).collect();
+    let late: Vec<_> = (134..138).map(|i| event(i, "info")).collect();
+    let mixed: Vec<_> = [&info[..], &debug[..], &late[..]].concat();
+    s.unit(&mixed, max);
+    assert_eq!(s.conns[slow].dropped, Drops { debug: 12, info: 6 });
+    s.drain(slow);
+    let notice = event(140, "notice");
+    s.unit(std::slice::from_ref(&notice), max);
+    s.drain(slow);
+    let mut want = sse_of(&info[..6], |_| true);
+    want.extend_from_slice(b": dropped 12 debug=6 info=6\n\n");
+    want.extend_from_slice(&sse_of(&[notice], |_| true));
+    assert_eq!(
+        String::from_utf8_lossy(&s.written[slow]),
+        String::from_utf8_lossy(&want)
+    );
+}
+
+/// A WebSocket that asked (`capabilities.experimental.dropped`) gets a `dropped` frame
+/// where an SSE stream gets the comment; one that did not gets nothing but the count.
+#[test]
+fn a_websocket_that_asked_gets_a_dropped_frame() {
+    let mut s = Setup::new();
+    let asked = s.subscribe("{}", None, true);
+    let quiet = s.subscribe("{}", None, true);
+    s.conns[asked].announce_drops = true;
+    s.blocked.extend([asked, quiet]);
+    let debug: Vec<_> = (100..110).map(|i| event(i, "debug")).collect();
+    let one = ws::rfc6455::text(debug[0].bytes()).len();
+    let max = 8 * one + 100;
+    s.unit(&debug, max);
+    s.drain(asked);
+    s.drain(quiet);
+    let next = event(110, "notice");
+    s.unit(std::slice::from_ref(&next), max);
+    s.drain(asked);
+    s.drain(quiet);
+    let frames = |evs: &[Arc<Event>]| -> Vec<u8> {
+        evs.iter()
+            .flat_map(|e| ws::rfc6455::text(e.bytes()).to_vec())
+            .collect()
+    };
+    let mut want = frames(&debug[..4]);
+    want.extend_from_slice(&aep::dropped(6, 0));
+    want.extend_from_slice(&frames(std::slice::from_ref(&next)));
+    assert_eq!(s.written[asked], want);
+    let mut want = frames(&debug[..4]);
+    want.extend_from_slice(&frames(std::slice::from_ref(&next)));
+    assert_eq!(s.written[quiet], want);
+    assert_eq!(s.conns[quiet].dropped.debug, 6);
+    assert!(s.conns[quiet].unannounced.is_empty(), "nothing to tell");
+}
+
+/// Live frames held behind a replay (the backlog) are shed by the same marks, against
+/// the backlog's own length, and the comment goes into the backlog, in order.
+#[test]
+fn the_backlog_behind_a_replay_sheds_by_the_same_marks() {
+    let mut s = Setup::new();
+    let late = s.subscribe("{}", None, false);
+    s.conns[late].announce_drops = true;
+    // Something held already: live frames join the backlog, not the queue.
+    s.conns[late]
+        .backlog
+        .push(Bytes::from_static(b": held\n\n"));
+    let debug: Vec<_> = (100..120).map(|i| event(i, "debug")).collect();
+    let one = sse::message(&debug[0], debug[0].bytes()).len();
+    let max = 8 * one + 100;
+    s.unit(&debug, max);
+    assert_eq!(s.conns[late].dropped, Drops { debug: 16, info: 0 });
+    let notice = event(120, "notice");
+    s.unit(std::slice::from_ref(&notice), max);
+    let mut want = b": held\n\n".to_vec();
+    want.extend_from_slice(&sse_of(&debug[..4], |_| true));
+    want.extend_from_slice(b": dropped 16 debug=16 info=0\n\n");
+    want.extend_from_slice(&sse_of(&[notice], |_| true));
+    assert_eq!(s.conns[late].backlog.concat(), want);
+    assert!(s.conns[late].out.is_empty());
 }
 
 #[test]
 fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
-    let mut s = Setup::new();
-    let fast = s.subscribe("{}", None, false);
-    let events: Vec<_> = (0..50).map(|i| event(i, "info")).collect();
-    let one = sse::message(&events[0], events[0].bytes()).len();
-    // The batch is far larger than the bound; the pipe takes everything offered.
-    let (_, doomed) = s.unit(&events, one * 4);
-    assert!(doomed.is_empty());
-    assert_eq!(
-        s.hub.stats.dropped, 0,
-        "a consumer that keeps up loses nothing"
-    );
-    let mut got = s.written[fast].clone();
-    got.extend_from_slice(&s.queued(fast).1);
-    assert_eq!(got, sse_of(&events, |_| true));
+    // The publication pauses at the Event's mark, not only at the bound: `debug` past
+    // half of it is offered to the socket before anything is judged.
+    for severity in ["debug", "info"] {
+        let mut s = Setup::new();
+        let fast = s.subscribe("{}", None, false);
+        s.conns[fast].announce_drops = true;
+        let events: Vec<_> = (0..50).map(|i| event(i, severity)).collect();
+        let one = sse::message(&events[0], events[0].bytes()).len();
+        // The batch is far larger than the bound; the pipe takes everything offered.
+        let (_, doomed) = s.unit(&events, one * 4);
+        assert!(doomed.is_empty());
+        assert_eq!(
+            s.hub.stats.dropped.total(),
+            0,
+            "{severity}: a consumer that keeps up loses nothing"
+        );
+        let mut got = s.written[fast].clone();
+        got.extend_from_slice(&s.queued(fast).1);
+        assert_eq!(got, sse_of(&events, |_| true), "{severity}: and no comment");
+    }
 }
 
 /// A fan-out that pauses part-way (the second consumer must be offered its queue first)
@@ -241,7 +408,7 @@ fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
     let one = sse::message(&events[0], events[0].bytes()).len();
     let (_, doomed) = s.unit(&events, one * 4);
     assert!(doomed.is_empty());
-    assert_eq!(s.hub.stats.dropped, 0);
+    assert_eq!(s.hub.stats.dropped.total(), 0);
     let mut got_b = s.written[b].clone();
     got_b.extend_from_slice(&s.queued(b).1);
     assert_eq!(got_b, sse_of(&events, |_| true));
