@@ -306,7 +306,11 @@ run() {
     grep -q '^aep-relay listening on' "$log" || { cat "$log" >&2; die "$name: the relay did not start"; }
     echo "== $name: $(grep -o 'memory budget [^)]*)' "$log") ${CG_DIR:+in $CG_DIR}" >&2
     taskset -c "$LOAD_CPU" python3 "$LOAD" "$@" --addr "127.0.0.1:$PORT" >"$RESULTS/$name.json" \
-        2>"$RESULTS/$name.err" || echo "$name: the load exited $?" >&2
+        2>"$RESULTS/$name.err" || {
+        rc=$?
+        [ "$rc" = 130 ] && exit 130 # interrupted: no report of a half run
+        echo "$name: the load exited $rc" >&2
+    }
     local alive=0 hwm=
     if [ "$(awk '/^State:/ { print $2 }' "/proc/$RELAY_PID/status" 2>/dev/null)" != Z ] &&
         kill -0 "$RELAY_PID" 2>/dev/null; then

@@ -20,6 +20,7 @@ import argparse
 import http.client
 import json
 import select
+import signal
 import socket
 import sys
 import threading
@@ -39,6 +40,8 @@ P.add_argument("--size", type=int, default=900)
 P.add_argument("--rate", type=float, default=1.6e6)
 P.add_argument("--idle", type=float, default=5.0)
 A = P.parse_args()
+# Interrupted, the load ends at once (no report of a half run); the script stops the relay.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 HOST, PORT = A.addr.rsplit(":", 1)
 PORT = int(PORT)
 OUT = {"scenario": A.scenario, "errors": []}
