@@ -712,6 +712,14 @@ impl Session {
             slot.remove();
         }
         l.arena.release_entry(&e, spare);
+        if l.ring.is_empty() {
+            // Nothing of the lane is held: its chunk being filled goes too (a lane
+            // emptied by a shed keeps no room for Events it may never get).
+            for (chunk, _) in l.arena.chunks.drain(..) {
+                l.arena.held -= give_back(chunk, spare);
+            }
+            l.arena.first = 0;
+        }
         // Usually the front is above everything evicted before; not after a shed let
         // the lane take a backfill below that, or after it took over a record.
         l.base = l.base.wrapping_add(1) & PLACE;
@@ -1222,7 +1230,13 @@ impl<E: Stored> Store<E> {
                 if self.slots[sid].source.is_none() {
                     // The name's foreign Events so far become the front of its owner's
                     // buffer, anchored "before everything" as they were.
-                    self.slots[sid].source = Some(source.into());
+                    // An earlier stream of this owner evicted whole passes its record
+                    // on, as to a stream created for it.
+                    let record = self.records.take(name, Some(source));
+                    let s = &mut self.slots[sid];
+                    s.source = Some(source.into());
+                    let facts = &mut s.lanes[FACTS];
+                    facts.evicted_high = facts.evicted_high.max(record);
                     self.heap += source.len();
                     return sid;
                 }
@@ -1675,11 +1689,14 @@ impl<E: Stored> Store<E> {
     pub fn shed_to(&mut self, target: usize) -> Shed {
         let mut shed = Shed::default();
         self.spare = Spare::new();
+        // Chunks freed during the shed pass through `spare` and are freed at its end, so
+        // they are not counted while it runs.
+        let held = |st: &Store<E>| st.heap + st.records.bytes;
         let mut at = self.head;
-        while self.deltas > 0 && at != NIL && self.memory_bytes() > target {
+        while self.deltas > 0 && at != NIL && held(self) > target {
             let sid = at;
             at = self.slots[sid].next;
-            while self.memory_bytes() > target && self.shed_one(sid, DELTAS) {
+            while held(self) > target && self.shed_one(sid, DELTAS) {
                 shed.events += 1;
                 shed.debug_events += 1;
             }
@@ -1688,7 +1705,7 @@ impl<E: Stored> Store<E> {
                 shed.streams += 1;
             }
         }
-        while self.head != NIL && self.memory_bytes() > target {
+        while self.head != NIL && held(self) > target {
             let sid = self.head;
             if self.shed_one(sid, DELTAS) {
                 shed.debug_events += 1;

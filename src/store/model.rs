@@ -117,7 +117,11 @@ impl Model {
                 let i = match (own, foreign_only) {
                     (Some(i), _) => i,
                     (None, Some(i)) => {
+                        let record = self
+                            .records
+                            .remove(&(name.clone(), Some(ev.source.clone())));
                         self.lru[i].source = Some(ev.source.clone());
+                        self.lru[i].evicted.extend(record);
                         i
                     }
                     (None, None) => self.create(&name, Some(&ev.source)),
@@ -402,7 +406,8 @@ pub fn compare(st: &Store<T>, m: &Model, ctx: &str) {
                             .iter()
                             .find(|(k, _)| k.1 == 0)
                             .map(|(k, _)| k.0.unwrap())
-                            .or_else(|| ms.held.first().and_then(|(k, _)| k.0));
+                            .or_else(|| ms.held.first().and_then(|(k, _)| k.0))
+                            .or_else(|| ms.evicted.iter().max().and_then(|k| k.0));
                         if let Some(e) = earliest {
                             want_markers.push((ms.source.as_deref(), e));
                         }

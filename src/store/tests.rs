@@ -1135,3 +1135,50 @@ fn memory_bytes_tracks_the_heap() {
     // chunk slack included.
     assert!((100 * 1000..=180 * 1000).contains(&m), "{m}");
 }
+
+/// A name's foreign-only stream adopted by an owner whose earlier stream was evicted
+/// whole takes that stream's record over: one marker per stream, naming its earliest
+/// held Event, and the record no longer listed as lost.
+#[test]
+fn an_adopted_stream_takes_its_owners_record_over() {
+    let mut st: Store<T> = Store::new(4, 1);
+    admit_all(&mut st, [sq("sA", 0, 1), sq("sA", 0, 2), sq("sA", 0, 3)]);
+    admit_all(&mut st, [sq("sB", 0, 1)]);
+    admit_all(&mut st, [fo("sA", "routed")]);
+    assert_eq!(st.lost("sA").count(), 1);
+    admit_all(&mut st, [sq("sA", 0, 10)]);
+    assert_eq!(st.lost("sA").count(), 0, "held again, not lost");
+    assert_eq!(from_start(&st, "sA"), strs(&["routed", "e0.10"]));
+    assert_eq!(after(&st, "sA", (0, 0)), (strs(&["e0.10"]), Some((0, 10))));
+    assert_eq!(after(&st, "sA", (0, 3)).1, None);
+}
+
+/// A shed frees what it evicts: chunks it empties are not kept as spares while it
+/// runs, and a lane it empties keeps no chunk, so it evicts no more than it must.
+#[test]
+fn a_shed_stops_at_its_target() {
+    let mut st: Store<T> = Store::new(1000, 100);
+    for s in 0..50 {
+        for seq in 1..=100 {
+            let name = format!("s{s}");
+            let ev = if seq % 10 == 0 {
+                sq(&name, 0, seq)
+            } else {
+                dq(&name, 0, seq)
+            };
+            st.admit(&ev);
+        }
+    }
+    st.check();
+    let full = st.memory_bytes();
+    let target = full * 7 / 8;
+    let shed = st.shed_to(target);
+    st.check();
+    let now = st.memory_bytes();
+    assert!(now <= target, "{now} > {target}");
+    assert!(
+        now + 16 * 1024 >= target,
+        "shed {shed:?}: {now} is far below {target}"
+    );
+    assert_eq!(shed.events, shed.debug_events);
+}
