@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The .deb and its hardened systemd unit, for real (issue 16 §3): builds the package with
-# `cargo deb` (installs cargo-deb from crates.io when missing), installs it with
-# `dpkg -i`, and checks that
+# The .deb and its hardened systemd unit, for real: builds the package with `cargo deb`
+# (installs cargo-deb from crates.io when missing), installs it with `dpkg -i`, and
+# checks that
 #   - the package holds the binary, the unit and /etc/default/aep-relay (a conffile, 0600),
 #     and a man page per command;
 #   - `systemd-analyze verify` accepts the installed unit with no word of complaint, and

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The library depends on no tool (issue 14): with default features off (no `cli`), the
-# normal dependency tree of aep-relay must hold none of the binary's crates. Dev
-# dependencies are left out (`-e normal`): criterion pulls clap into the benches only.
-# Fails naming each one found, with the path that brings it in.
+# The library depends on no tool: with default features off (no `cli`), the normal
+# dependency tree of aep-relay must hold none of the binary's crates. Dev dependencies are
+# left out (`-e normal`): criterion pulls clap into the benches only. Fails naming each
+# one found, with the path that brings it in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails on any import cycle among the library's top-level modules (issue 26).
+"""Fails on any import cycle among the library's top-level modules.
 
 The modules are the `mod` items of src/lib.rs; a module's files (src/NAME.rs,
 src/NAME/**.rs) and their submodules count as part of it. An edge A -> B is any path in

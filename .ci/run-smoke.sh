@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The README's first command, exactly as written (issue 12 §4): `cargo run --release`
-# must run the relay (the package has two binaries; `default-run` picks aep-relay).
-# Starts `cargo run --release -- --listen 127.0.0.1:0`, waits for its start-up line
-# (at most SMOKE_START_SECS, default 900, for a cold release build (async-nats and tokio since issue 15) and the start), checks
-# `GET /healthz` on the printed address with curl, runs `cargo run --release -- check`
-# against it (the `cargo run --release -- …` form of the README's subcommands), then
-# stops it with SIGTERM and requires exit status 0 (a graceful shutdown).
+# The README's first command, exactly as written: `cargo run --release` must run the relay
+# (the package has two binaries; `default-run` picks aep-relay). Starts
+# `cargo run --release -- --listen 127.0.0.1:0`, waits for its start-up line (at most
+# SMOKE_START_SECS, default 900, for a cold release build (async-nats and tokio included)
+# and the start), checks `GET /healthz` on the printed address with curl, runs
+# `cargo run --release -- check` against it (the `cargo run --release -- …` form of the
+# README's subcommands), then stops it with SIGTERM and requires exit status 0 (a graceful
+# shutdown).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The core cannot do I/O by construction (issue 14): the sans-IO module tree names no
-# socket, poller, clock or file system. Only the I/O layer (src/io: the reactor, the
-# transport, TLS, the JSONL reader threads, the history files, the cluster outbox file
-# and the cluster bridge) and the binary touch them. Unit-test files (`tests.rs`) may
-# read the clock to get an `Instant` to start from; they are not the core's code.
+# The core cannot do I/O by construction: the sans-IO module tree names no socket, poller,
+# clock or file system. Only the I/O layer (src/io: the reactor, the transport, TLS, the
+# JSONL reader threads, the history files, the cluster outbox file and the cluster bridge)
+# and the binary touch them. Unit-test files (`tests.rs`) may read the clock to get an
+# `Instant` to start from; they are not the core's code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 core=(src/core src/envelope src/filter src/capture src/store src/fanout src/ws src/cluster

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Cluster mode measured (issue 15): relays joined by one nats-server (JetStream), next to
-# a single relay, under the same `aep-load` workloads, in one run. Rounds interleave the
+# Cluster mode measured: relays joined by one nats-server (JetStream), next to a single
+# relay, under the same `aep-load` workloads, in one run. Rounds interleave the
 # configurations; the report gives the median and the spread (min-max) over the rounds.
 #
 #   ingest    one relay, 1 SSE subscriber, POST batches of $BATCH as fast as the window
@@ -16,7 +16,7 @@
 #             deliveries/s over the three, against one single relay with 3 x $SUBS.
 #   ingest-b1 as ingest, one Event per POST (HTTP's per-request cost dominates).
 #   fanout1000  as fanout with 1,000 subscribers.
-#   engine    the engine's own ceiling (issue 23): raw JetStream publishes of the same
+#   engine    the engine's own ceiling: raw JetStream publishes of the same
 #             Event from async-nats (`examples/jetstream_publish.rs`, window 256), one
 #             Event per message and 64 per message, against a fresh nats-server.
 #

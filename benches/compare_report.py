@@ -384,7 +384,7 @@ def idle_table(sc, n):
 
 
 def summary(fan, lat, st):
-    """Relay vs the better peer on each figure issue 13 names (ratios only, no verdict)."""
+    """Relay vs the better peer on each headline figure (ratios only, no verdict)."""
     rows = []
     for n, sc in fan:
         for t in (x for x in RELAY if x in sc.targets):

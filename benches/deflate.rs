@@ -1,4 +1,4 @@
-//! `deflate`: WebSocket `permessage-deflate` (RFC 7692, issue 25), as the relay does it
+//! `deflate`: WebSocket `permessage-deflate` (RFC 7692), as the relay does it
 //! (each Event compressed once per capture level, the same bytes for every compressing
 //! subscriber, `server_no_context_takeover`) against the per-connection design peers
 //! use (one compressor context per subscriber, context takeover).

@@ -12,8 +12,8 @@
 //!   Bodies are generated and outputs drained outside the timed region.
 //! - `http/replay/*`: `GET /stream?from=all&live=0` over a store of 16 sessions of 1 000
 //!   ~600-byte Events, in **Events/s** (Throughput: Events): store pages, the SSE frame
-//!   of every Event and the paced refill of the output queue (AEP-0003 §8.4, issue 14's
-//!   pages that end at the bound). `read_all`: the consumer's socket takes everything
+//!   of every Event and the paced refill of the output queue (AEP-0003 §8.4; pages end
+//!   at the bound). `read_all`: the consumer's socket takes everything
 //!   (the whole replay runs inside one request); `window_64k`: it holds at most 64 KiB
 //!   unread, as a socket buffer does, and the consumer reads it out each time, so the
 //!   queue refills page by page from where the last page stopped. The request and the

@@ -1,6 +1,6 @@
 //! `ingest_alloc`: what ingest allocates per admitted Event, and what a held Event keeps
-//! allocated (issue 24: "No per-Event allocation in the request path", "bytes retained
-//! per held Event ≤ its size + 64"). Counted with the counting global allocator
+//! allocated (the targets: no per-Event allocation in the request path, bytes retained
+//! per held Event ≤ its size + 64). Counted with the counting global allocator
 //! (`support/alloc.rs`), not timed; `cargo bench --bench ingest_alloc` prints two tables
 //! in a few seconds. Everything goes through the relay's public interfaces: the sans-IO
 //! [`aep_relay::core::Core`] driven by `aep_sim::Sim` as `benches/http.rs` drives it (no
@@ -26,7 +26,7 @@
 //!   upgrade without `permessage-deflate`, `hello`, `subscribe` with no filter).
 //! - `allocs/Event`: allocations and reallocations during the ingest calls divided by
 //!   the Events admitted (the `Core::ingested` delta, checked equal to the Events sent).
-//!   Issue 24 target: ≤ 0.05.
+//!   Target: ≤ 0.05.
 //! - `bytes/Event`: bytes those allocations asked for (a reallocation counts its new
 //!   size), divided by the Events admitted.
 //! - `allocs/body`: the same allocations per request body (per ingest call).
@@ -39,8 +39,7 @@
 //!   divided by the Events held (`aep_buffered_events`); everything the relay keeps:
 //!   Event bytes, scanned attributes, store ring and dedupe entries, per-session state.
 //! - `mean size`: the mean length of the Events held (their own bytes, no newline).
-//! - `live − size`: the overhead per held Event beyond its bytes. Issue 24 target:
-//!   ≤ 64 B.
+//! - `live − size`: the overhead per held Event beyond its bytes. Target: ≤ 64 B.
 //! - `live/size`: the same as a ratio.
 //! - `buffered/sum`: `aep_buffered_bytes` of `GET /metrics` divided by the sum of the
 //!   Events' lengths (1.000 when the metric counts exactly the Events' own bytes).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# JSONL ingest end to end (issue 24 target: `aep-relay --stdin` of a 1M-line JSONL file
+# JSONL ingest end to end (target: `aep-relay --stdin` of a 1M-line JSONL file
 # >= 1M Events/s admitted): the release binary reads a file of LINES valid Events of SIZE
 # bytes on standard input (`--stdin --exit-on-stdin-eof`: it stops once every line is
 # ingested), pinned to one core (`taskset -c $CPU`, all its threads), REPEAT rounds per

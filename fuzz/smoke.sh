@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CI smoke run of the fuzz targets (issue 8): keeps them compiling and runs each one for
-# a few seconds over its committed seeds. Exits non-zero on a build failure or on any
-# crash, panic, leak or timeout libFuzzer reports.
+# CI smoke run of the fuzz targets: keeps them compiling and runs each one for a few
+# seconds over its committed seeds. Exits non-zero on a build failure or on any crash,
+# panic, leak or timeout libFuzzer reports.
 #
 #   bash fuzz/smoke.sh            # every target, 5 s each
 #   SMOKE_SECS=30 bash fuzz/smoke.sh http

@@ -550,9 +550,9 @@ mod tests {
         );
     }
 
-    /// Issue 24: a head parsed into a reused `RequestHead` (a connection's) is exactly
-    /// the head `parse_head` returns, whatever the heads parsed into it before (more or
-    /// fewer header lines, longer or shorter strings, a query or none).
+    /// A head parsed into a reused `RequestHead` (a connection's) is exactly the head
+    /// `parse_head` returns, whatever the heads parsed into it before (more or fewer
+    /// header lines, longer or shorter strings, a query or none).
     #[test]
     fn parse_head_into_a_reused_head_equals_a_fresh_parse() {
         let heads: [&[u8]; 4] = [

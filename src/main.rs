@@ -111,10 +111,10 @@ struct Cli {
     /// stands in front). AEP-0003 §8.1 requires both for any off-host binding.
     #[arg(long, env = "AEP_ALLOW_INSECURE_OFF_HOST")]
     allow_insecure_off_host: bool,
-    /// JSONL ingest and durable history (issue 5).
+    /// JSONL ingest and durable history.
     #[command(flatten)]
     ingest: cli::IngestArgs,
-    /// Cluster mode on NATS JetStream (issue 15).
+    /// Cluster mode on NATS JetStream.
     #[command(flatten)]
     cluster: cli::ClusterArgs,
     /// `tail`, `validate`; none runs the relay.

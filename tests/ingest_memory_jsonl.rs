@@ -1,7 +1,6 @@
-//! What an Event held from a JSONL source costs in memory (issue 12 §3): its own bytes
-//! plus a constant, never the whitespace of its line. Alone in its test process: the
-//! counting allocator sees every thread, and JSONL follower threads end a poll interval
-//! after their relay.
+//! What an Event held from a JSONL source costs in memory: its own bytes plus a constant,
+//! never the whitespace of its line. Alone in its test process: the counting allocator
+//! sees every thread, and JSONL follower threads end a poll interval after their relay.
 
 use std::io::Write;
 
@@ -24,9 +23,8 @@ fn event(session: &str, seq: u64) -> String {
     )
 }
 
-/// AEP-0003 §3.1, issue 12 §3: JSONL lines (`--ingest-file`) padded with whitespace after
-/// the Event are held at the Event's own size, not the line's. Before the fix each held
-/// Event kept its whole line (256 KiB) alive.
+/// AEP-0003 §3.1: JSONL lines (`--ingest-file`) padded with whitespace after the Event
+/// are held at the Event's own size, not the whole line's (256 KiB).
 #[test]
 fn a_held_event_of_a_padded_jsonl_line_costs_its_own_bytes() {
     let _one = one_at_a_time();

@@ -51,8 +51,8 @@
 //!    may be a WebSocket (opened as one, or sent `websocket` in its bytes) one
 //!    `max_output_bytes` more each (as `ws`'s: replies on top of a paced replay). A
 //!    replay page counts like any other output: it ends once it fills the queue to the
-//!    bound (the seed `crash-replay-page-over-the-bound-regression` once queued 114,382
-//!    bytes by queueing a page whole). When a stream ends (a shutdown, a WebSocket
+//!    bound (queueing a page whole, the seed `crash-replay-page-over-the-bound-regression`
+//!    would queue 114,382 bytes). When a stream ends (a shutdown, a WebSocket
 //!    close) the live frames held behind its replay were counted as delivered and go
 //!    into the queue before the last frame: a connection that held a backlog may then
 //!    have all of the second bound in its queue, until it drains back within the first

@@ -1,10 +1,9 @@
-//! The measuring stick of the core-driving targets' speed (issue 14, evidence item 2),
-//! not a bug finder: each input goes whole, in one piece, to one connection of a fresh
-//! `Core` (`aep_sim::Sim`), then EOF and every timer; no oracle, no chunking, no
-//! determinism re-run. Whatever `http` adds (chunks, pipelining, the reference framer,
-//! the response parser, the re-run) costs execs/s against this; no target that drives a
-//! fresh core per input can be faster. `fuzz/scripts/speed.sh` runs it beside `http`
-//! and `ws`.
+//! The measuring stick of the core-driving targets' speed, not a bug finder: each input
+//! goes whole, in one piece, to one connection of a fresh `Core` (`aep_sim::Sim`), then
+//! EOF and every timer; no oracle, no chunking, no determinism re-run. Whatever `http`
+//! adds (chunks, pipelining, the reference framer, the response parser, the re-run) costs
+//! execs/s against this; no target that drives a fresh core per input can be faster.
+//! `fuzz/scripts/speed.sh` runs it beside `http` and `ws`.
 //!
 //! Invariants asserted: nothing panics, and after EOF and every timer the connection is
 //! closed (as `http` 1 and 3).

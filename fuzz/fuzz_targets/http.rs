@@ -2,10 +2,10 @@
 //! sans-IO `Core`: no socket, virtual time), with arbitrary bytes delivered in arbitrary
 //! chunks.
 //!
-//! Kept to one connection so that an input costs little (issue 14: execs/s): a stalled
-//! subscriber beside it and a full replay store, which this target once set up per
-//! input, are `conn_script`'s (opcodes `open` SSE with a peer that never reads, `prefill`,
-//! `send`), which combines them with everything else.
+//! Kept to one connection so that an input costs little (execs/s): a stalled subscriber
+//! beside it and a full replay store, too costly to set up per input here, are
+//! `conn_script`'s (opcodes `open` SSE with a peer that never reads, `prefill`, `send`),
+//! which combines them with everything else.
 //!
 //! Input layout (so the payload stays contiguous for the dictionary and the mutator):
 //! - byte 0: flags. bit 0: the fuzzed connection stops reading its output (a write

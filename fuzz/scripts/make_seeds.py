@@ -199,8 +199,8 @@ conn_seed("shutdown-with-streams-open", c_open(0, SSE), c_open(1, ws_hello), c_o
 conn_seed("shutdown-deadline-with-a-stalled-reader", C_PREFILL, c_open(0, SSE, 0), C_SHUTDOWN, c_advance(35), c_take(0))
 conn_seed("pipelined-post-and-partial-reads", c_open(0, HTTP, 2), c_request(0, 2), c_request(0, 2), c_request(0, 3), c_take(0, 1), c_take(0, 3), c_request(0, 5), c_take(0), c_eof(0), c_take(0))
 conn_seed("reset-while-paused-then-reuse-slot", c_open(0, HTTP, 0), *[c_request(0, 1)] * 6, c_reset(0), c_open(0, SSE | 2 << 2), c_ingest(2, 3), c_take(0), c_eof(0))
-# The scenes `http` and `ws` once set up per input (a full store, a subscriber that never
-# reads), here among the other connections (issue 14: those targets stay cheap).
+# The scenes `http` and `ws` leave out to stay cheap (a full store, a subscriber that
+# never reads), here among the other connections.
 small = lambda q: compact({"aep": "0.1", "id": f"m{q}", "type": "tool.completed", "time": "2026-07-03T10:00:00Z",
                            "source": "aep://h/agent/a/session/live", "agent": "a", "session": "live", "seq": q,
                            "severity": "info", "data": {"pad": "z" * 40}})

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Execs/s of fuzz targets (issue 14, evidence item 2), side by side for the builds that
-# matter, in one run: each round starts from the committed seeds with the target's
-# dictionary and a fresh scratch corpus, pinned to one core, and reports libFuzzer's
-# stat::average_exec_per_sec. Prints one line per (build, target) with the median and
-# the spread of the rounds.
+# Execs/s of fuzz targets, side by side for the builds that matter, in one run: each round
+# starts from the committed seeds with the target's dictionary and a fresh scratch corpus,
+# pinned to one core, and reports libFuzzer's stat::average_exec_per_sec. Prints one line
+# per (build, target) with the median and the spread of the rounds.
 #
 #   bash fuzz/scripts/speed.sh                       # floor http ws, 3 rounds of 30 s
 #   ROUNDS=5 SECS=60 CORE=1 bash fuzz/scripts/speed.sh http ws conn_script

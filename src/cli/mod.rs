@@ -1,6 +1,6 @@
 //! The binary's JSONL flags and its commands for people: `aep-relay tail`,
-//! `aep-relay validate` (issue 5) and `aep-relay check` (issue 6, the live conformance
-//! checker, the workspace's `aep-check` crate). Plain `aep-relay [FLAGS]` still runs the relay.
+//! `aep-relay validate` and `aep-relay check` (the live conformance checker, the
+//! workspace's `aep-check` crate). Plain `aep-relay [FLAGS]` still runs the relay.
 
 use aep_relay::history::{self, Fsync, HistoryConfig};
 use aep_relay::jsonl::{self, JsonlConfig};
@@ -104,7 +104,7 @@ impl IngestArgs {
     }
 }
 
-/// Cluster mode flags (issue 15): several relays joined by NATS JetStream.
+/// Cluster mode flags: several relays joined by NATS JetStream.
 #[derive(Args, Debug)]
 pub struct ClusterArgs {
     /// Join a cluster through these NATS servers (comma-separated `nats://host:port`).

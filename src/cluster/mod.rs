@@ -1,5 +1,5 @@
-//! Cluster mode on NATS JetStream (issue 15): the boundary between the relay and the bus,
-//! and the pure naming helpers both sides share.
+//! Cluster mode on NATS JetStream: the boundary between the relay and the bus, and the
+//! pure naming helpers both sides share.
 //!
 //! ```text
 //!  reactor (mio, one thread)                 bridge thread "aep-cluster" (feature `cluster`)
@@ -44,9 +44,9 @@ use std::time::Duration;
 pub enum ToBus {
     /// Publish one stream message to the stream on `subject`: one Event's raw bytes,
     /// unchanged, or several Events of that subject, one per line (`\n` between them,
-    /// none holding a raw line break; issue 23: the engine's cost is per message), with the
-    /// header `Nats-Msg-Id: {msg_id}` so that the stream's duplicate window collapses
-    /// this relay's own retry of this publish, and nothing else ([`publish_id`]).
+    /// none holding a raw line break; the engine's cost is per message), with the header
+    /// `Nats-Msg-Id: {msg_id}` so that the stream's duplicate window collapses this
+    /// relay's own retry of this publish, and nothing else ([`publish_id`]).
     ///
     /// Pipelined: the bridge never awaits one ack before sending the next publish, and it
     /// sends publishes in the order it receives them. Answered by [`FromBus::Acked`] or
@@ -460,9 +460,9 @@ pub fn relay_subject(prefix: &str, relay_id: &str) -> String {
 /// only a relay's own retries of one publish (an ack lost or timed out), never two
 /// deliveries of one Event. AEP-0003 §5 makes a buffering fan-out endpoint a
 /// non-terminal hop: "live fan-out forwards Events as received: at-least-once redelivery
-/// MUST be able to traverse the hop". An id derived from the Event's `(source, id)`, as
-/// issue 15 recommended, swallowed an emitter's re-send and a target's byte-identical
-/// re-acknowledgement (AEP-0004 §3) in the engine; the spec outranks that recommendation.
+/// MUST be able to traverse the hop". An id derived from the Event's `(source, id)`
+/// would swallow an emitter's re-send and a target's byte-identical re-acknowledgement
+/// (AEP-0004 §3) in the engine.
 /// Buffer admission still dedupes on `(source, id)` at every relay (AEP-0001 §7.4).
 ///
 /// ```

@@ -148,9 +148,9 @@ pub struct Config {
     /// else half the physical memory); a [`Core`](crate::Core) made directly with `None`
     /// has no budget.
     pub max_memory: Option<MemoryBudget>,
-    /// Cluster mode on NATS JetStream (`--cluster URL[,URL]`, issue 15); `None`: a single
-    /// relay. The core runs the cluster logic whenever this is set; the bridge thread
-    /// that talks to the engine needs the `cluster` feature.
+    /// Cluster mode on NATS JetStream (`--cluster URL[,URL]`); `None`: a single relay.
+    /// The core runs the cluster logic whenever this is set; the bridge thread that talks
+    /// to the engine needs the `cluster` feature.
     pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 

@@ -1,7 +1,7 @@
-//! Cluster mode, the core's side (issue 15): what to publish to the engine, what to admit
-//! from it, the claims of other relays, and commands routed between relays. Sans-IO like
-//! the rest of the core: it takes [`FromBus`] values and `now`, and leaves [`ToBus`]
-//! values for the reactor to hand to the bridge thread ([`crate::bridge::Bridge`]).
+//! Cluster mode, the core's side: what to publish to the engine, what to admit from it,
+//! the claims of other relays, and commands routed between relays. Sans-IO like the rest
+//! of the core: it takes [`FromBus`] values and `now`, and leaves [`ToBus`] values for
+//! the reactor to hand to the bridge thread ([`crate::bridge::Bridge`]).
 //!
 //! # One stream, one order
 //!
@@ -354,10 +354,10 @@ impl Bus {
 
     /// The stream messages of one ingest unit, each with a publish id of its own: the
     /// Events that share a subject travel together, in their order, as few messages as
-    /// fit under the server's `max_payload` (issue 23: the engine's cost is per message,
-    /// not per byte). Messages come in the order their first Event came, so each
-    /// subject's (each session's) Events keep their order in the stream; an Event with a
-    /// raw line break travels alone, and nothing of its subject joins a message before it.
+    /// fit under the server's `max_payload` (the engine's cost is per message, not per
+    /// byte). Messages come in the order their first Event came, so each subject's (each
+    /// session's) Events keep their order in the stream; an Event with a raw line break
+    /// travels alone, and nothing of its subject joins a message before it.
     fn outgoing(&mut self, events: Vec<Event>) -> Vec<Outgoing> {
         let room = self
             .max_payload
@@ -544,9 +544,9 @@ impl Bus {
             .collect()
     }
 
-    /// The state as reported (`/healthz`, `/readyz`, the state metric): a relay that
-    /// was never connected is `catching-up` until it is connected and caught up, not
-    /// `degraded` (issue 23); it serves as a degraded one meanwhile.
+    /// The state as reported (`/healthz`, `/readyz`, the state metric): a relay that was
+    /// never connected is `catching-up` until it is connected and caught up, not
+    /// `degraded`; it serves as a degraded one meanwhile.
     pub(super) fn state(&self) -> ClusterState {
         if self.state == ClusterState::Degraded && !self.ever_connected {
             ClusterState::CatchingUp
@@ -643,13 +643,13 @@ impl Core {
         self.bus.is_some()
     }
 
-    /// Gives a clustered relay a durable outbox (issue 23), with the messages a previous
-    /// run left in it: `(publish id, subject, payload)`, in order. Those are published
-    /// with their own ids once connected (the stream collapses one that got in before),
-    /// are not delivered here again when the stream brings them back (their Events are
-    /// in the history, so in the replay store already), and once they are all in the
-    /// stream the replay store is rebuilt in the stream's order, as every other relay
-    /// has it. A no-op for a single relay.
+    /// Gives a clustered relay a durable outbox, with the messages a previous run left in
+    /// it: `(publish id, subject, payload)`, in order. Those are published with their own
+    /// ids once connected (the stream collapses one that got in before), are not
+    /// delivered here again when the stream brings them back (their Events are in the
+    /// history, so in the replay store already), and once they are all in the stream the
+    /// replay store is rebuilt in the stream's order, as every other relay has it. A
+    /// no-op for a single relay.
     pub fn set_outbox_log(
         &mut self,
         log: Box<dyn super::OutboxLog>,
@@ -1107,7 +1107,7 @@ impl Core {
             });
         }
         let events: Vec<Event> = msgs.iter().flat_map(|o| o.events.iter().cloned()).collect();
-        // On disk before it is answered (issue 23), then in the history.
+        // On disk before it is answered, then in the history.
         bus.log_keep(&msgs)
             .map_err(|detail| Refusal::HistoryUnavailable { detail })?;
         if let Err(r) = self.persist(&events) {

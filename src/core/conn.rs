@@ -747,8 +747,8 @@ mod tests {
         (q, want)
     }
 
-    /// Issue 13: a flush drains the whole queue with one `writev` (a batch of 64 WS
-    /// deliveries queues ~128 buffers), not one per 16 buffers.
+    /// A flush drains the whole queue with one `writev` (a batch of 64 WS deliveries
+    /// queues ~128 buffers), not one per 16 buffers.
     #[test]
     fn flush_drains_the_queue_in_one_writev() {
         for frames in [2, 16, 17, 128, 129, 300, IOV_MAX] {
@@ -818,10 +818,10 @@ mod tests {
         }
     }
 
-    /// Issue 25: bytes the transport took but still holds (sealed, unwritten) keep the
-    /// queue non-empty and counted in `len` (its bound, `aep_output_queued_bytes`), and
-    /// the flush is `Blocked`, not `Done`, until the transport wrote them; `queued`
-    /// counts only what the transport has not taken.
+    /// Bytes the transport took but still holds (sealed, unwritten) keep the queue
+    /// non-empty and counted in `len` (its bound, `aep_output_queued_bytes`), and the
+    /// flush is `Blocked`, not `Done`, until the transport wrote them; `queued` counts
+    /// only what the transport has not taken.
     #[test]
     fn bytes_the_transport_holds_count_until_it_wrote_them() {
         let (mut q, want) = queued(3);

@@ -1,10 +1,10 @@
 //! The durable-history port: where accepted Events are kept before they are answered.
 //!
 //! The core calls its [`Journal`] synchronously, after an ingest unit is validated and
-//! before any Event of it is published or acknowledged: "persist before answering" is
-//! the contract (issue 5), so a refusal here refuses the whole unit (503
-//! `history-unavailable` over HTTP, an `error` frame over WebSocket) and nothing of it is
-//! published. The files themselves ([`crate::history::History`]) live outside the core.
+//! before any Event of it is published or acknowledged: "persist before answering" is the
+//! contract, so a refusal here refuses the whole unit (503 `history-unavailable` over
+//! HTTP, an `error` frame over WebSocket) and nothing of it is published. The files
+//! themselves ([`crate::history::History`]) live outside the core.
 
 use crate::envelope::Event;
 use crate::store::Store;
@@ -46,9 +46,9 @@ impl Journal for UnavailableJournal {
     }
 }
 
-/// Keeps the cluster outbox durably (issue 23): the messages a clustered relay admitted
-/// locally while the engine was away, until the stream has them. The core calls it
-/// synchronously, before the Events are answered; the reactor opens the file
+/// Keeps the cluster outbox durably: the messages a clustered relay admitted locally
+/// while the engine was away, until the stream has them. The core calls it synchronously,
+/// before the Events are answered; the reactor opens the file
 /// (`crate::io::outbox::OutboxFile`) and hands the core what a previous run left.
 pub trait OutboxLog: std::fmt::Debug + Send {
     /// Keeps one message (its publish id, subject and payload) before it is answered.

@@ -375,7 +375,7 @@ pub struct Core {
     /// The relay's `hello` frames built so far, by version and whether the socket's
     /// credentials route commands (the only facts that vary, AEP-0003 §4).
     hellos: Vec<(&'static str, bool, Bytes)>,
-    /// Cluster mode (issue 15): `None` for a single relay.
+    /// Cluster mode: `None` for a single relay.
     bus: Option<Box<cluster::Bus>>,
     /// The memory budget and what is counted against it (`memory`).
     ledger: memory::Ledger,
@@ -1032,7 +1032,7 @@ impl Core {
     }
 
     /// During a graceful shutdown, stops once the last connection is gone and, clustered,
-    /// the outbox is in the stream (bounded by the shutdown deadline, issue 23).
+    /// the outbox is in the stream (bounded by the shutdown deadline).
     fn check_drained(&mut self) {
         if self.shutdown_deadline.is_some()
             && self.conns.is_empty()

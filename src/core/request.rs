@@ -629,7 +629,7 @@ impl Core {
     /// Keeps the buffer of an ingested body for the next body (`Core::spare_body`) when
     /// nothing points into it any more: the store holds copies of what it admitted and
     /// the frames are copies, so only Events still waiting in a paused publication hold
-    /// it (then it is dropped as before). Buffers over [`SPARE_BODY_MAX`] are not kept.
+    /// it (then it is simply dropped). Buffers over [`SPARE_BODY_MAX`] are not kept.
     /// The buffer keeps its length: those bytes are initialized, so the next body of up
     /// to that length needs no zeroing.
     fn keep_body_buffer(&mut self, body: Bytes) {
@@ -685,7 +685,7 @@ impl Core {
         let done = self
             .validate_body_into(body, batch, &mut ok)
             .and_then(|()| {
-                // Kept in the history before it is published or answered (issue 5).
+                // Kept in the history before it is published or answered.
                 self.persist(&ok)?;
                 let n = ok.len();
                 self.count_ingested(origin, n);

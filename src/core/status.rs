@@ -78,7 +78,7 @@ impl Core {
             "memory": {"budget": self.ledger.budget, "used": self.memory_used().total()},
             "rejected": rejected,
             "not_found": not_found,
-            // Cluster mode: this relay's state and every relay it knows (issue 15).
+            // Cluster mode: this relay's state and every relay it knows.
             "cluster": self.cluster_status(),
         });
         serde_json::to_vec(&doc).unwrap_or_default()
@@ -351,8 +351,8 @@ impl Core {
         } else {
             json!({ "ok": true })
         };
-        // Cluster mode: where the relay stands with the engine (issue 15), for every
-        // caller (a load balancer or an operator's probe reads it unauthenticated).
+        // Cluster mode: where the relay stands with the engine, for every caller (a load
+        // balancer or an operator's probe reads it unauthenticated).
         if let Some(bus) = &self.bus {
             doc["cluster"] = bus.health();
         }

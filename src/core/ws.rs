@@ -383,7 +383,7 @@ impl Core {
         }
 
         if self.clustered() {
-            // Into the stream; admitted from there (issue 15).
+            // Into the stream; admitted from there.
             return match self.submit(vec![ev.clone()], super::cluster::Waiter::Ws(key)) {
                 Ok(_) => self.metrics.ingested_ws += 1,
                 Err(r) => {
@@ -392,7 +392,7 @@ impl Core {
                 }
             };
         }
-        // Kept in the history (when configured) before it is published (issue 5).
+        // Kept in the history (when configured) before it is published.
         if let Err(r) = self.persist(std::slice::from_ref(&ev)) {
             let d = r.to_string();
             return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Id(ev.id()), &d);

@@ -690,9 +690,9 @@ pub fn is_command_type(t: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// Issue 24: an Event is moved by value through the ingest path, so its size is a
-    /// cost per Event. It was 368 bytes with an `Option` per span and an inline
-    /// `i128`-aligned extension list; this bounds the compact layout (structural).
+    /// An Event is moved by value through the ingest path, so its size is a cost per
+    /// Event. This bounds the compact layout (structural): an `Option` per span and an
+    /// inline `i128`-aligned extension list would make it 368 bytes.
     #[test]
     fn an_event_is_compact() {
         let size = std::mem::size_of::<Event>();

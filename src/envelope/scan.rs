@@ -1249,7 +1249,7 @@ mod tests {
             r#"{"id":"\"#,
         ] {
             let e = refused(bad);
-            // Issue 12 §4: a fault inside a member's value names the member.
+            // A fault inside a member's value names the member.
             let name = if bad.contains("data") { "data" } else { "id" };
             assert!(
                 e.detail
@@ -1260,10 +1260,9 @@ mod tests {
         }
     }
 
-    /// Issue 12 §4: every refusal names the attribute at fault, also when the fault is a
-    /// JSON syntax fault inside its value (a lone surrogate, a bad escape, invalid
-    /// UTF-8, a broken `data`, an extension's value). Faults outside any value stay
-    /// plain syntax faults.
+    /// Every refusal names the attribute at fault, also when the fault is a JSON syntax
+    /// fault inside its value (a lone surrogate, a bad escape, invalid UTF-8, a broken
+    /// `data`, an extension's value). Faults outside any value stay plain syntax faults.
     #[test]
     fn a_syntax_fault_inside_a_value_names_the_member() {
         let e = refused(r#"{"aep":"0.1","agent":"\ud800","id":"x"}"#);

@@ -1,6 +1,6 @@
-//! The durable cluster outbox (issue 23), the reactor's side: a file the core's
-//! [`OutboxLog`] port writes, so that an Event answered 202 while the engine was away
-//! reaches the stream whatever restarts the relay goes through meanwhile.
+//! The durable cluster outbox, the reactor's side: a file the core's [`OutboxLog`] port
+//! writes, so that an Event answered 202 while the engine was away reaches the stream
+//! whatever restarts the relay goes through meanwhile.
 //!
 //! The file is `DIR/`[`OUTBOX_FILE`] in the `--history` directory (whose lock already
 //! makes the relay its only writer). It is a log of two kinds of records:

@@ -7,14 +7,13 @@
 //! pending, so a slow TLS peer pushes back into the connection's bounded output queue
 //! instead of growing a buffer inside rustls.
 //!
-//! The write path (issue 25): a connection's queued frames stay shared `Bytes` until
+//! The write path: a connection's queued frames stay shared `Bytes` until
 //! `TlsStream::write_vectored` is handed all of them at once; rustls seals them into
-//! records of up to 16 KiB of plaintext each (RFC 8446 §5.1), records spanning frames,
-//! at most [`SEAL_LIMIT`] bytes per call, and the records go to the socket in one
-//! `writev`. So a flush costs about as many syscalls as in plaintext, and a record
-//! carries as many frames as fit. What the socket did not take stays in rustls, bounded
-//! by [`SEAL_LIMIT`], and counts in the connection's output queue
-//! (`TlsStream::held`).
+//! records of up to 16 KiB of plaintext each (RFC 8446 §5.1), records spanning frames, at
+//! most [`SEAL_LIMIT`] bytes per call, and the records go to the socket in one `writev`.
+//! So a flush costs about as many syscalls as in plaintext, and a record carries as many
+//! frames as fit. What the socket did not take stays in rustls, bounded by
+//! [`SEAL_LIMIT`], and counts in the connection's output queue (`TlsStream::held`).
 
 use mio::net::TcpStream;
 use rustls::pki_types::pem::PemObject;

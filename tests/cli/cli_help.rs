@@ -1,10 +1,10 @@
-//! The binary's `--help` names every environment variable it reads (issue 12 §4): the
-//! names are taken from the source itself (every clap `env = "…"` and every
-//! `std::env::var("…")` under `src/` and under `crates/aep-check/src/`, the checker the
-//! binary runs as `check`), so a variable added without being documented
-//! fails here. The relay's own `--help` names all of them; each subcommand's (`tail`,
-//! `validate`, `check`) names those its own arguments read and the log filter
-//! (`AEP_LOG`, `RUST_LOG`), which every command honours.
+//! The binary's `--help` names every environment variable it reads: the names are taken
+//! from the source itself (every clap `env = "…"` and every `std::env::var("…")` under
+//! `src/` and under `crates/aep-check/src/`, the checker the binary runs as `check`), so
+//! a variable added without being documented fails here. The relay's own `--help` names
+//! all of them; each subcommand's (`tail`, `validate`, `check`) names those its own
+//! arguments read and the log filter (`AEP_LOG`, `RUST_LOG`), which every command
+//! honours.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -202,9 +202,9 @@ fn check_subcommand_refuses_a_url_it_cannot_use() {
     }
 }
 
-/// `check` takes its token from `AEP_TOKEN`, like the relay and `tail` (issue 12 §4):
-/// against a relay with a token, without the variable the checker is refused (401) and
-/// fails; with it, nothing fails and the control checks, which need the token, pass.
+/// `check` takes its token from `AEP_TOKEN`, like the relay and `tail`: against a relay
+/// with a token, without the variable the checker is refused (401) and fails; with it,
+/// nothing fails and the control checks, which need the token, pass.
 #[test]
 fn check_subcommand_takes_the_token_from_aep_token() {
     let relay = RelayProcess::spawn(&["--token", "env-token"]);

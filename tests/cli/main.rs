@@ -2,8 +2,8 @@
 //! `check`), and what only a process shows (durable history across a SIGKILL, JSONL from
 //! stdin and files, `/metrics` scraped by a real Prometheus).
 //!
-//! One test binary for all of them, so `tests/support` compiles once (issue 26). Run one
-//! file's tests by its module path: `cargo test --test cli tail_cmd::`.
+//! One test binary for all of them, so `tests/support` compiles once. Run one file's
+//! tests by its module path: `cargo test --test cli tail_cmd::`.
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,11 +1,11 @@
-//! `GET /metrics` under the tools operators run (issue 16 §1): `promtool check metrics`
-//! finds nothing to lint after traffic; a real Prometheus scraping real relays every
-//! second sees the traffic through PromQL (`/api/v1/query`): ingest rates, deliveries by
-//! binding, drops, the latency histograms, and, clustered with a real nats-server, the
-//! cluster state, lag and outbox through an engine outage; every query of the Grafana
-//! dashboard (`contrib/grafana/aep-relay.json`) runs there and names only metrics the
-//! relay exports, and every metric the relay exports has a panel. On virtual time (no
-//! tool needed), the histograms measure what they say.
+//! `GET /metrics` under the tools operators run: `promtool check metrics` finds nothing
+//! to lint after traffic; a real Prometheus scraping real relays every second sees the
+//! traffic through PromQL (`/api/v1/query`): ingest rates, deliveries by binding, drops,
+//! the latency histograms, and, clustered with a real nats-server, the cluster state, lag
+//! and outbox through an engine outage; every query of the Grafana dashboard
+//! (`contrib/grafana/aep-relay.json`) runs there and names only metrics the relay
+//! exports, and every metric the relay exports has a panel. On virtual time (no tool
+//! needed), the histograms measure what they say.
 //!
 //! Prometheus and promtool come from Debian's `prometheus` package (`.ci/run` installs
 //! it), nats-server from `nats-server`. When one is missing a test skips with a message,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end tests of aep-relay with the clients people already use (issue 9 §1, §2).
+"""End-to-end tests of aep-relay with the clients people already use.
 
 Each check starts the real `aep-relay` binary on 127.0.0.1 and drives it with an
 unmodified client:
@@ -465,7 +465,7 @@ def test_certificate():
 
 
 def test_browser_eventsource_https():
-    """EventSource in Chromium over HTTPS (issue 25): the relay serves TLS with a test
+    """EventSource in Chromium over HTTPS: the relay serves TLS with a test
     certificate (ECDSA P-256, made here with openssl) that Chromium trusts by its public
     key hash (--ignore-certificate-errors-spki-list, that one key only); a page from
     another (plain http) origin consumes /stream cross-origin, then resumes with
@@ -556,7 +556,7 @@ def test_browser_eventsource_https():
         pages.close()
 
 
-# Hostile sessions (issue 12 §1) and the session part of the `id:` the relay writes for
+# Hostile sessions and the session part of the `id:` the relay writes for
 # each: `%`, C0 controls, DEL, non-ASCII bytes and a leading space become %XX.
 HOSTILE_SESSIONS = [
     ('s1\ndata: {"fake":true}\n\nid: x', 's1%0Adata: {"fake":true}%0A%0Aid: x'),
@@ -1450,7 +1450,7 @@ def test_status_page_cluster():
             check(sp_after[name]["d"] != sp_before[name]["d"], f"the {name} line moved")
         # The applied counts follow the stream: wait for both relays to report them again.
         # They count stream messages: one per POST here, each POST's Events sharing a
-        # session (issue 23).
+        # session.
         wait_until(lambda: sorted((r[0], r[1]) for r in browser.eval(RELAYS_JS)) == both
                    and all(int(r[4]) >= 2 for r in browser.eval(RELAYS_JS)),
                    "both relays to report the 2 stream messages applied")

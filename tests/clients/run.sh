@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Clients people already use, tested for real (issue 9 §1, §2): builds aep-relay, installs
-# the clients from the registries, and runs tests/clients/clients.py, which drives the
-# real binary on 127.0.0.1 with
+# Clients people already use, tested for real: builds aep-relay, installs the clients from
+# the registries, and runs tests/clients/clients.py, which drives the real binary on
+# 127.0.0.1 with
 #   - an EventSource page in headless Chromium (another origin, ?access_token=, a filter,
 #     Last-Event-ID resume across a SIGTERM and a SIGKILL restart with --history; and
 #     against hostile sessions: LF, CR, NUL, %, non-ASCII, 1 KiB),

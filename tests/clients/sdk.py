@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The official AEP Python SDK as a real client of aep-relay (issue 22).
+"""The official AEP Python SDK as a real client of aep-relay.
 
 `agenteventprotocol-sdk==0.1.0.dev1` (import `aep_sdk`), installed from PyPI by
 tests/clients/sdk.sh, drives real `aep-relay` binaries on 127.0.0.1 exactly as its README

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The official AEP Python SDK as a real client (issue 22): builds aep-relay, installs
+# The official AEP Python SDK as a real client: builds aep-relay, installs
 # `agenteventprotocol-sdk==0.1.0.dev1` (import `aep_sdk`) from PyPI into a virtual
 # environment it creates, and runs tests/clients/sdk.py, which drives the real binary on
 # 127.0.0.1 with the SDK's every public surface: Emitter/SessionEmitter with http_sink

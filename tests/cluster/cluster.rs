@@ -1,8 +1,7 @@
-//! Cluster mode end to end (issue 15, "Tests, with a real nats-server", items 1–8): real
-//! `aep-relay` processes joined by a real nats-server with JetStream, driven through
-//! their real interfaces: POST /events, SSE (`GET /stream`), WebSocket (`GET /socket`),
-//! `/healthz`, `/readyz`, `/metrics`, and the JetStream API itself for what only the
-//! engine knows (its message count, a relay's consumer).
+//! Cluster mode end to end: real `aep-relay` processes joined by a real nats-server with
+//! JetStream, driven through their real interfaces: POST /events, SSE (`GET /stream`),
+//! WebSocket (`GET /socket`), `/healthz`, `/readyz`, `/metrics`, and the JetStream API
+//! itself for what only the engine knows (its message count, a relay's consumer).
 //!
 //! Each test starts its own nats-server (random port, its own store) and its own relays
 //! (each its own `--relay-id`, all with the token [`TOKEN`] so that control works), and
@@ -11,8 +10,9 @@
 //! the next message must be that sentinel (a duplicate or a stray would come before it,
 //! since every relay admits in the stream's one order).
 //!
-//! Skips when nats-server is not on `PATH` (fails under `CI=true`). Every wait is
-//! bounded by [`WAIT`] (item 6's degradation by two heartbeats) and fails with a message.
+//! Skips when nats-server is not on `PATH` (fails under `CI=true`). Every wait is bounded
+//! by [`WAIT`] (the engine outage's degradation by two heartbeats) and fails with a
+//! message.
 #![cfg(all(feature = "cluster", feature = "cli"))]
 
 use crate::support;
@@ -243,13 +243,12 @@ fn stream_messages(nats: &NatsServer) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------
-// The tests, one per item of the issue
+// The tests, one per guarantee of cluster mode
 // ---------------------------------------------------------------------------------------
 
-/// Issue 15 item 1: an Event POSTed at R1 reaches an SSE subscriber on R2 and a WS
-/// subscriber on R3 byte-identical, exactly once each; R1's own subscriber gets it
-/// exactly once too; a non-matching filter gets nothing (AEP-0003 §3.3, §3.5, §6;
-/// AEP-0001 §7 #4).
+/// An Event POSTed at R1 reaches an SSE subscriber on R2 and a WS subscriber on R3
+/// byte-identical, exactly once each; R1's own subscriber gets it exactly once too; a
+/// non-matching filter gets nothing (AEP-0003 §3.3, §3.5, §6; AEP-0001 §7 #4).
 #[test]
 fn item1_an_event_posted_at_one_relay_reaches_every_relay_once_byte_identical() {
     let Some(nats) = NatsServer::start() else {
@@ -308,10 +307,10 @@ fn item1_an_event_posted_at_one_relay_reaches_every_relay_once_byte_identical() 
     );
 }
 
-/// Issue 15 item 2: three emitters post N Events each, concurrently, one per relay.
-/// Every subscriber on every relay gets exactly 3N, with no duplicate `(source, id)`,
-/// each emitter's Events in its order (AEP-0001 §7 #1, #4), and since every relay admits
-/// in the stream's one order, all in the same order.
+/// Three emitters post N Events each, concurrently, one per relay. Every subscriber on
+/// every relay gets exactly 3N, with no duplicate `(source, id)`, each emitter's Events
+/// in its order (AEP-0001 §7 #1, #4), and since every relay admits in the stream's one
+/// order, all in the same order.
 #[test]
 fn item2_concurrent_emitters_on_three_relays_reach_every_subscriber_exactly_once_in_order() {
     const N: u64 = 60;
@@ -387,12 +386,11 @@ fn item2_concurrent_emitters_on_three_relays_reach_every_subscriber_exactly_once
     }
 }
 
-/// Issue 15 item 3: a consumer reads at R1 up to P, then resumes at R2 with
-/// `Last-Event-ID` and with `from`, and gets exactly what follows P (AEP-0003 §3.3 #3,
-/// §7); `from=all&live=0` bodies are byte-identical at R1, R2 and R3, backfill
-/// (AEP-0001 §7 #2), a command (AEP-0004 §2.2) and `attention.routed` (AEP-0002 §7.3)
-/// included; `replay-exhausted` names the same earliest position everywhere (AEP-0003
-/// §5).
+/// A consumer reads at R1 up to P, then resumes at R2 with `Last-Event-ID` and with
+/// `from`, and gets exactly what follows P (AEP-0003 §3.3 #3, §7); `from=all&live=0`
+/// bodies are byte-identical at R1, R2 and R3, backfill (AEP-0001 §7 #2), a command
+/// (AEP-0004 §2.2) and `attention.routed` (AEP-0002 §7.3) included; `replay-exhausted`
+/// names the same earliest position everywhere (AEP-0003 §5).
 #[test]
 fn item3_resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
     let Some(nats) = NatsServer::start() else {
@@ -514,12 +512,11 @@ fn item3_resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
     );
 }
 
-/// Issue 15 item 4, as issue 23 corrected it: the same Event POSTed at R1 and at R2 (one
-/// after the other, and at once) is two publishes, so two stream messages. Every live
-/// subscriber gets it as often as it was sent (AEP-0003 §5: live fan-out forwards Events
-/// as received; redelivery MUST traverse the hop; issue 15 recommended one message and
-/// one delivery, the spec outranks it), each replay buffer holds it once (admission
-/// dedupes on `(source, id)`, AEP-0001 §7.4), and both POSTs are answered 202.
+/// The same Event POSTed at R1 and at R2 (one after the other, and at once) is two
+/// publishes, so two stream messages. Every live subscriber gets it as often as it was
+/// sent (AEP-0003 §5: live fan-out forwards Events as received; redelivery MUST traverse
+/// the hop), each replay buffer holds it once (admission dedupes on `(source, id)`,
+/// AEP-0001 §7.4), and both POSTs are answered 202.
 #[test]
 fn item4_one_event_posted_at_two_relays_is_held_once_and_delivered_live_as_sent() {
     let Some(nats) = NatsServer::start() else {
@@ -649,11 +646,10 @@ fn envelope_of(agent: &str, session: &str) -> String {
     )
 }
 
-/// Issue 15 item 5: an emitter claims S on R1; a command sent at R3 reaches it
-/// byte-identically and observers on R2 see it; a type outside `accepts` is
-/// `unsupported`; after the emitter leaves the result is `no-route`; with claimants on
-/// R1 and R2 it is `ambiguous`; the roster at R3 lists R1's claim (AEP-0004 §4.2, §4.5;
-/// AEP-0003 §4.1).
+/// An emitter claims S on R1; a command sent at R3 reaches it byte-identically and
+/// observers on R2 see it; a type outside `accepts` is `unsupported`; after the emitter
+/// leaves the result is `no-route`; with claimants on R1 and R2 it is `ambiguous`; the
+/// roster at R3 lists R1's claim (AEP-0004 §4.2, §4.5; AEP-0003 §4.1).
 #[test]
 fn item5_commands_reach_their_claimant_on_another_relay() {
     let Some(nats) = NatsServer::start() else {
@@ -747,11 +743,11 @@ fn item5_commands_reach_their_claimant_on_another_relay() {
     }
 }
 
-/// Issue 15 item 6: the engine killed: within two idle heartbeats every `/healthz` says
-/// `degraded` and `/readyz` 503; local POSTs still reach local subscribers (AEP-0003
-/// §3.1); after a restart remote subscribers get the outage's Events exactly once, the
-/// origin's subscribers get no second copy (AEP-0001 §7 #4), and replays agree byte for
-/// byte again (AEP-0003 §5).
+/// The engine killed: within two idle heartbeats every `/healthz` says `degraded` and
+/// `/readyz` 503; local POSTs still reach local subscribers (AEP-0003 §3.1); after a
+/// restart remote subscribers get the outage's Events exactly once, the origin's
+/// subscribers get no second copy (AEP-0001 §7 #4), and replays agree byte for byte again
+/// (AEP-0003 §5).
 #[test]
 fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
     let Some(mut nats) = NatsServer::start() else {
@@ -896,11 +892,11 @@ fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
         "before, o1, o2 and the sentinel:\n{}",
         bodies[0]
     );
-    // The replays must agree byte for byte after the outage (issue 15 item 6). R3 and R4
-    // admitted everything from the stream; R1 and R2 admitted their own outage Events
-    // first, in their own order (`from=all` lists the streams least-recently-written
-    // first, and a ring holds foreign Events in admission order), and rebuild their
-    // stores in stream order once their outboxes are back through the stream.
+    // The replays must agree byte for byte after the outage. R3 and R4 admitted
+    // everything from the stream; R1 and R2 admitted their own outage Events first, in
+    // their own order (`from=all` lists the streams least-recently-written first, and a
+    // ring holds foreign Events in admission order), and rebuild their stores in stream
+    // order once their outboxes are back through the stream.
     let order = |b: &str| -> Vec<String> {
         data_lines(b)
             .iter()
@@ -922,9 +918,9 @@ fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
     );
 }
 
-/// Issue 15 item 7: R2 killed with SIGKILL and restarted, and R3 started after 1,000
-/// Events: both rebuild their replay buffers from the stream, and once `/readyz` says
-/// so their `from=all` matches R1's byte for byte (AEP-0003 §5, §7).
+/// R2 killed with SIGKILL and restarted, and R3 started after 1,000 Events: both rebuild
+/// their replay buffers from the stream, and once `/readyz` says so their `from=all`
+/// matches R1's byte for byte (AEP-0003 §5, §7).
 #[test]
 fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
     let Some(nats) = NatsServer::start() else {
@@ -946,7 +942,7 @@ fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
     for k in 10..20 {
         post_ok(&r1, &batch(k));
     }
-    // One stream message per POST (its 50 Events share a session, issue 23).
+    // One stream message per POST (its 50 Events share a session).
     assert_eq!(stream_messages(&nats), 20);
     let r2 = start_relay(&nats, "r2", &[]);
     let r3 = start_relay(&nats, "r3", &[]);
@@ -971,9 +967,9 @@ fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
     );
 }
 
-/// Issue 15 item 8: a relay's ordered consumer deleted mid-stream (by the JetStream API)
-/// is recreated after the last stream sequence it delivered, with no loss and no
-/// duplicate at that relay's subscriber (AEP-0001 §7 #4; AEP-0003 §7).
+/// A relay's ordered consumer deleted mid-stream (by the JetStream API) is recreated
+/// after the last stream sequence it delivered, with no loss and no duplicate at that
+/// relay's subscriber (AEP-0001 §7 #4; AEP-0003 §7).
 #[test]
 fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
     let Some(nats) = NatsServer::start() else {
@@ -1039,7 +1035,7 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
         1,
         "R2 has one consumer again"
     );
-    // One stream message per POST (issue 23): 1 + 60 + 1, and the sentinel.
+    // One stream message per POST: 1 + 60 + 1, and the sentinel.
     let last = stream_messages(&nats);
     assert_eq!(last, 63);
     wait_health(
@@ -1062,14 +1058,14 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 23: redelivery traverses the cluster (AEP-0003 §5)
+// Redelivery traverses the cluster (AEP-0003 §5)
 // ---------------------------------------------------------------------------------------
 
-/// Issue 23 "Redelivery traverses": the same Event POSTed twice at R1 reaches a live SSE
-/// subscriber at R2 twice and a WS subscriber at R1 twice, byte-identical (AEP-0003 §5:
-/// "live fan-out forwards Events as received: at-least-once redelivery MUST be able to
-/// traverse the hop"), and `from=all&live=0` at every relay replays it once, the bodies
-/// byte-identical (admission dedupes on `(source, id)`, AEP-0001 §7.4).
+/// The same Event POSTed twice at R1 reaches a live SSE subscriber at R2 twice and a WS
+/// subscriber at R1 twice, byte-identical (AEP-0003 §5: "live fan-out forwards Events as
+/// received: at-least-once redelivery MUST be able to traverse the hop"), and
+/// `from=all&live=0` at every relay replays it once, the bodies byte-identical (admission
+/// dedupes on `(source, id)`, AEP-0001 §7.4).
 #[test]
 fn issue23_the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_held_once() {
     let Some(nats) = NatsServer::start() else {
@@ -1128,11 +1124,11 @@ fn issue23_the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_hel
     assert_eq!(bodies[2], bodies[0], "R3's replay differs from R1's");
 }
 
-/// Issue 23 "Redelivery traverses", commands: a sender at R1 retransmits a command to a
+/// Redelivery of commands traverses too: a sender at R1 retransmits a command to a
 /// claimant at R2 (AEP-0004 §2.3); the claimant gets each delivery and re-emits its
-/// recorded acknowledgement byte-identically (AEP-0004 §3); the sender, subscribed at
-/// R1, gets the acknowledgement once per delivery, and nothing more; every relay's
-/// replay holds it once.
+/// recorded acknowledgement byte-identically (AEP-0004 §3); the sender, subscribed at R1,
+/// gets the acknowledgement once per delivery, and nothing more; every relay's replay
+/// holds it once.
 #[test]
 fn issue23_a_retransmitted_commands_reacknowledgement_reaches_the_sender_once_per_delivery() {
     let Some(nats) = NatsServer::start() else {
@@ -1204,10 +1200,10 @@ fn wait_readyz(r: &RelayProcess, id: &str, status: u16, deadline: Instant) -> Va
     }
 }
 
-/// Issue 23 "Stall on an idle relay": with no ingest at R2, an engine frozen with
-/// SIGSTOP (its connections stay open, it answers nothing) makes R2's `/readyz` answer
-/// 503 `degraded` within 15 s, from the bridge's own probes; SIGCONT makes it 200 again
-/// within 15 s. Nothing is posted meanwhile at either relay.
+/// With no ingest at R2, an engine frozen with SIGSTOP (its connections stay open, it
+/// answers nothing) makes R2's `/readyz` answer 503 `degraded` within 15 s, from the
+/// bridge's own probes; SIGCONT makes it 200 again within 15 s. Nothing is posted
+/// meanwhile at either relay.
 #[test]
 fn issue23_an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
     let Some(nats) = NatsServer::start() else {
@@ -1241,9 +1237,8 @@ fn issue23_an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
     assert_eq!(sub.expect().data, after, "R2's subscriber after the stall");
 }
 
-/// Issue 23: a relay whose engine is not there yet at start reports `catching-up`,
-/// not `degraded`, until it is connected and caught up (and `/readyz` 503 meanwhile);
-/// then `connected`.
+/// A relay whose engine is not there yet at start reports `catching-up`, not `degraded`,
+/// until it is connected and caught up (and `/readyz` 503 meanwhile); then `connected`.
 #[test]
 fn issue23_a_starting_relay_reports_catching_up_until_connected() {
     let Some(mut nats) = NatsServer::start() else {
@@ -1274,7 +1269,7 @@ fn issue23_a_starting_relay_reports_catching_up_until_connected() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 23: one stream message per ingest unit and subject
+// One stream message per ingest unit and subject
 // ---------------------------------------------------------------------------------------
 
 /// `(source, id)` and session of every Event a message of `data` holds, in order, per
@@ -1290,10 +1285,10 @@ fn per_session(lines: &[String]) -> std::collections::BTreeMap<String, Vec<Strin
     m
 }
 
-/// Issue 23 "Batches": one POSTed body of three interleaved sessions travels as one
-/// stream message per session (its subject), and every relay admits it in order per
-/// session (AEP-0001 §7 #1), all relays in the same order, with identical replays; a
-/// relay killed and restarted rebuilds the same buffers from the batched messages
+/// One POSTed body of three interleaved sessions travels as one stream message per
+/// session (its subject), and every relay admits it in order per session
+/// (AEP-0001 §7 #1), all relays in the same order, with identical replays; a relay
+/// killed and restarted rebuilds the same buffers from the batched messages
 /// (AEP-0003 §5, §7).
 #[test]
 fn issue23_a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywhere() {
@@ -1356,9 +1351,8 @@ fn issue23_a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywh
     );
 }
 
-/// Issue 23 "Batches": a body bigger than the server's `max_payload` (1 MiB by default)
-/// in one session splits into several messages, each under it, and arrives whole and in
-/// order at another relay.
+/// A body bigger than the server's `max_payload` (1 MiB by default) in one session splits
+/// into several messages, each under it, and arrives whole and in order at another relay.
 #[test]
 fn issue23_a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
     let Some(nats) = NatsServer::start() else {
@@ -1396,8 +1390,8 @@ fn issue23_a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
     assert_eq!(sub.expect().data, sentinel(0), "R2: all, then the sentinel");
 }
 
-/// Issue 23 "Bad input is unchanged": a batch with one invalid line is refused whole
-/// (400) and nothing of it is published: no stream message, no delivery anywhere.
+/// A batch with one invalid line is refused whole (400) and nothing of it is published:
+/// no stream message, no delivery anywhere.
 #[test]
 fn issue23_a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_published() {
     let Some(nats) = NatsServer::start() else {
@@ -1435,12 +1429,12 @@ fn post_request(lines: &[String]) -> String {
     )
 }
 
-/// Issue 23 "one message, one fan-out unit": the `POST`s an emitter pipelines on one
-/// connection and the relay reads in one turn travel as one stream message per subject,
-/// and are still answered one by one, in request order (RFC 9112 §9.3), a refused one
-/// and a request of another kind among them: an invalid body gets its 400 between the
-/// 202s, and `GET /healthz` behind them is answered last. Every relay then delivers
-/// them in order, once, and replays them identically (AEP-0003 §5, §6).
+/// The `POST`s an emitter pipelines on one connection and the relay reads in one turn
+/// travel as one stream message per subject, and are still answered one by one, in
+/// request order (RFC 9112 §9.3), a refused one and a request of another kind among them:
+/// an invalid body gets its 400 between the 202s, and `GET /healthz` behind them is
+/// answered last. Every relay then delivers them in order, once, and replays them
+/// identically (AEP-0003 §5, §6).
 #[test]
 fn issue23_pipelined_posts_of_one_turn_are_one_message_answered_in_order() {
     let Some(nats) = NatsServer::start() else {
@@ -1501,7 +1495,7 @@ fn issue23_pipelined_posts_of_one_turn_are_one_message_answered_in_order() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 23: an outbox that survives (compound faults)
+// An outbox that survives (compound faults)
 // ---------------------------------------------------------------------------------------
 
 /// After recovery: every Event of `want` is in each relay's `from=all` replay exactly
@@ -1536,11 +1530,10 @@ fn wait_settled(r: &RelayProcess, id: &str, last: u64) {
     });
 }
 
-/// Issue 23 "Compound faults": the engine killed, then SIGTERM of a relay (with
-/// `--history`) whose outbox holds Events answered 202. It waits, bounded, for the
-/// engine, exits saying how many stay in its outbox on disk; restarted after the
-/// engine, it publishes them, and every Event answered 202 is in every relay's
-/// `from=all` exactly once, the replays byte-identical.
+/// The engine killed, then SIGTERM of a relay (with `--history`) whose outbox holds
+/// Events answered 202. It waits, bounded, for the engine, exits saying how many stay in
+/// its outbox on disk; restarted after the engine, it publishes them, and every Event
+/// answered 202 is in every relay's `from=all` exactly once, the replays byte-identical.
 #[test]
 fn issue23_engine_killed_then_sigterm_of_a_relay_with_an_outbox_loses_nothing() {
     let Some(mut nats) = NatsServer::start() else {
@@ -1592,10 +1585,10 @@ fn recover_and_compare(nats: &NatsServer, r2: &RelayProcess, hist: &[&str], want
     assert_all_once_and_identical(&[("R1", &r1), ("R2", r2)], want);
 }
 
-/// Issue 23 "Compound faults": the engine frozen (SIGSTOP), a relay (with `--history`)
-/// notices, serves POSTs locally (answered 202, outbox non-empty), and is killed with
-/// SIGKILL; the engine thawed and the relay restarted, every Event answered 202 is in
-/// every relay's `from=all` exactly once, the replays byte-identical.
+/// The engine frozen (SIGSTOP), a relay (with `--history`) notices, serves POSTs locally
+/// (answered 202, outbox non-empty), and is killed with SIGKILL; the engine thawed and
+/// the relay restarted, every Event answered 202 is in every relay's `from=all` exactly
+/// once, the replays byte-identical.
 #[test]
 fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() {
     let Some(nats) = NatsServer::start() else {
@@ -1623,9 +1616,9 @@ fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() 
     recover_and_compare(&nats, &r2, &hist, &[before, during].concat());
 }
 
-/// Issue 23 "Batches": kill -9 of a relay while four emitters POST batches to it at once
-/// loses nothing that was answered 202: a 202 comes only once the stream has stored
-/// the whole batch, so every such Event is in the other relay's `from=all`, once.
+/// A relay killed (kill -9) while four emitters POST batches to it at once loses nothing
+/// that was answered 202: a 202 comes only once the stream has stored the whole batch, so
+/// every such Event is in the other relay's `from=all`, once.
 #[test]
 fn issue23_kill_9_during_concurrent_batch_posts_loses_nothing_answered_202() {
     let Some(nats) = NatsServer::start() else {

@@ -1,6 +1,6 @@
-//! The cluster bridge against a real nats-server (issue 15): two [`Bridge`]s (relays A and
-//! B) on one server, driven as the reactor drives them, through a `mio::Poll` woken by the
-//! bridge's `Waker` (a bridge that forgot to wake would time these tests out).
+//! The cluster bridge against a real nats-server: two [`Bridge`]s (relays A and B) on one
+//! server, driven as the reactor drives them, through a `mio::Poll` woken by the bridge's
+//! `Waker` (a bridge that forgot to wake would time these tests out).
 //!
 //! - publishes are pipelined, acknowledged one by one, and reach both relays in one
 //!   stream order; the same msg id twice is one stream message (`duplicate` on the second
@@ -11,8 +11,8 @@
 //!   `no-responders` at once;
 //! - the engine killed: `Disconnected` at both; restarted: `Connected` again and each
 //!   consumer goes on with no loss and no duplicate;
-//! - a relay's consumer deleted mid-stream: `ConsumerReset`, then no loss and no duplicate
-//!   (issue 15, test 8); the same when a stalled engine (SIGSTOP) misses heartbeats;
+//! - a relay's consumer deleted mid-stream: `ConsumerReset`, then no loss and no duplicate;
+//!   the same when a stalled engine (SIGSTOP) misses heartbeats;
 //! - bad settings are refused at start; without an engine, publishes and requests fail
 //!   at once and the bridge stops at once.
 //!

@@ -1,6 +1,6 @@
-//! Cluster mode against a real nats-server (issue 15): the bridge driven as the reactor
-//! drives it (`cluster_bridge`), and real relays joined through JetStream (`cluster`).
-//! Without `nats-server` the tests skip with a message; under `CI=true` they fail.
+//! Cluster mode against a real nats-server: the bridge driven as the reactor drives it
+//! (`cluster_bridge`), and real relays joined through JetStream (`cluster`). Without
+//! `nats-server` the tests skip with a message; under `CI=true` they fail.
 //!
 //! Run one file's tests by its module path: `cargo test --test cluster cluster_bridge::`.
 

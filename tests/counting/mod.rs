@@ -5,8 +5,8 @@
 //! measures `live()`. It declares the `#[global_allocator]`: a test binary includes this
 //! module once (`mod counting;`) and declares no other.
 //!
-//! Also the measures the held-Event memory tests share (`tests/ingest_memory*.rs`,
-//! issue 12 §3): [`assert_held_at_own_size`] and [`buffered_of_metrics`].
+//! Also the measures the held-Event memory tests share (`tests/ingest_memory*.rs`):
+//! [`assert_held_at_own_size`] and [`buffered_of_metrics`].
 #![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};

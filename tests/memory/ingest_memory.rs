@@ -1,10 +1,10 @@
 //! What a held Event costs in memory, whatever the shape of the request, message or file
-//! it came in (issue 12 §3): its own bytes plus a constant, never the buffer it was read
-//! into. An NDJSON batch is split into slices of the request body, a WebSocket message
-//! may carry whitespace around its Event, and a slice keeps its whole buffer alive; the
-//! relay copies an Event that is a strict part of its buffer into an allocation of its own
-//! before the replay store keeps it (AEP-0003 §5: the buffer is counted in Events, so
-//! its memory must follow the Events).
+//! it came in: its own bytes plus a constant, never the buffer it was read into. An
+//! NDJSON batch is split into slices of the request body, a WebSocket message may carry
+//! whitespace around its Event, and a slice keeps its whole buffer alive; the relay
+//! copies an Event that is a strict part of its buffer into an allocation of its own
+//! before the replay store keeps it (AEP-0003 §5: the buffer is counted in Events, so its
+//! memory must follow the Events).
 //!
 //! Measured with a counting global allocator. The tests of this file take one lock, so
 //! no other test allocates while one measures (JSONL, whose follower threads outlive
@@ -69,10 +69,10 @@ fn buffered(relay: &mut Sim) -> (usize, usize) {
     buffered_of_metrics(&String::from_utf8(relay.take_output(c).unwrap()).unwrap())
 }
 
-/// AEP-0003 §5, issue 12 §3: 32 sessions with a buffer of one, each fed one 1 MiB NDJSON
-/// body through `Sim::ingest` (the same path as `POST /events`), hold 32 Events; what
-/// the relay keeps allocated is their bytes plus a constant each, not 32 bodies. Before
-/// the fix each held Event kept its 1 MiB body alive (measured: 33.6 MB for 32 Events).
+/// AEP-0003 §5: 32 sessions with a buffer of one, each fed one 1 MiB NDJSON body through
+/// `Sim::ingest` (the same path as `POST /events`), hold 32 Events; what the relay keeps
+/// allocated is their bytes plus a constant each, not 32 bodies (an Event that kept its
+/// 1 MiB body alive would make it 33.6 MB for 32 Events, measured).
 #[test]
 fn a_held_event_of_a_large_batch_costs_its_own_bytes() {
     let _one = one_at_a_time();
@@ -105,10 +105,9 @@ fn a_held_event_of_a_large_batch_costs_its_own_bytes() {
 /// and lines carry: what a held Event would keep alive if it stayed a slice.
 const PAD: usize = 256 * 1024;
 
-/// AEP-0003 §3.5, issue 12 §3: Events sent over a real WebSocket, each message carrying
-/// `PAD` bytes of whitespace after its Event (half of them in one frame, half in two
-/// fragments), are held at their own size. Before the fix each held Event kept its whole
-/// message alive (256 KiB each).
+/// AEP-0003 §3.5: Events sent over a real WebSocket, each message carrying `PAD` bytes
+/// of whitespace after its Event (half of them in one frame, half in two fragments), are
+/// held at their own size, not their whole message's (256 KiB each).
 #[test]
 fn a_held_event_of_a_padded_websocket_message_costs_its_own_bytes() {
     let _one = one_at_a_time();
@@ -159,10 +158,9 @@ fn a_held_event_of_a_padded_websocket_message_costs_its_own_bytes() {
     );
 }
 
-/// Issue 12 §3, the history rebuild (`--history`): session files whose lines carry
-/// whitespace after the Event (legal JSONL, e.g. from an editor or another tool) rebuild
-/// replay buffers holding each Event at its own size. Before the fix each held Event kept
-/// its whole line (256 KiB) alive.
+/// The history rebuild (`--history`): session files whose lines carry whitespace after
+/// the Event (legal JSONL, e.g. from an editor or another tool) rebuild replay buffers
+/// holding each Event at its own size, not its whole line's (256 KiB).
 #[test]
 fn a_held_event_rebuilt_from_a_padded_history_line_costs_its_own_bytes() {
     use aep_relay::history::{History, HistoryConfig};

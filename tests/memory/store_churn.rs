@@ -1,7 +1,7 @@
-//! Evicting frees memory (issue 24, "The arena"): when the relay evicts a whole stream
-//! (the least-recently-written session beyond `max_sessions`, AEP-0003 §5) or the oldest
-//! Event of a full replay buffer (`buffer_per_session`, AEP-0003 §5), what it held is
-//! freed, so a relay that sees streams come and go for ever keeps its heap bounded by its
+//! Evicting frees memory: when the relay evicts a whole stream (the
+//! least-recently-written session beyond `max_sessions`, AEP-0003 §5) or the oldest Event
+//! of a full replay buffer (`buffer_per_session`, AEP-0003 §5), what it held is freed, so
+//! a relay that sees streams come and go for ever keeps its heap bounded by its
 //! configuration. Measured in bytes with the counting global allocator of
 //! `tests/counting`, never by time, through the relay's public ingest path
 //! (`Core::ingest` via `aep_sim::Sim::ingest`, the same path as `POST /events`) and its
@@ -59,13 +59,13 @@ const PER_STREAM: u64 = 3;
 /// Streams per NDJSON body: one ingest call carries the Events of this many streams.
 const STREAMS_PER_BODY: usize = 100;
 
-/// AEP-0003 §5, issue 24: `--max-sessions 64`, 100 000 distinct streams of 3 Events
-/// each. Once 1 000 streams have passed, the relay holds 64 of them and every new one
-/// evicts the least-recently-written; after 100 000 it must hold no more than it did
-/// then, give or take slack far below what the 99 000 evicted streams would keep if any
-/// per-stream state leaked (a 16-byte leak per stream is 1.5 MB). What it holds is also
-/// bounded by the configuration: 64 sessions × 3 Events × (their bytes + the per-Event
-/// constant of `tests/counting`).
+/// AEP-0003 §5: `--max-sessions 64`, 100 000 distinct streams of 3 Events each. Once
+/// 1 000 streams have passed, the relay holds 64 of them and every new one evicts the
+/// least-recently-written; after 100 000 it must hold no more than it did then, give or
+/// take slack far below what the 99 000 evicted streams would keep if any per-stream
+/// state leaked (a 16-byte leak per stream is 1.5 MB). What it holds is also bounded by
+/// the configuration: 64 sessions × 3 Events × (their bytes + the per-Event constant of
+/// `tests/counting`).
 #[test]
 fn max_sessions_churn_of_100k_streams_keeps_the_heap_bounded() {
     let _one = one_at_a_time();
@@ -127,10 +127,10 @@ fn max_sessions_churn_of_100k_streams_keeps_the_heap_bounded() {
     );
 }
 
-/// AEP-0003 §5, issue 24: one session with a replay buffer of 100, fed 100 batches of
-/// 100 Events: from the second batch on every admission evicts the oldest Event, and the
-/// heap stays flat. Slack is half of one batch of Events; a leak of the evicted Events'
-/// bytes would grow it by a whole batch (~60 KB) on each of the 98 batches after.
+/// AEP-0003 §5: one session with a replay buffer of 100, fed 100 batches of 100 Events:
+/// from the second batch on every admission evicts the oldest Event, and the heap stays
+/// flat. Slack is half of one batch of Events; a leak of the evicted Events' bytes would
+/// grow it by a whole batch (~60 KB) on each of the 98 batches after.
 #[test]
 fn evicting_the_oldest_events_of_a_full_buffer_frees_them() {
     let _one = one_at_a_time();

@@ -1,8 +1,8 @@
-//! Cluster mode's core logic (issue 15), driven with `aep_sim` (no socket, no engine,
-//! virtual time): the bridge's reports are handed in as `FromBus` values and what the
-//! core asks of it is read back as `ToBus` values. The end-to-end behaviour with a real
-//! nats-server is `tests/cluster/cluster.rs`; this is the sequencing a bridge cannot show:
-//! a `POST /events` answered only after the stream acknowledged it (pipelined requests
+//! Cluster mode's core logic, driven with `aep_sim` (no socket, no engine, virtual time):
+//! the bridge's reports are handed in as `FromBus` values and what the core asks of it is
+//! read back as `ToBus` values. The end-to-end behaviour with a real nats-server is
+//! `tests/cluster/cluster.rs`; this is the sequencing a bridge cannot show: a
+//! `POST /events` answered only after the stream acknowledged it (pipelined requests
 //! waiting behind it), admission once per stream sequence, the degraded outbox.
 
 use aep_relay::cluster::{ClusterConfig, Degrade, FromBus, ToBus};
@@ -85,7 +85,7 @@ fn publishes_with_ids(out: Vec<ToBus>) -> Vec<(u64, String, Bytes, String)> {
 
 /// A POST is answered 202 only once the stream acknowledged its Event; nothing is fanned
 /// out at ingest: the subscriber gets the Event when the stream delivers it, once, even
-/// when the stream delivers that sequence twice (issue 15 "one stream, one order").
+/// when the stream delivers that sequence twice (one stream, one order).
 #[test]
 fn a_post_waits_for_the_ack_and_admission_comes_from_the_stream_once() {
     let mut sim = relay(Degrade::Local);
@@ -119,10 +119,10 @@ fn a_post_waits_for_the_ack_and_admission_comes_from_the_stream_once() {
     let got = text(&mut sim, sub);
     assert_eq!(got.matches("data: ").count(), 1, "{got}");
     assert!(got.contains(&format!("data: {ev}\n")), "{got}");
-    // The same Event at another stream sequence (a re-send, another publish) is
-    // forwarded live as received, as a single relay forwards it (AEP-0003 §5: redelivery
-    // MUST traverse the hop; this replaces issue 15's "delivered once"), and held once
-    // (buffer admission dedupes on (source, id), AEP-0001 §7.4).
+    // The same Event at another stream sequence (a re-send, another publish) is forwarded
+    // live as received, as a single relay forwards it (AEP-0003 §5: redelivery MUST
+    // traverse the hop), and held once (buffer admission dedupes on (source, id),
+    // AEP-0001 §7.4).
     sim.bus(FromBus::Message {
         stream_seq: 2,
         pending: 0,
@@ -263,7 +263,7 @@ fn readyz_waits_for_catching_up() {
     let c = sim.connect(None);
     let ask = |sim: &mut Sim, path: &str| get(sim, c, path);
     assert!(ask(&mut sim, "/readyz").starts_with("HTTP/1.1 503"));
-    // Never connected yet: catching-up, not degraded (issue 23).
+    // Never connected yet: catching-up, not degraded.
     let h = ask(&mut sim, "/healthz");
     assert!(h.contains(r#""state":"catching-up""#), "{h}");
     sim.bus(FromBus::Connected {
@@ -333,8 +333,8 @@ fn a_websocket_event_the_stream_refuses_gets_an_error_frame() {
 /// An ack that times out while the connection stays up (a stalled engine): the POST is
 /// still answered 202 (the Event kept locally and in the outbox), the relay says it is
 /// degraded, the outbox is retried on the claim refresh without waiting for a
-/// reconnect, and the first acknowledgement brings the relay back (found by trying it:
-/// an Event answered 202 used to stay out of the stream until the next reconnect).
+/// reconnect, and the first acknowledgement brings the relay back (without that retry,
+/// an Event answered 202 would stay out of the stream until the next reconnect).
 #[test]
 fn a_stalled_engine_degrades_and_the_outbox_is_retried_without_a_reconnect() {
     let mut sim = relay(Degrade::Local);
@@ -411,9 +411,9 @@ fn a_subscription_waits_until_the_relay_has_caught_up() {
     assert!(a.contains(r#""id":"e1""#), "{a}");
 }
 
-/// Issue 23: the bridge's probes say the engine stalled (no ingest involved): degraded,
-/// `/readyz` 503, ingest served locally into the outbox; when they say it answers again:
-/// connected, and the outbox goes out at once.
+/// The bridge's probes say the engine stalled (no ingest involved): degraded, `/readyz`
+/// 503, ingest served locally into the outbox; when they say it answers again: connected,
+/// and the outbox goes out at once.
 #[test]
 fn a_stall_reported_by_the_probes_degrades_and_answering_again_reconnects() {
     let mut sim = relay(Degrade::Local);
@@ -446,10 +446,10 @@ fn a_stall_reported_by_the_probes_degrades_and_answering_again_reconnects() {
     );
 }
 
-/// Issue 23: the Events of one POSTed body that share a subject are one publish, their
-/// bytes one per line, unchanged, in the body's order per subject; a stream message of
-/// several Events is admitted whole, each Event fanned out as received; an Event with a
-/// raw line break travels alone and comes back whole.
+/// The Events of one POSTed body that share a subject are one publish, their bytes one
+/// per line, unchanged, in the body's order per subject; a stream message of several
+/// Events is admitted whole, each Event fanned out as received; an Event with a raw line
+/// break travels alone and comes back whole.
 #[test]
 fn a_batch_is_one_publish_per_subject_and_a_message_of_several_events_is_admitted_whole() {
     let mut sim = relay(Degrade::Local);
@@ -515,7 +515,7 @@ fn a_batch_is_one_publish_per_subject_and_a_message_of_several_events_is_admitte
 
 /// Before the first connection the server's `max_payload` is unknown: an Event over its
 /// default (1 MiB) is refused with 413 rather than kept in the outbox, where it could
-/// never be published (issue 23).
+/// never be published.
 #[test]
 fn before_the_first_connection_an_event_over_the_default_max_payload_is_refused() {
     let mut sim = relay(Degrade::Local);

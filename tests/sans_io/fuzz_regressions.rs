@@ -1,8 +1,8 @@
 //! Every fault the fuzz targets (`fuzz/`, see `fuzz/README.md`) found, kept as a test with
 //! the minimized input, plus a case or two of the same class around it.
 //!
-//! Each test names the target that found it and the fault class; the fix lives in the
-//! module the test exercises.
+//! Each test names the target that found it and the fault class; the rule it pins is
+//! kept in the module the test exercises.
 
 use aep_sim::Sim;
 use std::time::Duration;
@@ -36,9 +36,9 @@ fn stream_request(query: &str, last_event_id: Option<&str>) -> RequestHead {
     }
 }
 
-/// `sse_query`: `Last-Event-ID: t:3:+5` resumed at seq 5. Rust's `u64::from_str` takes a
-/// leading `+`; the id the relay writes (AEP-0003 §3.3.2) is digits only, so anything
-/// else is refused like any other malformed id.
+/// `sse_query`: `Last-Event-ID: t:3:+5` must not resume at seq 5, though Rust's
+/// `u64::from_str` takes a leading `+`: the id the relay writes (AEP-0003 §3.3.2) is
+/// digits only, so anything else is refused like any other malformed id.
 #[test]
 fn last_event_id_numbers_are_decimal_digits_only() {
     for bad in [
@@ -58,9 +58,9 @@ fn last_event_id_numbers_are_decimal_digits_only() {
     assert_eq!(sse::parse_last_event_id("t:0:18446744073709551616"), None);
 }
 
-/// `sse_query`: `from=[{"session":"s","session":"s","seq":3}]` was read last-wins. A
-/// duplicated member in `from` is refused (`invalid-filter`, AEP-0003 §6.5), as it is in
-/// `filter`: two readers could resume different sessions.
+/// `sse_query`: `from=[{"session":"s","session":"s","seq":3}]` must not be read
+/// last-wins. A duplicated member in `from` is refused (`invalid-filter`, AEP-0003
+/// §6.5), as it is in `filter`: two readers could resume different sessions.
 #[test]
 fn from_refuses_duplicate_members() {
     for q in [
@@ -84,9 +84,10 @@ fn from_refuses_duplicate_members() {
     assert!(matches!(ok.from, From::Positions(ref p) if p.len() == 2));
 }
 
-/// `http`: a peer that pipelines requests, never reads the answers and half-closes left
-/// its connection open forever (`close_after_flush` set outside the `Closing` phase, so
-/// no timer reaped it). After EOF the connection is closing and the linger timer ends it.
+/// `http`: a peer that pipelines requests, never reads the answers and half-closes must
+/// not keep its connection open forever (with `close_after_flush` set outside the
+/// `Closing` phase, no timer would reap it). After EOF the connection is closing and the
+/// linger timer ends it.
 #[test]
 fn half_closed_peer_that_never_reads_is_reaped() {
     for input in [
@@ -112,10 +113,10 @@ fn half_closed_peer_that_never_reads_is_reaped() {
 }
 
 /// `http` (bound invariant: `queued_output <= max_output_bytes` + one answer): a peer
-/// that pipelines requests and never reads the answers grew the output queue without
-/// limit, about 14 bytes queued per byte sent (5000 `GET /events` queued 1.7 MB against
-/// a 64 KiB bound). Reading and request processing now pause at the bound and resume as
-/// the queue drains, so the peer's own send buffer pushes back (TCP flow control).
+/// that pipelines requests and never reads the answers would grow an unbounded output
+/// queue by about 14 bytes per byte sent (5000 `GET /events`: 1.7 MB against a 64 KiB
+/// bound). Reading and request processing pause at the bound and resume as the queue
+/// drains, so the peer's own send buffer pushes back (TCP flow control).
 #[test]
 fn pipelined_requests_pause_at_the_output_bound() {
     let max = config().max_output_bytes;
@@ -176,13 +177,12 @@ fn stream_ids(out: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// `http` (bound invariant, with the replay store filled first): on the relay core this
-/// branch started from, `GET /stream?from=all` framed the whole replay into the output
-/// queue at once, past `max_output_bytes` (~145 KiB against 64 KiB here; with the defaults,
-/// a copy of the whole store per subscriber). Main paces replay by the consumer's reading
-/// (commit "Pace replay by the consumer's reading"); this pins that under the fuzz
-/// target's scenario: a stalled reader, a slow reader with live Events arriving
-/// mid-replay (all delivered, in order, once), and `live=0`.
+/// `http` (bound invariant, with the replay store filled first): `GET /stream?from=all`
+/// must not frame the whole replay into the output queue at once, past
+/// `max_output_bytes` (~145 KiB against 64 KiB here; with the defaults, a copy of the
+/// whole store per subscriber). Replay is paced by the consumer's reading; this pins
+/// that under the fuzz target's scenario: a stalled reader, a slow reader with live
+/// Events arriving mid-replay (all delivered, in order, once), and `live=0`.
 #[test]
 fn replay_is_paced_by_the_output_bound() {
     let c = Config {
@@ -245,11 +245,10 @@ fn replay_is_paced_by_the_output_bound() {
     assert_eq!(stream_ids(&out).len(), 8 * 16);
 }
 
-/// Same class as `from_refuses_duplicate_members` (found reviewing the `sse_query`
-/// reference, which read repeated parameters last-wins like the relay): with
-/// `filter={"session":"a"}&filter={}` a proxy that checks the first `filter` and the
-/// relay, which kept the last, disagreed on whether the stream is limited to session
-/// `a` (it was match-all). Repeated subscription parameters are refused.
+/// Same class as `from_refuses_duplicate_members`: with
+/// `filter={"session":"a"}&filter={}`, a proxy that checks the first `filter` and a relay
+/// that kept the last would disagree on whether the stream is limited to session `a` (the
+/// last is match-all). Repeated subscription parameters are refused.
 #[test]
 fn repeated_subscription_parameters_are_refused() {
     for q in [
@@ -273,9 +272,8 @@ fn repeated_subscription_parameters_are_refused() {
 }
 
 /// `http` (reference framer: no more responses than requests): a POST refused early
-/// (415, its body to be skipped) whose chunked body then turned out malformed drew a
-/// second answer (400) to the same request. Now the connection closes after the one
-/// answer instead.
+/// (415, its body to be skipped) whose chunked body then turns out malformed draws no
+/// second answer (400) to the same request: the connection closes after the one answer.
 #[test]
 fn a_malformed_body_after_an_early_refusal_gets_no_second_answer() {
     let mut relay = Sim::new(Config {
@@ -307,10 +305,10 @@ fn final_statuses(out: &[u8]) -> Vec<String> {
 }
 
 /// `http` (reference framer: no more final responses than requests): a request answered
-/// before its body was read (here 400 `version-required`) had the body skipped, and a
-/// malformed chunk in that body drew a second 400, as did a body too large (413) or too
-/// slow (408). One request, two answers: a client or a proxy pairs the extra one with its
-/// next request. The connection now just closes after the first answer.
+/// before its body was read (here 400 `version-required`) has the body skipped, and a
+/// malformed chunk in that body must not draw a second 400, nor a body too large (413)
+/// or too slow (408). One request, two answers: a client or a proxy would pair the extra
+/// one with its next request. The connection just closes after the first answer.
 #[test]
 fn a_skipped_body_never_draws_a_second_answer() {
     let head = "POST /events HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -361,12 +359,11 @@ fn a_skipped_body_never_draws_a_second_answer() {
 }
 
 /// `conn_script` (determinism: the same input gives the same output): `GET /metrics`
-/// (`aep_uptime_seconds`) and `GET /status` (`uptime_s`) report `self.started.elapsed()`
-/// (src/core/status.rs), a read of the real clock inside the core, so two runs of one
-/// script answer with different bytes (even different `Content-Length`s), and an uptime
-/// on virtual time is wrong. The uptime must be the `now` of the call minus the `now`
-/// given to `Core::new` (`Core::uptime`). Fixed; every fuzz input is
-/// now compared for determinism.
+/// (`aep_uptime_seconds`) and `GET /status` (`uptime_s`) must not read the real clock
+/// inside the core (`self.started.elapsed()`): two runs of one script would answer with
+/// different bytes (even different `Content-Length`s), and an uptime on virtual time
+/// would be wrong. The uptime is the `now` of the call minus the `now` given to
+/// `Core::new` (`Core::uptime`); every fuzz input is compared for determinism.
 #[test]
 fn uptime_is_virtual_time() {
     let get = |r: &mut Sim, path: &str| {
@@ -397,14 +394,13 @@ fn uptime_is_virtual_time() {
 /// `conn_script` (bound invariant: queued output at most `max_output_bytes` plus one
 /// frame, replay pages aside, `Core::queued`): live Events that arrive while a replay is
 /// in progress wait in the connection's backlog (up to `max_output_bytes`); when the
-/// replay's last page has gone and the queue is below half its bound,
-/// `pump_replay` (src/core/replay.rs) moves the whole backlog into the output queue in
-/// one `move_to`, so the queue reaches about `max_output_bytes / 2 + max_output_bytes`
+/// replay's last page has gone and the queue is below half its bound, `pump_replay`
+/// (src/core/replay.rs) moves the backlog into the output queue. Moved whole in one
+/// `move_to`, it would take the queue to about `max_output_bytes / 2 + max_output_bytes`
 /// (78 052 bytes against a 64 KiB bound in the fuzzer's script: prefill, a subscriber
 /// `from=all` that reads 3 952 bytes, 45 KiB of live Events, one more read; 75 971 bytes
-/// here). The backlog
-/// should drain into the queue only as far as the bound allows, the rest staying
-/// behind (in order). Fixed (`OutQueue::move_until`).
+/// here). So the backlog drains into the queue only as far as the bound allows, the
+/// rest staying behind, in order (`OutQueue::move_until`).
 #[test]
 fn a_finished_replay_drains_its_backlog_within_the_bound() {
     let c = Config {
@@ -476,14 +472,13 @@ fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 
 /// `ws` (nothing after the close frame, RFC 6455 §5.5.1; nothing after `closing`,
 /// AEP-0003 §3.5 #4): a WebSocket closed by the relay (here 1007 for a text message
-/// that is not UTF-8) while its `subscribe` `from=all` replay was in progress went on
-/// receiving replay pages after its `closing` and close frames. `ws_shut`
-/// (src/core/ws.rs) ends the phase but leaves the connection's replay jobs and live
-/// backlog, and `write_to` keeps pumping them (`pump_replay`, src/core/replay.rs) as the
-/// peer reads. The fuzzer's input, minimized: `hello`, `subscribe` `from=all` over a full
-/// store, then a text frame `\xff`. Closing a connection (WS close, and the SSE
-/// `: shutting-down` of a graceful shutdown, checked below too) should drop its replay
-/// and backlog. Fixed (`Conn::end_streaming`).
+/// that is not UTF-8) while its `subscribe` `from=all` replay is in progress receives no
+/// replay page after its `closing` and close frames. `ws_shut` (src/core/ws.rs) ends the
+/// phase; any replay jobs and live backlog the connection kept, `write_to` would go on
+/// pumping (`pump_replay`, src/core/replay.rs) as the peer reads. The fuzzer's input,
+/// minimized: `hello`, `subscribe` `from=all` over a full store, then a text frame
+/// `\xff`. Closing a connection (WS close, and the SSE `: shutting-down` of a graceful
+/// shutdown, checked below too) drops its replay and backlog (`Conn::end_streaming`).
 #[test]
 fn nothing_follows_a_close_frame_not_even_a_replay() {
     use aep_relay::ws::rfc6455::client_frame;

@@ -2,8 +2,8 @@
 //! capture down-leveling and the replay store against the upstream corpora and reference
 //! models, and the core driven by `aep_sim` (in-memory connections, virtual time).
 //!
-//! One test binary for all of them, so `tests/support` compiles once (issue 26). Run one
-//! file's tests by its module path: `cargo test --test sans_io virtual_time::`.
+//! One test binary for all of them, so `tests/support` compiles once. Run one file's
+//! tests by its module path: `cargo test --test sans_io virtual_time::`.
 
 #[path = "../support/mod.rs"]
 mod support;

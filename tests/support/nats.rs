@@ -1,4 +1,4 @@
-//! A real nats-server for the cluster tests (issue 15): [`NatsServer::start`] runs
+//! A real nats-server for the cluster tests: [`NatsServer::start`] runs
 //! `nats-server -a 127.0.0.1 -p -1 -m -1 -js -sd DIR --ports_file_dir DIR` in a fresh
 //! temporary directory and learns its URL from the ports file. [`NatsServer::kill`] and
 //! [`NatsServer::restart`] (same port, same store) make the engine outages,

@@ -2,8 +2,8 @@
 //! tokens, refusals and operations, each test against a relay in a thread
 //! (`support::TestRelay`) or the real binary, with real clients.
 //!
-//! One test binary for all of them, so `tests/support` compiles once (issue 26). Run one
-//! file's tests by its module path: `cargo test --test wire sse_stream::`.
+//! One test binary for all of them, so `tests/support` compiles once. Run one file's
+//! tests by its module path: `cargo test --test wire sse_stream::`.
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -285,7 +285,7 @@ fn query_tokens_never_reach_the_log_and_startup_states_posture() {
     assert!(status.success());
     assert!(stderr.contains("auth: bearer tokens required"), "{stderr}");
     assert!(stderr.contains("TLS off"));
-    // The refusal is logged with its path only: no query string at all (issue 12 §4).
+    // The refusal is logged with its path only: no query string at all.
     assert!(
         stderr.contains("refused GET /stream from ") && stderr.contains(": 401 unauthorized: "),
         "the refusal is logged: {stderr}"

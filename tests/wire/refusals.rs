@@ -1,8 +1,8 @@
-//! Refusals (issue 12 §4): every refusal the relay answers is logged once at `info` with
-//! its code and the peer (never a token or a query string), counted under its code in
-//! `/metrics`, and explained: an `invalid-event` detail names the attribute at fault, a
-//! `hello` that was sent but lacks what AEP-0003 §4 requires is `invalid-hello` naming
-//! the member, and a close reason is spelled as its error code.
+//! Refusals: every refusal the relay answers is logged once at `info` with its code and
+//! the peer (never a token or a query string), counted under its code in `/metrics`, and
+//! explained: an `invalid-event` detail names the attribute at fault, a `hello` that was
+//! sent but lacks what AEP-0003 §4 requires is `invalid-hello` naming the member, and a
+//! close reason is spelled as its error code.
 
 use crate::support;
 
@@ -59,9 +59,9 @@ const TOKEN: &str = "s3cret-token-XYZ";
 
 /// docs/operating.md "Logging": one `info` line per refused request, connection or
 /// message, with the status (or close code), the code and the peer; never the token,
-/// never a query string. Runs the real binary with `AEP_LOG=info`. Before the fix
-/// nothing was logged for 400, 403, 404, 405, 413, 415, 426 or 431 answers, nor for the
-/// WebSocket `hello` refusals and in-band errors.
+/// never a query string. Runs the real binary with `AEP_LOG=info`, through 400, 403,
+/// 404, 405, 413, 415, 426 and 431 answers, the WebSocket `hello` refusals and in-band
+/// errors.
 #[test]
 fn every_refusal_is_logged_once_at_info_with_its_code_and_peer() {
     let relay = support::RelayProcess::spawn(&[
@@ -225,9 +225,9 @@ fn count(list: &[(String, u64)], code: &str) -> u64 {
     list.iter().find(|(c, _)| c == code).map_or(0, |(_, n)| *n)
 }
 
-/// Issue 12 §4: every refusal the relay answers is counted under its code: the SSE 400,
-/// the WebSocket `hello` refusals and the RFC 6455 protocol closes (1002, 1003, 1007,
-/// 1009) included. Before the fix none of these was counted.
+/// Every refusal the relay answers is counted under its code: the SSE 400, the
+/// WebSocket `hello` refusals and the RFC 6455 protocol closes (1002, 1003, 1007, 1009)
+/// included.
 #[test]
 fn every_refusal_is_counted_under_its_code() {
     let relay = TestRelay::with(|c| c.max_ws_message_bytes = 1024);
@@ -277,10 +277,9 @@ fn every_refusal_is_counted_under_its_code() {
     }
 }
 
-/// Issue 12 §4: a 404 is an unknown path, not a refused Event or request of the
-/// protocol: `/metrics` counts it under `not-found`, `/status` keeps it out of its
-/// refusals (`rejected`) and reports it as `not_found`. Before the fix `/status`
-/// counted it among the refusals.
+/// A 404 is an unknown path, not a refused Event or request of the protocol:
+/// `/metrics` counts it under `not-found`, `/status` keeps it out of its refusals
+/// (`rejected`) and reports it as `not_found`.
 #[test]
 fn status_refusals_leave_out_unknown_paths() {
     let relay = TestRelay::start();
@@ -294,9 +293,9 @@ fn status_refusals_leave_out_unknown_paths() {
     assert_eq!(count(&rejected(&relay), "not-found"), 1);
 }
 
-/// AEP-0001 §5, issue 12 §4: an `invalid-event` detail names the attribute at fault,
-/// also for a JSON fault inside its value (a lone surrogate in `agent`), over HTTP and
-/// over the WebSocket. Before the fix it said only "invalid JSON at byte N".
+/// AEP-0001 §5: an `invalid-event` detail names the attribute at fault, also for a JSON
+/// fault inside its value (a lone surrogate in `agent`), over HTTP and over the
+/// WebSocket, not only "invalid JSON at byte N".
 #[test]
 fn an_invalid_event_detail_names_the_attribute_at_fault() {
     let relay = TestRelay::start();
@@ -320,8 +319,8 @@ fn an_invalid_event_detail_names_the_attribute_at_fault() {
 }
 
 /// AEP-0003 §3.5 #1, §4: a refused `hello` is answered with an `error` frame and a close
-/// 1008 whose reason is the same code, one spelling for both. Before the fix the
-/// `hello-required` close said "hello required".
+/// 1008 whose reason is the same code, one spelling for both (`hello-required`, never
+/// "hello required").
 #[test]
 fn a_hello_refusal_closes_with_its_code_as_the_reason() {
     let relay = TestRelay::start();

@@ -108,9 +108,9 @@ fn an_evicted_fact_is_owed_a_marker() {
     );
 }
 
-/// The case: `--buffer 4 --max-sessions 1`: session `sA` seq 1-9, then `sB`,
-/// then `sA` seq 20. A resume of `sA` after seq 3 gets `replay-exhausted` and seq 20
-/// (the relay held and evicted seq 4-9). Before seq 20 arrives, the same resume gets
+/// A session evicted whole: `--buffer 4 --max-sessions 1`: session `sA` seq 1-9, then
+/// `sB`, then `sA` seq 20. A resume of `sA` after seq 3 gets `replay-exhausted` and seq
+/// 20 (the relay held and evicted seq 4-9). Before seq 20 arrives, the same resume gets
 /// the marker too, naming the position after the last one lost; over SSE and WS alike.
 #[test]
 fn session_eviction_keeps_the_marker_owed() {

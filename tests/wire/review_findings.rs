@@ -1,5 +1,5 @@
-//! Findings of a review against the real server (README walk-through and adversarial
-//! probing), each one a minimal reproduction.
+//! Minimal reproductions against the real server of what a README walk-through and
+//! adversarial probing run into.
 
 use crate::support;
 use std::io::Write;
@@ -21,10 +21,10 @@ fn ingested(relay: &TestRelay) -> serde_json::Value {
 }
 
 /// A GET with a `Content-Length` body: RFC 9112 §6.3 frames the body by its
-/// `Content-Length` whatever the method. The relay used to answer the GET and then parse
-/// the body as the next request on the connection, so a body that is itself a request
-/// (here a POST of an Event) was executed: a request-smuggling desync behind any proxy
-/// that frames by `Content-Length`. Now the body is skipped and the GET refused with 400.
+/// `Content-Length` whatever the method. A relay that answered the GET and then parsed
+/// the body as the next request on the connection would execute a body that is itself a
+/// request (here a POST of an Event): a request-smuggling desync behind any proxy that
+/// frames by `Content-Length`. So the body is skipped and the GET refused with 400.
 #[test]
 fn get_with_content_length_body_is_not_parsed_as_a_request() {
     let relay = TestRelay::start();

@@ -212,12 +212,12 @@ fn parse_comment(c: &str) -> Option<(u64, u64, u64)> {
     Some((n, debug, info))
 }
 
-/// The failure, reproduced: with `--max-output 1048576`, an SSE consumer
-/// reading about 1.6 MB/s and 19,960 `debug` Events of ~900 B with a `notice` every
-/// 500th, the queue filled with `debug` Events left no room for a notice, and the
-/// consumer was disconnected after a few of the 40. Now `debug` stops at half the bound:
-/// all 40 notices arrive, the consumer stays connected, and `: dropped` comments name
-/// exactly the Events missing where they are missing (AEP-0003 §8.4).
+/// With `--max-output 1048576`, an SSE consumer reading about 1.6 MB/s and 19,960
+/// `debug` Events of ~900 B with a `notice` every 500th: a queue filled with `debug`
+/// Events would leave no room for a notice, and the consumer would be disconnected after
+/// a few of the 40. `debug` stops at half the bound, so all 40 notices arrive, the
+/// consumer stays connected, and `: dropped` comments name exactly the Events missing
+/// where they are missing (AEP-0003 §8.4).
 #[test]
 fn a_slow_sse_consumer_gets_every_notice_and_is_told_what_was_shed() {
     let relay = TestRelay::with(|c| c.max_output_bytes = MAX_OUTPUT);

@@ -494,7 +494,7 @@ fn every_client_resumes_after_a_reconnection_storm() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Backpressure and shutdown over TLS (issue 25): the rules of plaintext, unchanged.
+// Backpressure and shutdown over TLS: the rules of plaintext, unchanged.
 
 /// Reads until the relay ends the connection: a `close_notify`, or the TCP close of a
 /// connection it cut (rustls' `UnexpectedEof`, a reset); everything read.

@@ -1,9 +1,9 @@
-//! `permessage-deflate` on `/socket` (RFC 7692, issue 25), over real TCP with raw
-//! clients that inflate with flate2 on their side: what is negotiated, that compressing
-//! and plain subscribers on one relay get the same Events from the same fan-out
-//! (byte-identical after inflation, live and replayed), that hostile offers never fail
-//! the handshake, and that a deflate bomb from an emitter closes only its own
-//! connection, with 1009, in bounded memory.
+//! `permessage-deflate` on `/socket` (RFC 7692), over real TCP with raw clients that
+//! inflate with flate2 on their side: what is negotiated, that compressing and plain
+//! subscribers on one relay get the same Events from the same fan-out (byte-identical
+//! after inflation, live and replayed), that hostile offers never fail the handshake, and
+//! that a deflate bomb from an emitter closes only its own connection, with 1009, in
+//! bounded memory.
 
 use crate::support;
 

@@ -69,9 +69,8 @@ fn no_version_in_common_gets_version_unsupported_then_close() {
     assert_eq!(code, Some(1008));
 }
 
-/// AEP-0003 §4 rules 2 and 3. A hello was sent, so the answer is not `hello-required`
-/// (issue 12 §4) but `invalid-hello`, whose detail names the member at fault; then close
-/// 1008.
+/// AEP-0003 §4 rules 2 and 3. A hello was sent, so the answer is not `hello-required` but
+/// `invalid-hello`, whose detail names the member at fault; then close 1008.
 #[test]
 fn emitters_must_name_their_agent_and_roles_are_closed() {
     let relay = TestRelay::start();

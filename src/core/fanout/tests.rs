@@ -421,11 +421,11 @@ fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
     assert_eq!(got_a, want_a, "each Event once, in order");
 }
 
-/// RFC 7692 and issue 25: each Event is compressed at most once per capture level,
-/// however many subscribers negotiated `permessage-deflate`; they all get the same bytes
-/// (RSV1 set), which inflate to the plain subscribers' payloads; a plain WS subscriber
-/// in the same fan-out gets plain frames; with no compressing target nothing is
-/// compressed at all.
+/// `permessage-deflate` (RFC 7692): each Event is compressed at most once per capture
+/// level, however many subscribers negotiated `permessage-deflate`; they all get the same
+/// bytes (RSV1 set), which inflate to the plain subscribers' payloads; a plain WS
+/// subscriber in the same fan-out gets plain frames; with no compressing target nothing
+/// is compressed at all.
 #[test]
 fn compressed_frames_are_built_once_per_event_and_capture_level() {
     let mut s = Setup::new();

@@ -23,14 +23,14 @@ pub enum StartError {
         /// The OS error.
         source: io::Error,
     },
-    /// The history directory (`--history`) cannot be opened (JSONL and history, issue 5).
+    /// The history directory (`--history`) cannot be opened.
     #[error(transparent)]
     History(#[from] crate::io::history::HistoryError),
     /// A JSONL source (`--stdin`, `--ingest-file`) could not be started.
     #[error("cannot start JSONL ingest: {0}")]
     Jsonl(io::Error),
     /// Cluster mode (`--cluster`) could not be started: the bridge thread, or a build
-    /// without the `cluster` feature (issue 15).
+    /// without the `cluster` feature.
     #[error("cannot start cluster mode: {0}")]
     Cluster(String),
 }

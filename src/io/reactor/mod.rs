@@ -74,8 +74,8 @@ pub struct Relay {
     waker: Arc<Waker>,
     /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
     jsonl: Option<super::jsonl::Ingest>,
-    /// Cluster mode (issue 15): the bridge thread to the engine, and what the core gave
-    /// for it that its channel had no room for yet.
+    /// Cluster mode: the bridge thread to the engine, and what the core gave for it that
+    /// its channel had no room for yet.
     #[cfg(feature = "cluster")]
     bus: Option<(
         super::bridge::Bridge,
@@ -140,7 +140,7 @@ impl Relay {
             super::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
                 .map_err(StartError::Jsonl)?;
         let mut core = Core::new(config, Box::new(NoJournal), now, unix_ms);
-        // JSONL and history (issue 5): rebuild the replay buffers, then keep appending.
+        // The durable history: rebuild the replay buffers, then keep appending.
         if let Some(h) = history {
             let (dir, sync) = (h.dir.clone(), h.fsync != super::history::Fsync::Never);
             let (h, st) = super::history::History::open(h, core.store_mut())?;
@@ -150,7 +150,7 @@ impl Relay {
             );
             core.set_journal(Box::new(h));
             if core.clustered() {
-                // The cluster outbox on disk beside the history (issue 23), under its lock.
+                // The cluster outbox on disk beside the history, under its lock.
                 let (f, kept) = super::outbox::OutboxFile::open(&dir, sync).map_err(|e| {
                     StartError::Cluster(format!(
                         "{}: {e}",
@@ -326,7 +326,7 @@ impl Relay {
             .and_then(|j| j.retry_at())
             .is_some_and(|t| t <= self.now)
         {
-            self.on_wake(); // JSONL: retry a chunk the history refused (issue 5)
+            self.on_wake(); // JSONL: retry a chunk the history refused
         }
         self.core.handle_timeout(self.now);
         self.drain();
