@@ -1,4 +1,4 @@
-//! The engine's own ceiling, for `benches/cluster.sh`'s engine row (issue 23): raw
+//! The engine's own ceiling, for `benches/cluster.sh`'s engine row: raw
 //! JetStream publishes of the relay's benchmark Event, straight from async-nats, with no
 //! relay in between. It shows what the stream itself takes on this machine, one Event per
 //! message and many per message, so the cluster's figures can be read against it.

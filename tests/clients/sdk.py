@@ -277,7 +277,7 @@ def readback(relay, query="from=all&live=0", token=None):
     the opening comment and `: replay-complete` (both asserted, and nothing else)."""
     b = blocks(read_stream(relay.base, query, token))
     equal(b[0], b": " + OPEN.encode(), "the stream's first block")
-    equal(b[-1], b": " + COMPLETE.encode(), "the live=0 stream's last block (issue 22)")
+    equal(b[-1], b": " + COMPLETE.encode(), "the live=0 stream's last block")
     inner = b[1:-1]
     stray = [x for x in inner if x.startswith(b":")]
     check(not stray, f"no other comment in the replay: {stray}")
@@ -522,7 +522,7 @@ def test_subscribe_slow_consumer():
         d.b.wait_held(len(e), "every Event")
         equal(d.b.metric("aep_backpressure_disconnects_total"), 1.0,
               "aep_backpressure_disconnects_total after one consumer was disconnected "
-              "(issue 22: consumers, once each)")
+              "(consumers, once each)")
         col.gate.set()
         col.wait_events(len(e), "the resumed subscription to catch up")
         post(d.a, [s.emit("session.ended", severity="notice")])
@@ -716,7 +716,7 @@ def test_aio_subscribe():
                     await replay_only(filter={"session": "as-none"})]
         (full, c1), (meta, c2), (after, c3), (none, c4) = asyncio.run(replays())
         equal(per_source(full), per_source(mine),
-              "live=False by the filter's session: every owning stream, in order (issue 22)")
+              "live=False by the filter's session: every owning stream, in order")
         equal(len(full), len(mine), "live=False Events, each once")
         equal(per_source(meta), per_source([strip(x, "result", capture="metadata")
                                             if x.get("capture") == "full" else x
@@ -767,7 +767,7 @@ def test_position_budget():
         drains = col.comments.count(OPEN) - 1  # each request opens with the comment
         check(drains >= 2, f"the SDK drained through live=0 chunks: {col.comments}")
         equal(col.comments, [OPEN, COMPLETE] * drains + [OPEN],
-              "each live=0 drain chunk ended with replay-complete (issue 22)")
+              "each live=0 drain chunk ended with replay-complete")
         pos = sorted(sub.positions(), key=lambda p: p["session"])
         equal(pos, [{"session": n, "epoch": 0, "seq": 2 if n == "pb-299" else 1}
                     for n in names], "positions()")
@@ -786,7 +786,7 @@ def test_position_budget():
         requests = comments.count(OPEN)
         check(requests >= 3, f"aio drained through live=0 chunks: {comments}")
         equal(comments, [OPEN, COMPLETE] * requests,
-              "each aio live=0 request ended with replay-complete (issue 22)")
+              "each aio live=0 request ended with replay-complete")
         # The same with a filter naming every session: each drain request names
         # positions, so the relay replays what they name and never adds the filter's
         # other sessions from their start (which would bring Events from before the

@@ -250,7 +250,7 @@ fn stream_messages(nats: &NatsServer) -> u64 {
 /// byte-identical, exactly once each; R1's own subscriber gets it exactly once too; a
 /// non-matching filter gets nothing (AEP-0003 §3.3, §3.5, §6; AEP-0001 §7 #4).
 #[test]
-fn item1_an_event_posted_at_one_relay_reaches_every_relay_once_byte_identical() {
+fn an_event_posted_at_one_relay_reaches_every_relay_once_byte_identical() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -312,7 +312,7 @@ fn item1_an_event_posted_at_one_relay_reaches_every_relay_once_byte_identical() 
 /// in its order (AEP-0001 §7 #1, #4), and since every relay admits in the stream's one
 /// order, all in the same order.
 #[test]
-fn item2_concurrent_emitters_on_three_relays_reach_every_subscriber_exactly_once_in_order() {
+fn concurrent_emitters_on_three_relays_reach_every_subscriber_exactly_once_in_order() {
     const N: u64 = 60;
     const BATCH: u64 = 6;
     let Some(nats) = NatsServer::start() else {
@@ -392,7 +392,7 @@ fn item2_concurrent_emitters_on_three_relays_reach_every_subscriber_exactly_once
 /// (AEP-0004 §2.2) and `attention.routed` (AEP-0002 §7.3) included; `replay-exhausted`
 /// names the same earliest position everywhere (AEP-0003 §5).
 #[test]
-fn item3_resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
+fn resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -518,7 +518,7 @@ fn item3_resume_is_exact_at_any_relay_and_replays_are_byte_identical() {
 /// the hop), each replay buffer holds it once (admission dedupes on `(source, id)`,
 /// AEP-0001 §7.4), and both POSTs are answered 202.
 #[test]
-fn item4_one_event_posted_at_two_relays_is_held_once_and_delivered_live_as_sent() {
+fn one_event_posted_at_two_relays_is_held_once_and_delivered_live_as_sent() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -651,7 +651,7 @@ fn envelope_of(agent: &str, session: &str) -> String {
 /// leaves the result is `no-route`; with claimants on R1 and R2 it is `ambiguous`; the
 /// roster at R3 lists R1's claim (AEP-0004 §4.2, §4.5; AEP-0003 §4.1).
 #[test]
-fn item5_commands_reach_their_claimant_on_another_relay() {
+fn commands_reach_their_claimant_on_another_relay() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -749,7 +749,7 @@ fn item5_commands_reach_their_claimant_on_another_relay() {
 /// subscribers get no second copy (AEP-0001 §7 #4), and replays agree byte for byte again
 /// (AEP-0003 §5).
 #[test]
-fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
+fn engine_down_serves_locally_then_catches_up_without_duplicates() {
     let Some(mut nats) = NatsServer::start() else {
         return;
     };
@@ -922,7 +922,7 @@ fn item6_engine_down_serves_locally_then_catches_up_without_duplicates() {
 /// their replay buffers from the stream, and once `/readyz` says so their `from=all`
 /// matches R1's byte for byte (AEP-0003 §5, §7).
 #[test]
-fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
+fn a_killed_and_a_late_relay_rebuild_from_the_stream() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -971,7 +971,7 @@ fn item7_a_killed_and_a_late_relay_rebuild_from_the_stream() {
 /// after the last stream sequence it delivered, with no loss and no duplicate at that
 /// relay's subscriber (AEP-0001 §7 #4; AEP-0003 §7).
 #[test]
-fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
+fn a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1067,7 +1067,7 @@ fn item8_a_deleted_consumer_is_recreated_without_loss_or_duplicate() {
 /// `from=all&live=0` at every relay replays it once, the bodies byte-identical (admission
 /// dedupes on `(source, id)`, AEP-0001 §7.4).
 #[test]
-fn issue23_the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_held_once() {
+fn the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_held_once() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1130,7 +1130,7 @@ fn issue23_the_same_event_posted_twice_reaches_live_subscribers_twice_and_is_hel
 /// gets the acknowledgement once per delivery, and nothing more; every relay's replay
 /// holds it once.
 #[test]
-fn issue23_a_retransmitted_commands_reacknowledgement_reaches_the_sender_once_per_delivery() {
+fn a_retransmitted_commands_reacknowledgement_reaches_the_sender_once_per_delivery() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1205,7 +1205,7 @@ fn wait_readyz(r: &RelayProcess, id: &str, status: u16, deadline: Instant) -> Va
 /// bridge's own probes; SIGCONT makes it 200 again within 15 s. Nothing is posted
 /// meanwhile at either relay.
 #[test]
-fn issue23_an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
+fn an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1240,7 +1240,7 @@ fn issue23_an_idle_relay_notices_a_stalled_engine_and_its_recovery() {
 /// A relay whose engine is not there yet at start reports `catching-up`, not `degraded`,
 /// until it is connected and caught up (and `/readyz` 503 meanwhile); then `connected`.
 #[test]
-fn issue23_a_starting_relay_reports_catching_up_until_connected() {
+fn a_starting_relay_reports_catching_up_until_connected() {
     let Some(mut nats) = NatsServer::start() else {
         return;
     };
@@ -1291,7 +1291,7 @@ fn per_session(lines: &[String]) -> std::collections::BTreeMap<String, Vec<Strin
 /// killed and restarted rebuilds the same buffers from the batched messages
 /// (AEP-0003 §5, §7).
 #[test]
-fn issue23_a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywhere() {
+fn a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywhere() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1354,7 +1354,7 @@ fn issue23_a_batch_of_mixed_sessions_is_one_message_per_session_in_order_everywh
 /// A body bigger than the server's `max_payload` (1 MiB by default) in one session splits
 /// into several messages, each under it, and arrives whole and in order at another relay.
 #[test]
-fn issue23_a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
+fn a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1393,7 +1393,7 @@ fn issue23_a_batch_bigger_than_max_payload_splits_and_arrives_whole() {
 /// A batch with one invalid line is refused whole (400) and nothing of it is published:
 /// no stream message, no delivery anywhere.
 #[test]
-fn issue23_a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_published() {
+fn a_batch_with_one_invalid_line_is_refused_whole_and_nothing_is_published() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1436,7 +1436,7 @@ fn post_request(lines: &[String]) -> String {
 /// answered last. Every relay then delivers them in order, once, and replays them
 /// identically (AEP-0003 §5, §6).
 #[test]
-fn issue23_pipelined_posts_of_one_turn_are_one_message_answered_in_order() {
+fn pipelined_posts_of_one_turn_are_one_message_answered_in_order() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1535,7 +1535,7 @@ fn wait_settled(r: &RelayProcess, id: &str, last: u64) {
 /// its outbox on disk; restarted after the engine, it publishes them, and every Event
 /// answered 202 is in every relay's `from=all` exactly once, the replays byte-identical.
 #[test]
-fn issue23_engine_killed_then_sigterm_of_a_relay_with_an_outbox_loses_nothing() {
+fn engine_killed_then_sigterm_of_a_relay_with_an_outbox_loses_nothing() {
     let Some(mut nats) = NatsServer::start() else {
         return;
     };
@@ -1590,7 +1590,7 @@ fn recover_and_compare(nats: &NatsServer, r2: &RelayProcess, hist: &[&str], want
 /// the relay restarted, every Event answered 202 is in every relay's `from=all` exactly
 /// once, the replays byte-identical.
 #[test]
-fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() {
+fn engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1620,7 +1620,7 @@ fn issue23_engine_stopped_then_kill_9_of_a_relay_with_an_outbox_loses_nothing() 
 /// that was answered 202: a 202 comes only once the stream has stored the whole batch, so
 /// every such Event is in the other relay's `from=all`, once.
 #[test]
-fn issue23_kill_9_during_concurrent_batch_posts_loses_nothing_answered_202() {
+fn kill_9_during_concurrent_batch_posts_loses_nothing_answered_202() {
     let Some(nats) = NatsServer::start() else {
         return;
     };

@@ -314,7 +314,7 @@ impl Sim {
         Ok(())
     }
 
-    /// Hands the core what a cluster bridge would report (cluster mode, issue 15), and
+    /// Hands the core what a cluster bridge would report (cluster mode), and
     /// carries out its outputs.
     pub fn bus(&mut self, msg: aep_relay::cluster::FromBus) {
         self.core.handle_bus(msg, self.now);
