@@ -80,6 +80,149 @@ pub const POST_DURATION_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
 ];
 
+/// A metric family's type (`# TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows (a `_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A [`Histogram`]: `_bucket`, `_sum` and `_count` series.
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric family of `GET /metrics`: its name, type and help text.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    /// The metric name (one of this module's constants).
+    pub name: &'static str,
+    /// Its type.
+    pub kind: Kind,
+    /// Its `# HELP` text.
+    pub help: &'static str,
+}
+
+const fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
+    Family { name, kind, help }
+}
+
+/// Every metric family, in the order `GET /metrics` lists them: the one place where a
+/// metric's name, type and help are written. What each one's value is, the core says
+/// ([`render`] asks it by name).
+pub const FAMILIES: &[Family] = &[
+    family(INGESTED, Kind::Counter, "Events ingested, by binding."),
+    family(REJECTED, Kind::Counter, "Requests or Events refused, by reason."),
+    family(DELIVERIES, Kind::Counter, "Frames delivered to subscribers, by binding."),
+    family(DROPPED, Kind::Counter, "Events not delivered to slow consumers, by severity (AEP-0003 §8.4: debug past half of --max-output, info past three quarters)."),
+    family(DISCONNECTS, Kind::Counter, "Consumers disconnected because a notice-or-above Event could not be queued."),
+    family(REFUSED_CONNECTIONS, Kind::Counter, "Connections refused at the connection limit."),
+    family(CONN_DROPPED, Kind::Counter, "Events dropped toward each live connection that had drops (the series ends with the connection)."),
+    family(CONNECTIONS, Kind::Gauge, "Open connections, by binding."),
+    family(SUBSCRIPTIONS, Kind::Gauge, "Live subscriptions."),
+    family(SESSIONS, Kind::Gauge, "Sessions held in the replay store, one per owning stream (source, session)."),
+    family(BUFFERED_EVENTS, Kind::Gauge, "Events held in the replay store."),
+    family(BUFFERED_BYTES, Kind::Gauge, "Bytes the Events held in the replay store retain (each Event's own bytes: a held Event never keeps its batch body alive)."),
+    family(QUEUED_BYTES, Kind::Gauge, "Bytes queued for output across all connections."),
+    family(MEMORY_BUDGET, Kind::Gauge, "The memory budget in bytes (--max-memory, or half the cgroup limit or physical memory)."),
+    family(MEMORY_USED, Kind::Gauge, "Bytes held against the memory budget, by part (shared frames counted once; TLS and deflate state estimated)."),
+    family(MEMORY_DROPPED, Kind::Counter, "Consumers dropped because their output queues held the most of an exceeded memory budget."),
+    family(EVICTIONS, Kind::Counter, "Events evicted from the replay store, by reason: ring (--buffer), sessions (--max-sessions), memory (--max-memory)."),
+    family(UPTIME, Kind::Gauge, "Seconds since start."),
+    family(DELIVERY_LATENCY, Kind::Histogram, "Seconds from an Event's fan-out (its ingest; in cluster mode its arrival from the stream) to the write that carried it to the consumer's socket, by binding; sampled, at most one delivery per connection and write batch."),
+    family(POST_DURATION, Kind::Histogram, "Seconds from a POST /events request's first byte to its answer (in cluster mode, the wait for the engine's acknowledgements included)."),
+    family(CLUSTER_STATE, Kind::Gauge, "Cluster mode: 1 for the relay's state with the engine."),
+    family(CLUSTER_LAG, Kind::Gauge, "Cluster mode: stream messages the consumer has yet to deliver."),
+    family(CLUSTER_OUTBOX, Kind::Gauge, "Cluster mode: Events ingested while degraded, not yet in the stream."),
+    family(CLUSTER_RECONNECTS, Kind::Counter, "Cluster mode: reconnections to the engine."),
+    family(CLUSTER_CONSUMER_RESETS, Kind::Counter, "Cluster mode: recreations of the ordered consumer."),
+    family(CLUSTER_PUBLISH_ERRORS, Kind::Counter, "Cluster mode: publishes the engine did not store."),
+];
+
+/// Labels of one sample: `(name, value)` pairs (values are escaped when rendered).
+pub type Labels = Vec<(&'static str, String)>;
+
+/// The samples of one family, as the core reports them to [`render`].
+#[derive(Debug)]
+pub enum Samples<'a> {
+    /// Plain values (counters, gauges), each with its labels.
+    Values(Vec<(Labels, f64)>),
+    /// Histograms, each with its labels.
+    Histograms(Vec<(Labels, &'a Histogram<14>)>),
+}
+
+impl<'a> Samples<'a> {
+    /// One value without labels.
+    pub fn one(value: f64) -> Self {
+        Samples::Values(vec![(Vec::new(), value)])
+    }
+
+    /// One value per value of `label`.
+    pub fn by<V: Into<String>>(
+        label: &'static str,
+        values: impl IntoIterator<Item = (V, f64)>,
+    ) -> Self {
+        Samples::Values(
+            values
+                .into_iter()
+                .map(|(v, n)| (vec![(label, v.into())], n))
+                .collect(),
+        )
+    }
+
+    /// One histogram per value of `label`.
+    pub fn histograms(
+        label: &'static str,
+        values: impl IntoIterator<Item = (&'static str, &'a Histogram<14>)>,
+    ) -> Self {
+        Samples::Histograms(
+            values
+                .into_iter()
+                .map(|(v, h)| (vec![(label, v.to_string())], h))
+                .collect(),
+        )
+    }
+}
+
+/// The Prometheus text (format 0.0.4) of every family of [`FAMILIES`] for which
+/// `samples` returns some (`None` leaves a family out: a feature that is off), in the
+/// table's order: `# HELP`, `# TYPE`, then its samples.
+pub fn render<'a>(mut samples: impl FnMut(&Family) -> Option<Samples<'a>>) -> String {
+    let mut x = Exposition::default();
+    for f in FAMILIES {
+        let Some(s) = samples(f) else {
+            continue;
+        };
+        x.family(f.name, f.kind.as_str(), f.help);
+        match s {
+            Samples::Values(v) => {
+                for (labels, value) in &v {
+                    x.sample(f.name, &borrowed(labels), *value);
+                }
+            }
+            Samples::Histograms(v) => {
+                for (labels, h) in &v {
+                    x.histogram(f.name, &borrowed(labels), h);
+                }
+            }
+        }
+    }
+    x.finish()
+}
+
+fn borrowed(labels: &Labels) -> Vec<(&str, &str)> {
+    labels.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 /// A Prometheus histogram with `N` fixed bucket bounds (seconds), held as counts per
 /// bucket (not cumulative: the exposition sums them). Observing is a scan of `N`
 /// bounds and three additions: no allocation, no clock (the caller measures with the
@@ -166,29 +309,29 @@ impl Metrics {
     }
 }
 
-/// Builds Prometheus text format 0.0.4.
+/// Builds Prometheus text format 0.0.4 ([`render`] drives it).
 #[derive(Debug, Default)]
-pub struct Exposition {
+struct Exposition {
     out: String,
 }
 
 impl Exposition {
     /// Starts a metric family with its help text and type (`counter`, `gauge` or
     /// `histogram`).
-    pub fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
+    fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
         let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         self
     }
 
     /// One sample; `labels` are `(name, value)` pairs (values escaped here).
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) -> &mut Self {
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) -> &mut Self {
         self.line(name, "", labels, None, value)
     }
 
     /// The samples of histogram `name` with `labels` (its family started with
     /// [`Exposition::family`]): one cumulative `_bucket` per bound and `+Inf`, then
     /// `_sum` and `_count`.
-    pub fn histogram<const N: usize>(
+    fn histogram<const N: usize>(
         &mut self,
         name: &str,
         labels: &[(&str, &str)],
@@ -237,7 +380,7 @@ impl Exposition {
     }
 
     /// The text.
-    pub fn finish(self) -> String {
+    fn finish(self) -> String {
         self.out
     }
 }

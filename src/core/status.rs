@@ -6,7 +6,7 @@ use super::conn::Phase;
 use super::{ClusterState, Core, NOT_FOUND};
 use crate::auth::{Grant, Scopes};
 use crate::envelope;
-use crate::metrics::{self, Exposition};
+use crate::metrics::{self, Samples};
 use bytes::Bytes;
 use serde::Serialize;
 use serde_json::json;
@@ -16,14 +16,7 @@ impl Core {
     /// the client's deltas), and the 100 most recently written sessions with their
     /// positions.
     pub(super) fn status_json(&self) -> Vec<u8> {
-        let (mut http_n, mut sse_n, mut ws_n) = (0u64, 0u64, 0u64);
-        for (_, c) in self.conns.iter() {
-            match c.phase {
-                Phase::Sse { .. } => sse_n += 1,
-                Phase::Ws(_) => ws_n += 1,
-                _ => http_n += 1,
-            }
-        }
+        let (http_n, sse_n, ws_n) = self.connection_counts();
         let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
         let count = self.store.session_count();
         let recent: Vec<serde_json::Value> = self
@@ -84,258 +77,133 @@ impl Core {
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 
-    /// The Prometheus exposition of `GET /metrics`.
+    /// The Prometheus exposition of `GET /metrics`: the table of
+    /// [`metrics::FAMILIES`], each with the samples [`Core::metric`] gives it.
     pub(super) fn metrics_text(&self) -> String {
-        let mut x = Exposition::default();
-        x.family(metrics::INGESTED, "counter", "Events ingested, by binding.")
-            .sample(
-                metrics::INGESTED,
-                &[("binding", "http")],
-                self.metrics.ingested_http as f64,
-            )
-            .sample(
-                metrics::INGESTED,
-                &[("binding", "ws")],
-                self.metrics.ingested_ws as f64,
-            )
-            .sample(
-                metrics::INGESTED,
-                &[("binding", "jsonl")],
-                self.metrics.ingested_jsonl as f64,
-            );
-        x.family(
-            metrics::REJECTED,
-            "counter",
-            "Requests or Events refused, by reason.",
-        );
-        for (code, n) in &self.metrics.rejected {
-            x.sample(metrics::REJECTED, &[("reason", code)], *n as f64);
-        }
+        metrics::render(|f| self.metric(f.name))
+    }
+
+    /// The samples of metric `name` (one of [`metrics::FAMILIES`]); `None` leaves it out
+    /// of the exposition (no budget, not clustered).
+    fn metric(&self, name: &str) -> Option<Samples<'_>> {
+        let m = &self.metrics;
         let st = &self.hub.stats;
-        x.family(
-            metrics::DELIVERIES,
-            "counter",
-            "Frames delivered to subscribers, by binding.",
-        )
-        .sample(
-            metrics::DELIVERIES,
-            &[("binding", "sse")],
-            (st.deliveries - st.deliveries_ws) as f64,
-        )
-        .sample(
-            metrics::DELIVERIES,
-            &[("binding", "ws")],
-            st.deliveries_ws as f64,
-        );
-        x.family(
-            metrics::DROPPED,
-            "counter",
-            "Events not delivered to slow consumers, by severity (AEP-0003 §8.4: debug past half of --max-output, info past three quarters).",
-        )
-        .sample(
-            metrics::DROPPED,
-            &[("severity", "debug")],
-            st.dropped.debug as f64,
-        )
-        .sample(
-            metrics::DROPPED,
-            &[("severity", "info")],
-            st.dropped.info as f64,
-        );
-        x.family(
-            metrics::DISCONNECTS,
-            "counter",
-            "Consumers disconnected because a notice-or-above Event could not be queued.",
-        )
-        .sample(
-            metrics::DISCONNECTS,
-            &[],
-            st.backpressure_disconnects as f64,
-        );
-        x.family(
-            metrics::REFUSED_CONNECTIONS,
-            "counter",
-            "Connections refused at the connection limit.",
-        )
-        .sample(
-            metrics::REFUSED_CONNECTIONS,
-            &[],
-            self.metrics.refused_connections as f64,
-        );
-        let (mut http_n, mut sse_n, mut ws_n, mut queued) = (0u64, 0u64, 0u64, 0usize);
-        x.family(
-            metrics::CONN_DROPPED,
-            "counter",
-            "Events dropped toward each live connection that had drops (the series ends with the connection).",
-        );
-        for (key, c) in self.conns.iter() {
-            match c.phase {
-                Phase::Sse { .. } => sse_n += 1,
-                Phase::Ws(_) => ws_n += 1,
-                _ => http_n += 1,
-            }
-            queued += c.out.len();
-            if !c.dropped.is_empty() {
-                let k = key.to_string();
-                let peer = c.peer.to_string();
-                x.sample(
-                    metrics::CONN_DROPPED,
-                    &[("conn", &k), ("peer", &peer)],
-                    c.dropped.total() as f64,
-                );
-            }
-        }
-        x.family(
-            metrics::CONNECTIONS,
-            "gauge",
-            "Open connections, by binding.",
-        )
-        .sample(metrics::CONNECTIONS, &[("binding", "http")], http_n as f64)
-        .sample(metrics::CONNECTIONS, &[("binding", "sse")], sse_n as f64)
-        .sample(metrics::CONNECTIONS, &[("binding", "ws")], ws_n as f64);
-        x.family(metrics::SUBSCRIPTIONS, "gauge", "Live subscriptions.")
-            .sample(metrics::SUBSCRIPTIONS, &[], self.hub.len() as f64);
-        x.family(
-            metrics::SESSIONS,
-            "gauge",
-            "Sessions held in the replay store, one per owning stream (source, session).",
-        )
-        .sample(metrics::SESSIONS, &[], self.store.session_count() as f64);
-        x.family(
-            metrics::BUFFERED_EVENTS,
-            "gauge",
-            "Events held in the replay store.",
-        )
-        .sample(metrics::BUFFERED_EVENTS, &[], self.store.len() as f64);
-        x.family(
-            metrics::BUFFERED_BYTES,
-            "gauge",
-            "Bytes the Events held in the replay store retain (each Event's own bytes: a held Event never keeps its batch body alive).",
-        )
-        .sample(metrics::BUFFERED_BYTES, &[], self.store.byte_len() as f64);
-        x.family(
-            metrics::QUEUED_BYTES,
-            "gauge",
-            "Bytes queued for output across all connections.",
-        )
-        .sample(metrics::QUEUED_BYTES, &[], queued as f64);
-        if let Some(budget) = self.ledger.budget {
-            x.family(
-                metrics::MEMORY_BUDGET,
-                "gauge",
-                "The memory budget in bytes (--max-memory, or half the cgroup limit or physical memory).",
-            )
-            .sample(metrics::MEMORY_BUDGET, &[], budget as f64);
-        }
-        x.family(
-            metrics::MEMORY_USED,
-            "gauge",
-            "Bytes held against the memory budget, by part (shared frames counted once; TLS and deflate state estimated).",
-        );
-        for (part, bytes) in self.memory_used().parts() {
-            x.sample(metrics::MEMORY_USED, &[("part", part)], bytes as f64);
-        }
-        x.family(
-            metrics::MEMORY_DROPPED,
-            "counter",
-            "Consumers dropped because their output queues held the most of an exceeded memory budget.",
-        )
-        .sample(
-            metrics::MEMORY_DROPPED,
-            &[],
-            self.ledger.dropped_consumers as f64,
-        );
         let ev = self.store.evictions();
-        x.family(
-            metrics::EVICTIONS,
-            "counter",
-            "Events evicted from the replay store, by reason: ring (--buffer), sessions (--max-sessions), memory (--max-memory).",
-        )
-        .sample(metrics::EVICTIONS, &[("reason", "ring")], ev.ring as f64)
-        .sample(
-            metrics::EVICTIONS,
-            &[("reason", "sessions")],
-            ev.sessions as f64,
-        )
-        .sample(metrics::EVICTIONS, &[("reason", "memory")], ev.memory as f64);
-        x.family(metrics::UPTIME, "gauge", "Seconds since start.")
-            .sample(metrics::UPTIME, &[], self.uptime().as_secs_f64());
-        x.family(
-            metrics::DELIVERY_LATENCY,
-            "histogram",
-            "Seconds from an Event's fan-out (its ingest; in cluster mode its arrival from the stream) to the write that carried it to the consumer's socket, by binding; sampled, at most one delivery per connection and write batch.",
-        )
-        .histogram(
-            metrics::DELIVERY_LATENCY,
-            &[("binding", "sse")],
-            &self.metrics.latency_sse,
-        )
-        .histogram(
-            metrics::DELIVERY_LATENCY,
-            &[("binding", "ws")],
-            &self.metrics.latency_ws,
-        );
-        x.family(
-            metrics::POST_DURATION,
-            "histogram",
-            "Seconds from a POST /events request's first byte to its answer (in cluster mode, the wait for the engine's acknowledgements included).",
-        )
-        .histogram(metrics::POST_DURATION, &[], &self.metrics.post_duration);
-        if let Some(bus) = &self.bus {
-            let state = bus.state();
-            x.family(
-                metrics::CLUSTER_STATE,
-                "gauge",
-                "Cluster mode: 1 for the relay's state with the engine.",
-            );
-            for s in [
-                ClusterState::Connected,
-                ClusterState::CatchingUp,
-                ClusterState::Degraded,
-            ] {
-                let v = if s == state { 1.0 } else { 0.0 };
-                x.sample(metrics::CLUSTER_STATE, &[("state", s.as_str())], v);
+        Some(match name {
+            metrics::INGESTED => Samples::by(
+                "binding",
+                [
+                    ("http", m.ingested_http as f64),
+                    ("ws", m.ingested_ws as f64),
+                    ("jsonl", m.ingested_jsonl as f64),
+                ],
+            ),
+            metrics::REJECTED => {
+                Samples::by("reason", m.rejected.iter().map(|(c, n)| (*c, *n as f64)))
             }
-            x.family(
-                metrics::CLUSTER_LAG,
-                "gauge",
-                "Cluster mode: stream messages the consumer has yet to deliver.",
-            )
-            .sample(metrics::CLUSTER_LAG, &[], bus.lag() as f64);
-            x.family(
-                metrics::CLUSTER_OUTBOX,
-                "gauge",
-                "Cluster mode: Events ingested while degraded, not yet in the stream.",
-            )
-            .sample(metrics::CLUSTER_OUTBOX, &[], bus.outbox_len() as f64);
-            x.family(
-                metrics::CLUSTER_RECONNECTS,
-                "counter",
-                "Cluster mode: reconnections to the engine.",
-            )
-            .sample(metrics::CLUSTER_RECONNECTS, &[], bus.reconnects as f64);
-            x.family(
-                metrics::CLUSTER_CONSUMER_RESETS,
-                "counter",
-                "Cluster mode: recreations of the ordered consumer.",
-            )
-            .sample(
-                metrics::CLUSTER_CONSUMER_RESETS,
-                &[],
-                bus.consumer_resets as f64,
-            );
-            x.family(
-                metrics::CLUSTER_PUBLISH_ERRORS,
-                "counter",
-                "Cluster mode: publishes the engine did not store.",
-            )
-            .sample(
-                metrics::CLUSTER_PUBLISH_ERRORS,
-                &[],
-                bus.publish_errors as f64,
-            );
+            metrics::DELIVERIES => Samples::by(
+                "binding",
+                [
+                    ("sse", (st.deliveries - st.deliveries_ws) as f64),
+                    ("ws", st.deliveries_ws as f64),
+                ],
+            ),
+            metrics::DROPPED => Samples::by(
+                "severity",
+                [
+                    ("debug", st.dropped.debug as f64),
+                    ("info", st.dropped.info as f64),
+                ],
+            ),
+            metrics::DISCONNECTS => Samples::one(st.backpressure_disconnects as f64),
+            metrics::REFUSED_CONNECTIONS => Samples::one(m.refused_connections as f64),
+            metrics::CONN_DROPPED => Samples::Values(
+                self.conns
+                    .iter()
+                    .filter(|(_, c)| !c.dropped.is_empty())
+                    .map(|(key, c)| {
+                        let labels = vec![("conn", key.to_string()), ("peer", c.peer.to_string())];
+                        (labels, c.dropped.total() as f64)
+                    })
+                    .collect(),
+            ),
+            metrics::CONNECTIONS => {
+                let (http, sse, ws) = self.connection_counts();
+                Samples::by(
+                    "binding",
+                    [
+                        ("http", http as f64),
+                        ("sse", sse as f64),
+                        ("ws", ws as f64),
+                    ],
+                )
+            }
+            metrics::SUBSCRIPTIONS => Samples::one(self.hub.len() as f64),
+            metrics::SESSIONS => Samples::one(self.store.session_count() as f64),
+            metrics::BUFFERED_EVENTS => Samples::one(self.store.len() as f64),
+            metrics::BUFFERED_BYTES => Samples::one(self.store.byte_len() as f64),
+            metrics::QUEUED_BYTES => {
+                Samples::one(self.conns.iter().map(|(_, c)| c.out.len()).sum::<usize>() as f64)
+            }
+            metrics::MEMORY_BUDGET => Samples::one(self.ledger.budget? as f64),
+            metrics::MEMORY_USED => Samples::by(
+                "part",
+                self.memory_used().parts().map(|(part, n)| (part, n as f64)),
+            ),
+            metrics::MEMORY_DROPPED => Samples::one(self.ledger.dropped_consumers as f64),
+            metrics::EVICTIONS => Samples::by(
+                "reason",
+                [
+                    ("ring", ev.ring as f64),
+                    ("sessions", ev.sessions as f64),
+                    ("memory", ev.memory as f64),
+                ],
+            ),
+            metrics::UPTIME => Samples::one(self.uptime().as_secs_f64()),
+            metrics::DELIVERY_LATENCY => {
+                Samples::histograms("binding", [("sse", &m.latency_sse), ("ws", &m.latency_ws)])
+            }
+            metrics::POST_DURATION => Samples::Histograms(vec![(Vec::new(), &m.post_duration)]),
+            _ => return self.cluster_metric(name),
+        })
+    }
+
+    /// The samples of cluster metric `name`; `None` for a single relay.
+    fn cluster_metric(&self, name: &str) -> Option<Samples<'_>> {
+        let bus = self.bus.as_ref()?;
+        Some(match name {
+            metrics::CLUSTER_STATE => {
+                let state = bus.state();
+                Samples::by(
+                    "state",
+                    [
+                        ClusterState::Connected,
+                        ClusterState::CatchingUp,
+                        ClusterState::Degraded,
+                    ]
+                    .map(|s| (s.as_str(), if s == state { 1.0 } else { 0.0 })),
+                )
+            }
+            metrics::CLUSTER_LAG => Samples::one(bus.lag() as f64),
+            metrics::CLUSTER_OUTBOX => Samples::one(bus.outbox_len() as f64),
+            metrics::CLUSTER_RECONNECTS => Samples::one(bus.reconnects as f64),
+            metrics::CLUSTER_CONSUMER_RESETS => Samples::one(bus.consumer_resets as f64),
+            metrics::CLUSTER_PUBLISH_ERRORS => Samples::one(bus.publish_errors as f64),
+            _ => return None,
+        })
+    }
+
+    /// Open connections by binding: `(http, sse, ws)`.
+    fn connection_counts(&self) -> (u64, u64, u64) {
+        let (mut http, mut sse, mut ws) = (0, 0, 0);
+        for (_, c) in self.conns.iter() {
+            match c.phase {
+                Phase::Sse { .. } => sse += 1,
+                Phase::Ws(_) => ws += 1,
+                _ => http += 1,
+            }
         }
-        x.finish()
+        (http, sse, ws)
     }
 
     /// `GET /healthz`: `{"ok":true}`, with counts for an authenticated caller.
