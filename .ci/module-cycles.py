@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Fails on any import cycle among the library's top-level modules.
+"""Fails on any import cycle among the library's top-level modules, or among the
+modules inside `core/`.
 
-The modules are the `mod` items of src/lib.rs; a module's files (src/NAME.rs,
-src/NAME/**.rs) and their submodules count as part of it. An edge A -> B is any path in
-A's code that names B: `crate::B…` (in a `use` or inline, `use crate::{B::…, …}` groups
-too), a crate-root re-export that lib.rs takes from B (`crate::Code` is `refusal`'s), or a
-`super::` path that climbs out of A. Comments and string literals are not code, so a doc
-link (`[`crate::B`]`) is no edge: rustdoc resolves those whatever the layering.
+The top-level modules are the `mod` items of src/lib.rs; the core's are those of
+src/core/mod.rs. A module's files (src/NAME.rs, src/NAME/**.rs) and their submodules count
+as part of it. An edge A -> B is any path in A's code that names its sibling B:
+`crate::B…` (`crate::core::B…` inside the core; in a `use` or inline, `use crate::{B::…,
+…}` groups too), a re-export the parent takes from B (`crate::Code` is `refusal`'s), or a
+`super::` path that climbs out of A to the parent. What a parent file itself holds (the
+core's `Core`) is no sibling. Comments and string literals are not code, so a doc link
+(`[`crate::B`]`) is no edge: rustdoc resolves those whatever the layering.
 
-Prints the graph's strongly connected components that have more than one module (every
-cycle lies in one) with each edge inside, file:line of where it is named; exits 1 if there
-is any. Python 3 standard library only. Usage: python3 .ci/module-cycles.py [--graph]
+Prints, per scope, the graph's strongly connected components that have more than one
+module (every cycle lies in one) with each edge inside, file:line of where it is named;
+exits 1 if there is any. Python 3 standard library only.
+Usage: python3 .ci/module-cycles.py [--graph]
 """
 
 import os
@@ -75,15 +79,18 @@ def strip(text):
     return "".join(out)
 
 
-def lib_modules():
-    """The top-level modules (lib.rs `mod` items) and the root re-exports: name -> module."""
-    code = strip(open(os.path.join(SRC, "lib.rs"), encoding="utf-8").read())
+def modules_of(scope):
+    """The modules of `scope` (the `mod` items of src/lib.rs for [], of src/core/mod.rs for
+    ['core']) and the parent's re-exports: name -> module."""
+    parent = os.path.join(SRC, *scope, "mod.rs") if scope else os.path.join(SRC, "lib.rs")
+    code = strip(open(parent, encoding="utf-8").read())
     mods = re.findall(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;", code, re.M)
     reexports = {}
     for m in re.finditer(r"^\s*pub\s+use\s+([^;]+);", code, re.M | re.S):
         tree = m.group(1).strip()
-        if tree.startswith("crate::"):
-            tree = tree[len("crate::"):]
+        for prefix in ["crate::" + "".join(p + "::" for p in scope), "self::"]:
+            if tree.startswith(prefix):
+                tree = tree[len(prefix):]
         head = IDENT.match(tree)
         if not head or head.group(0) not in mods:
             continue
@@ -165,9 +172,11 @@ def inline_mod_depth(code):
     return depth_at_line
 
 
-def main():
-    show_graph = "--graph" in sys.argv
-    mods, reexports = lib_modules()
+def check(scope, show_graph):
+    """Prints the cycles among the modules of `scope`; returns how many there are."""
+    mods, reexports = modules_of(scope)
+    depth = len(scope)
+    where_name = "src/lib.rs" if not scope else f"src/{'/'.join(scope)}/mod.rs"
     edges = defaultdict(list)  # (a, b) -> ["file:line", ...]
 
     def resolve(name):
@@ -182,9 +191,9 @@ def main():
             full = os.path.join(dirpath, f)
             rel = os.path.relpath(full, SRC)
             path = module_path(rel)
-            if path[0] not in mods:
-                continue  # lib.rs itself, the binary (main.rs, cli/)
-            a = path[0]
+            if path[:depth] != scope or len(path) <= depth or path[depth] not in mods:
+                continue  # the parent file itself, another scope, the binary (main.rs, cli/)
+            a = path[depth]
             code = strip(open(full, encoding="utf-8").read())
             line_of = lambda off: code.count("\n", 0, off) + 1
             inline = inline_mod_depth(code)
@@ -200,15 +209,16 @@ def main():
                     if b and b != a:
                         edges[(a, b)].append(f"src/{rel}:{ln}")
 
-            for m in re.finditer(r"(?<![A-Za-z0-9_$])crate::", code):
+            crate_path = r"(?<![A-Za-z0-9_$])crate::" + "".join(p + "::" for p in scope)
+            for m in re.finditer(crate_path, code):
                 add_edges(m.end(), line_of(m.start()))
 
             for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:super::)+)", code):
                 ups = m.group(1).count("super::")
                 ln = line_of(m.start())
                 here = path + ["<inline>"] * inline[ln - 1]
-                if ups <= len(here) - 1 and here[: len(here) - ups]:
-                    continue  # still inside a top-level module: its own
+                if ups > len(here) or here[: len(here) - ups] != scope:
+                    continue  # still inside its own module, or climbed past the parent
                 add_edges(m.end(), ln)
 
     graph = defaultdict(set)
@@ -216,6 +226,7 @@ def main():
         graph[a].add(b)
 
     if show_graph:
+        print(f"{where_name}:")
         for a in sorted(mods):
             print(f"{a} -> {', '.join(sorted(graph[a])) or '(none)'}")
         print()
@@ -251,17 +262,23 @@ def main():
 
     cycles = [c for c in sccs if len(c) > 1]
     if not cycles:
-        print(f"module-cycles: no cycle among the {len(mods)} top-level modules of src/lib.rs "
+        print(f"module-cycles: no cycle among the {len(mods)} modules of {where_name} "
               f"({sum(len(s) for s in graph.values())} edges)")
         return 0
     for comp in sorted(cycles):
         members = set(comp)
-        print(f"module-cycles: {len(comp)} modules form a cycle: {', '.join(comp)}")
+        print(f"module-cycles: {len(comp)} modules of {where_name} form a cycle: {', '.join(comp)}")
         for (a, b), where in sorted(edges.items()):
             if a in members and b in members:
                 more = f" (+{len(where) - 3} more)" if len(where) > 3 else ""
                 print(f"  {a} -> {b}: {', '.join(where[:3])}{more}")
-    return 1
+    return len(cycles)
+
+
+def main():
+    show_graph = "--graph" in sys.argv
+    found = sum(check(scope, show_graph) for scope in ([], ["core"]))
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -466,6 +466,12 @@ fn digits(mut n: usize) -> usize {
     d
 }
 
+/// The header lines (CRLF-terminated) that let a browser page of `origin` read an
+/// answer: `Access-Control-Allow-Origin` with `Vary: Origin`, for [`insert_headers`].
+pub fn cors_lines(origin: &str) -> String {
+    format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
+}
+
 /// Inserts header lines right after the status line of a response head in `resp`.
 pub fn insert_headers(resp: &[u8], lines: &str) -> Vec<u8> {
     match memchr::memmem::find(resp, b"\r\n") {

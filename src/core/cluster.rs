@@ -1319,7 +1319,7 @@ impl Core {
                 };
                 let resp = match cors {
                     Some(origin) => {
-                        crate::http::insert_headers(&resp, &super::request::cors_lines(origin))
+                        crate::http::insert_headers(&resp, &crate::http::cors_lines(origin))
                     }
                     None => resp,
                 };

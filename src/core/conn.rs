@@ -328,6 +328,33 @@ impl OutQueue {
     }
 }
 
+/// One connection's share of the memory used (counted by `memory`), or the sum over
+/// every connection: bytes of its struct and buffers, of its queues, and estimates of its
+/// TLS and deflate state.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub(super) conn: usize,
+    pub(super) queues: usize,
+    pub(super) tls: usize,
+    pub(super) deflate: usize,
+}
+
+impl Charge {
+    pub(super) fn add(&mut self, c: Charge) {
+        self.conn += c.conn;
+        self.queues += c.queues;
+        self.tls += c.tls;
+        self.deflate += c.deflate;
+    }
+
+    pub(super) fn sub(&mut self, c: Charge) {
+        self.conn -= c.conn;
+        self.queues -= c.queues;
+        self.tls -= c.tls;
+        self.deflate -= c.deflate;
+    }
+}
+
 /// Events not delivered to one consumer because of backpressure, by severity
 /// (AEP-0003 §8.4: only `debug` and `info` are ever dropped).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -562,7 +589,7 @@ pub(crate) struct Conn {
     /// its answer is queued.
     pub(crate) post_since: Option<Instant>,
     /// This connection's share of the memory used, as last counted (`Core::account`).
-    pub(crate) charged: super::memory::Charge,
+    pub(crate) charged: Charge,
 }
 
 impl Conn {

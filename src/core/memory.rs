@@ -39,7 +39,7 @@
 //! Valid ingest is never refused for memory: a body in flight is counted, and room is
 //! made for it by evicting.
 
-use super::conn::{Conn, Phase};
+use super::conn::{Charge, Conn, Phase};
 use super::Core;
 use crate::envelope::Event;
 use crate::store::Position;
@@ -62,31 +62,6 @@ pub(crate) const INFLATER_BYTES: usize = 48 << 10;
 /// Estimated heap bytes of the relay's one compressor (level 6, 15-bit window, memory
 /// level 8): zlib's 256 KiB of tables and window, and its state.
 pub(crate) const DEFLATER_BYTES: usize = 272 << 10;
-
-/// One connection's share of the memory used, or the sum over every connection.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Charge {
-    conn: usize,
-    queues: usize,
-    tls: usize,
-    deflate: usize,
-}
-
-impl Charge {
-    fn add(&mut self, c: Charge) {
-        self.conn += c.conn;
-        self.queues += c.queues;
-        self.tls += c.tls;
-        self.deflate += c.deflate;
-    }
-
-    fn sub(&mut self, c: Charge) {
-        self.conn -= c.conn;
-        self.queues -= c.queues;
-        self.tls -= c.tls;
-        self.deflate -= c.deflate;
-    }
-}
 
 /// The budget and its counters.
 #[derive(Debug, Default)]

@@ -31,10 +31,6 @@ fn request_line(head: &RequestHead) -> String {
     format!("{} {}", head.method, head.path)
 }
 
-pub(super) fn cors_lines(origin: &str) -> String {
-    format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n")
-}
-
 impl Core {
     /// Answers on `key`; with `close`, this is the connection's last answer.
     pub(super) fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
@@ -46,7 +42,7 @@ impl Core {
                 self.metrics.post_duration.observe(d);
             }
             let bytes = match &conn.cors {
-                Some(origin) => http::insert_headers(&bytes, &cors_lines(origin)),
+                Some(origin) => http::insert_headers(&bytes, &http::cors_lines(origin)),
                 None => bytes,
             };
             if !conn.answers.is_empty() {
@@ -797,7 +793,7 @@ impl Core {
             sse::REPLAY_HEAD
         };
         match &conn.cors {
-            Some(origin) => conn.send(http::insert_headers(head, &cors_lines(origin))),
+            Some(origin) => conn.send(http::insert_headers(head, &http::cors_lines(origin))),
             None => conn.send(head),
         }
         conn.last_write = self.now;
