@@ -30,20 +30,21 @@ pub(crate) const IOV_MAX: usize = 1024;
 ///
 /// [`len`]: OutQueue::len
 #[derive(Debug, Default)]
+#[repr(C)] // the counters fan-out reads per delivery first (see `Conn`)
 pub(crate) struct OutQueue {
-    /// Each buffer with the shared chunk it is a slice of (`Chunks`), or [`UNSHARED`].
-    bufs: VecDeque<(Bytes, Tag)>,
-    front_off: usize,
     bytes: usize,
-    /// Bytes of the queued buffers that are this queue's own (not slices of a shared
-    /// chunk): what the memory budget charges to this connection.
-    own: usize,
     /// Bytes the transport holds for this connection, already taken from `bufs`.
     held: usize,
     /// Bytes ever queued (never decreases): a connection's `offered` mark compares with
     /// it to tell whether anything was queued since its socket was last offered the
     /// queue.
     pushed: u64,
+    front_off: usize,
+    /// Bytes of the queued buffers that are this queue's own (not slices of a shared
+    /// chunk): what the memory budget charges to this connection.
+    own: usize,
+    /// Each buffer with the shared chunk it is a slice of (`Chunks`), or [`UNSHARED`].
+    bufs: VecDeque<(Bytes, Tag)>,
 }
 
 /// Which shared chunk a queued buffer is a slice of (an index into [`Chunks`]).
@@ -491,44 +492,18 @@ pub(crate) enum Answer {
 }
 
 /// One client connection.
+///
+/// Laid out in declaration order: the fields fan-out reads and writes for every
+/// delivery come first, so one delivery touches a few adjacent cache lines of the
+/// connection rather than lines spread over all of it.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Conn {
-    pub(crate) peer: SocketAddr,
-    pub(crate) rbuf: Vec<u8>,
-    /// The head of the request being handled, parsed in place (`http::parse_head_into`)
-    /// so its strings are reused from one request to the next; emptied when the
-    /// connection leaves HTTP requests or a head was large (`Core::keep_head`).
-    pub(crate) head: RequestHead,
-    /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
-    /// without completing the head (`Core::process` parses again only once a line
-    /// feed arrives after them: linear work for a head trickled in byte by byte).
-    pub(crate) head_scanned: usize,
-    pub(crate) out: OutQueue,
-    pub(crate) phase: Phase,
-    /// Whether WRITABLE interest is registered.
-    pub(crate) want_write: bool,
-    /// Close once the output queue is flushed.
-    pub(crate) close_after_flush: bool,
-    /// Queued in the core's dirty list: announced as [`super::Output::Writable`].
-    pub(crate) dirty: bool,
-    /// `out.pushed()` when the reactor last wrote this connection's queue: a consumer is
-    /// judged slow only once its socket was offered everything queued (see
-    /// `Hub::fanout`).
-    pub(crate) offered: u64,
+    /// Fan-out serial of the last Event queued here (single delivery per connection).
+    pub(crate) mark: u64,
     /// The publication number of the last Event fan-out decided for this connection
     /// (queued, dropped or doomed): a paused fan-out, tried again, skips it.
     pub(crate) decided: u64,
-    /// Whether the reactor is told to read this connection ([`super::Interest::read`]).
-    pub(crate) reading: bool,
-    /// The deadline armed in the timer for this connection, with its generation
-    /// (see `timer::Timers`).
-    pub(crate) armed: Option<(Instant, u64)>,
-    /// When the current phase's clock started (request timeouts, idle, linger).
-    pub(crate) since: Instant,
-    /// Last time anything was written to this connection (heartbeats).
-    pub(crate) last_write: Instant,
-    /// Fan-out serial of the last Event queued here (single delivery per connection).
-    pub(crate) mark: u64,
     /// While `mark` is the current fan-out's serial: this connection's slot in the
     /// hub's per-fan-out target list.
     pub(crate) fan_slot: usize,
@@ -539,22 +514,60 @@ pub(crate) struct Conn {
     pub(crate) unit_run: usize,
     /// Bytes of frames pending in the open unit (not yet in `out` or `backlog`).
     pub(crate) unit_pending: usize,
+    /// `out.pushed()` when the reactor last wrote this connection's queue: a consumer is
+    /// judged slow only once its socket was offered everything queued (see
+    /// `Hub::fanout`).
+    pub(crate) offered: u64,
+    /// Of `dropped`, those the consumer was not told of yet: the notice goes before the
+    /// next Event delivered to it (counted only while `announce_drops`).
+    pub(crate) unannounced: Drops,
+    /// `!unannounced.is_empty()`, kept as one flag: fan-out tests it for every delivery.
+    pub(crate) owes_notice: bool,
+    /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
+    /// it: fan-out skips it, so it is counted once, however many Events meet it.
+    pub(crate) doomed: bool,
+    /// Queued in the core's dirty list: announced as [`super::Output::Writable`].
+    pub(crate) dirty: bool,
     /// `permessage-deflate` on this WebSocket (RFC 7692): 0 when not negotiated, else
     /// the relay's window limit in bits (`ws::deflate::Agreed::server_window_bits`).
     /// Fan-out reads it here, beside `mark`, to pick the shared compressed frame.
     pub(crate) deflate_window: u8,
-    /// Events not delivered because of backpressure since the connection opened, by
-    /// severity (AEP-0003 §8.4).
-    pub(crate) dropped: Drops,
     /// Whether this consumer is told of drops in its stream: every SSE stream (a
     /// comment), a WebSocket that asked in its `hello` (a `dropped` frame).
     pub(crate) announce_drops: bool,
-    /// Of `dropped`, those the consumer was not told of yet: the notice goes before the
-    /// next Event delivered to it (counted only while `announce_drops`).
-    pub(crate) unannounced: Drops,
-    /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
-    /// it: fan-out skips it, so it is counted once, however many Events meet it.
-    pub(crate) doomed: bool,
+    /// Replays still in progress, oldest first (paced by `Core::pump_replay`).
+    pub(crate) replay: VecDeque<ReplayJob>,
+    pub(crate) out: OutQueue,
+    /// Live frames held back while a replay is in progress, so they follow it in order.
+    /// Bounded like `out` (the backpressure rule applies to it).
+    pub(crate) backlog: OutQueue,
+    /// Events not delivered because of backpressure since the connection opened, by
+    /// severity (AEP-0003 §8.4).
+    pub(crate) dropped: Drops,
+    pub(crate) peer: SocketAddr,
+    pub(crate) rbuf: Vec<u8>,
+    /// The head of the request being handled, parsed in place (`http::parse_head_into`)
+    /// so its strings are reused from one request to the next; emptied when the
+    /// connection leaves HTTP requests or a head was large (`Core::keep_head`).
+    pub(crate) head: RequestHead,
+    /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
+    /// without completing the head (`Core::process` parses again only once a line
+    /// feed arrives after them: linear work for a head trickled in byte by byte).
+    pub(crate) head_scanned: usize,
+    pub(crate) phase: Phase,
+    /// Whether WRITABLE interest is registered.
+    pub(crate) want_write: bool,
+    /// Close once the output queue is flushed.
+    pub(crate) close_after_flush: bool,
+    /// Whether the reactor is told to read this connection ([`super::Interest::read`]).
+    pub(crate) reading: bool,
+    /// The deadline armed in the timer for this connection, with its generation
+    /// (see `timer::Timers`).
+    pub(crate) armed: Option<(Instant, u64)>,
+    /// When the current phase's clock started (request timeouts, idle, linger).
+    pub(crate) since: Instant,
+    /// Last time anything was written to this connection (heartbeats).
+    pub(crate) last_write: Instant,
     /// Whether the write side has been shut down.
     pub(crate) write_shut: bool,
     /// Whether the peer closed its writing side.
@@ -573,11 +586,6 @@ pub(crate) struct Conn {
     pub(crate) answers: VecDeque<Answer>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
-    /// Replays still in progress, oldest first (paced by `Core::pump_replay`).
-    pub(crate) replay: VecDeque<ReplayJob>,
-    /// Live frames held back while a replay is in progress, so they follow it in order.
-    /// Bounded like `out` (the backpressure rule applies to it).
-    pub(crate) backlog: OutQueue,
     /// A sampled delivery (`aep_delivery_latency_seconds`): `out.pushed()` just past
     /// the fan-out frames queued in one settle, and the time they were queued; observed
     /// by `Core::write_to` once the socket took them. One at a time per connection.
@@ -636,6 +644,7 @@ impl Conn {
             dropped: Drops::default(),
             announce_drops: false,
             unannounced: Drops::default(),
+            owes_notice: false,
             doomed: false,
             write_shut: false,
             peer_eof: false,

@@ -349,7 +349,7 @@ impl Hub {
             let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
             // Drops not yet told go just before this Event, if it is queued: it must fit
             // with their notice.
-            let announce = !conn.unannounced.is_empty();
+            let announce = conn.owes_notice;
             let need = if announce {
                 let n = conn.unannounced;
                 len + if t.ws {
@@ -364,19 +364,20 @@ impl Hub {
             // its socket was last offered the queue, pauses the publication here: the
             // targets decided so far keep what they got (`Conn::decided`), the rest get
             // the Event when it is fanned out again, once the reactor wrote.
-            let fresh = pending > 0 || conn.offered != conn.out.pushed();
-            if !backlog && fresh && !fits(&conn.out, pending, need, mark) {
+            let q = if backlog { &conn.backlog } else { &conn.out };
+            let fit = fits(q, pending, need, mark);
+            if !fit && !backlog && (pending > 0 || conn.offered != conn.out.pushed()) {
                 let paused = t.conn;
                 queue_runs(&mut self.unit, conns, &mut self.chunks);
                 self.note_positions(ev, placed, conns, serial, any_ws);
                 return Fanned::Paused(paused);
             }
-            let q = if backlog { &conn.backlog } else { &conn.out };
-            let verdict = if !fits(q, pending, need, mark) {
+            let verdict = if !fit {
                 if severity <= Severity::Info {
                     conn.dropped.count(severity);
                     if conn.announce_drops {
                         conn.unannounced.count(severity);
+                        conn.owes_notice = true;
                     }
                     Queued::Dropped
                 } else {
@@ -392,6 +393,7 @@ impl Hub {
                     let mut notice = 0;
                     if announce {
                         let n = std::mem::take(&mut conn.unannounced);
+                        conn.owes_notice = false;
                         unit.notices.push(if t.ws {
                             aep::dropped(n.debug, n.info)
                         } else {
