@@ -134,7 +134,7 @@ pub mod store;
 pub mod subscription;
 pub mod ws;
 
-pub use crate::core::{Core, Output, Refusal};
+pub use crate::core::{Core, Output};
 pub use config::Config;
 pub use ids::ConnId;
 #[cfg(feature = "cluster")]
@@ -143,4 +143,4 @@ pub use io::history;
 pub use io::reactor::{Relay, StartError, StopHandle};
 #[cfg(feature = "tls")]
 pub use io::tls;
-pub use refusal::Code;
+pub use refusal::{Code, Refusal};

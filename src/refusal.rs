@@ -3,6 +3,12 @@
 //! HTTP status, and, on a WebSocket, whether it is an in-band `error` frame that leaves
 //! the connection open or ends it with a close code. Adding a code means answering all
 //! three here, in one `match` each.
+//!
+//! [`Refusal`] is the refusal of an ingest (an Event, a batch, a `POST`): one of these
+//! codes with what the answer says about it (the failing line, the limit).
+
+use crate::http;
+use serde_json::json;
 
 /// A refusal's code (AEP-0003 §3.2.3, §3.5, §4, §6.5, §8.1; AEP-0004 §4.2; RFC 6455
 /// §7.4.1 for the WebSocket protocol violations).
@@ -205,5 +211,98 @@ mod tests {
         assert_eq!(Code::InvalidFilter.ws_close(), None);
         assert_eq!(Code::NotFound.as_str(), "not-found");
         assert_eq!(Code::HeadTooLarge.http_status(), 431);
+    }
+}
+
+/// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
+/// status and JSON error code (see [`Refusal::status`], [`Refusal::code`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// An Event failed envelope validation (400 `invalid-event`); `line` is 1-based.
+    #[error("line {line}: {detail}")]
+    InvalidEvent {
+        /// 1-based line of the failing Event in the body (1 for a single Event).
+        line: usize,
+        /// What was wrong, naming the attribute and section.
+        detail: String,
+    },
+    /// A batch held more Events than `max_batch_events` (413 `too-many-events`).
+    #[error("the batch holds {count} Events; at most {max} are accepted (AEP_MAX_BATCH)")]
+    TooManyEvents {
+        /// Events in the batch.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A command arrived on a binding that may not carry control (403 `forbidden`),
+    /// AEP-0004 §4.1.
+    #[error("line {line}: `{event_type}` is a command; control flows only on an authenticated duplex binding (WebSocket), never over HTTP POST (AEP-0004 §4.1)")]
+    Command {
+        /// 1-based line.
+        line: usize,
+        /// The command type.
+        event_type: String,
+    },
+    /// The durable history (`--history`) could not keep the Events, so none of them was
+    /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
+    #[error(
+        "the relay's history cannot keep these Events, so none was accepted; retry later: {detail}"
+    )]
+    HistoryUnavailable {
+        /// The failed operation and the OS error.
+        detail: String,
+    },
+    /// Cluster mode: the engine cannot take the Events now and the relay may not keep
+    /// them locally (503 `cluster-unavailable`); nothing was accepted.
+    #[error("the cluster engine cannot take these Events now, so none was accepted; retry later: {detail}")]
+    ClusterUnavailable {
+        /// Why (the engine is unreachable, the outbox is full, a publish failed).
+        detail: String,
+    },
+    /// Cluster mode: an Event larger than the engine's `max_payload` (413
+    /// `event-too-large`).
+    #[error("line {line}: the Event is {size} bytes; the cluster engine takes at most {max} per message")]
+    EventTooLarge {
+        /// 1-based line.
+        line: usize,
+        /// The Event's size in bytes.
+        size: usize,
+        /// The engine's `max_payload`.
+        max: usize,
+    },
+}
+
+impl Refusal {
+    /// The HTTP status for this refusal (its code's).
+    pub fn status(&self) -> u16 {
+        self.code().http_status()
+    }
+
+    /// The refusal's code (its JSON `error` and metric label: [`Code::as_str`]).
+    pub fn code(&self) -> Code {
+        match self {
+            Refusal::InvalidEvent { .. } => Code::InvalidEvent,
+            Refusal::TooManyEvents { .. } => Code::TooManyEvents,
+            Refusal::Command { .. } => Code::Forbidden,
+            Refusal::HistoryUnavailable { .. } => Code::HistoryUnavailable,
+            Refusal::ClusterUnavailable { .. } => Code::ClusterUnavailable,
+            Refusal::EventTooLarge { .. } => Code::EventTooLarge,
+        }
+    }
+
+    /// The full JSON error body.
+    pub fn body(&self) -> Vec<u8> {
+        match self {
+            Refusal::InvalidEvent { line, detail } => {
+                http::error_body(self.code().as_str(), detail, &[("line", json!(line))])
+            }
+            Refusal::Command { line, .. } => http::error_body(
+                self.code().as_str(),
+                &self.to_string(),
+                &[("line", json!(line))],
+            ),
+            _ => http::error_body(self.code().as_str(), &self.to_string(), &[]),
+        }
     }
 }

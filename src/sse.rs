@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::subscription::invalid;
 use crate::subscription::{
-    parse_capture, parse_from_value, From, Position, RequestError, SubscriptionRequest,
+    parse_capture, parse_from_value, Position, RequestError, Resume, SubscriptionRequest,
 };
 
 /// A `u64` written as ASCII decimal digits only, the form the relay writes in `id:`
@@ -220,12 +220,12 @@ pub fn parse_request(
             .header("last-event-id")
             .filter(|v| !v.trim().is_empty())
         {
-            Some(id) => From::Positions(vec![parse_last_event_id(id).ok_or_else(|| {
+            Some(id) => Resume::Positions(vec![parse_last_event_id(id).ok_or_else(|| {
                 invalid(
                     "`Last-Event-ID` must be {session}:{epoch}:{seq}, the session with `%XX` escapes as the relay writes it in `id:` (AEP-0003 §3.3.2)",
                 )
             })?]),
-            None => From::Live,
+            None => Resume::Live,
         },
     };
     let filter = match filter {
@@ -242,7 +242,7 @@ pub fn parse_request(
     // the same bound applies (AEP-0003 §6.5 `limit-exceeded`).
     if let Some(names) = req.history_sessions().filter(|n| n.len() > max_from) {
         return Err(RequestError {
-            code: crate::refusal::Code::LimitExceeded,
+            code: crate::Code::LimitExceeded,
             detail: format!(
                 "with live=0 the filter's `session` names {} sessions to replay; this relay replays at most {max_from} (AEP_MAX_FROM)",
                 names.len()
@@ -465,7 +465,7 @@ mod tests {
                 .unwrap();
         assert_eq!(
             parse_from_value(&v, 5).unwrap(),
-            From::Positions(vec![
+            Resume::Positions(vec![
                 Position {
                     session: "s".into(),
                     epoch: 0,

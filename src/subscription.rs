@@ -5,7 +5,7 @@
 
 use crate::envelope::Capture;
 use crate::filter::Filter;
-use crate::refusal::Code;
+use crate::Code;
 use std::sync::Arc;
 
 /// A resume position `(session, epoch, seq)` (AEP-0001 §7 rule 6, AEP-0003 §7).
@@ -21,7 +21,7 @@ pub struct Position {
 
 /// Where a subscription's replay starts (AEP-0003 §5, §7).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum From {
+pub enum Resume {
     /// No replay: live delivery only.
     Live,
     /// Strictly after each position, for the session it names.
@@ -38,7 +38,7 @@ pub struct SubscriptionRequest {
     /// The capture ceiling (AEP-0003 §6.4); `None` delivers Events as received.
     pub ceiling: Option<Capture>,
     /// Replay start.
-    pub from: From,
+    pub from: Resume,
     /// `false` for `live=0`: replay, then end the stream.
     pub live: bool,
 }
@@ -52,7 +52,7 @@ impl SubscriptionRequest {
     /// filter (a request with positions is a resume and replays exactly what they name).
     pub fn history_sessions(&self) -> Option<&[Box<str>]> {
         match (self.live, &self.from) {
-            (false, From::Live) => self.filter.pins().session,
+            (false, Resume::Live) => self.filter.pins().session,
             _ => None,
         }
     }
@@ -98,9 +98,9 @@ fn non_negative(v: &serde_json::Value, what: &str) -> Result<u64, RequestError> 
 /// # Errors
 /// `invalid-filter` for a malformed value; `limit-exceeded` for more than `max`
 /// positions, naming the limit.
-pub fn parse_from_value(v: &serde_json::Value, max: usize) -> Result<From, RequestError> {
+pub fn parse_from_value(v: &serde_json::Value, max: usize) -> Result<Resume, RequestError> {
     match v {
-        serde_json::Value::String(s) if s == "all" => Ok(From::All),
+        serde_json::Value::String(s) if s == "all" => Ok(Resume::All),
         serde_json::Value::Array(items) => {
             if items.len() > max {
                 return Err(RequestError {
@@ -140,7 +140,7 @@ pub fn parse_from_value(v: &serde_json::Value, max: usize) -> Result<From, Reque
                     seq,
                 });
             }
-            Ok(From::Positions(out))
+            Ok(Resume::Positions(out))
         }
         _ => Err(invalid(
             "`from` must be \"all\" or an array of {session, epoch, seq}",

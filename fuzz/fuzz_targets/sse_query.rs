@@ -30,7 +30,7 @@ use aep_relay::envelope::Capture;
 use aep_relay::filter::Filter;
 use aep_relay::http::RequestHead;
 use aep_relay::sse;
-use aep_relay::subscription::{From, Position};
+use aep_relay::subscription::{Position, Resume};
 use aep_relay_fuzz::strict;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -72,15 +72,15 @@ fn reference_last_event_id(v: &str) -> Option<Position> {
 /// Why the reference refuses: `(code, what)`.
 type Refused = (&'static str, String);
 
-fn reference_from(v: &str) -> Result<From, Refused> {
+fn reference_from(v: &str) -> Result<Resume, Refused> {
     if v == "all" {
-        return Ok(From::All);
+        return Ok(Resume::All);
     }
     let bad = |why: &str| ("invalid-filter", why.to_owned());
     // `from` is URL-encoded JSON (§3.3.1), so the JSON string `"all"` is the literal too
     // (it is what a WS `subscribe` frame carries, §6.5).
     let items = match strict(v.as_bytes()).map_err(|e| bad(&e))? {
-        Value::String(s) if s == "all" => return Ok(From::All),
+        Value::String(s) if s == "all" => return Ok(Resume::All),
         Value::Array(items) => items,
         _ => return Err(bad("not an array")),
     };
@@ -116,13 +116,13 @@ fn reference_from(v: &str) -> Result<From, Refused> {
             seq,
         });
     }
-    Ok(From::Positions(out))
+    Ok(Resume::Positions(out))
 }
 
 struct Want {
     filter: Filter,
     ceiling: Option<Capture>,
-    from: From,
+    from: Resume,
     live: bool,
 }
 
@@ -131,7 +131,7 @@ fn reference(head: &RequestHead) -> Result<Want, Refused> {
     let mut want = Want {
         filter: Filter::match_all(),
         ceiling: None,
-        from: From::Live,
+        from: Resume::Live,
         live: true,
     };
     let mut from = None;
@@ -165,10 +165,10 @@ fn reference(head: &RequestHead) -> Result<Want, Refused> {
         .filter(|v| !v.trim().is_empty());
     want.from = match (from, last_event_id) {
         (Some(f), _) => f,
-        (None, Some(id)) => From::Positions(vec![
+        (None, Some(id)) => Resume::Positions(vec![
             reference_last_event_id(id).ok_or_else(|| bad(id.to_owned()))?
         ]),
-        (None, None) => From::Live,
+        (None, None) => Resume::Live,
     };
     Ok(want)
 }

@@ -56,7 +56,7 @@
 
 use aep_relay::envelope::{Capture, Event, Scope};
 use aep_relay::sse;
-use aep_relay::subscription::{self, From};
+use aep_relay::subscription::{self, Resume};
 use bytes::Bytes;
 use clap::{ArgAction, Args};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -236,7 +236,7 @@ struct Tail {
     stream_url: String,
     filter: Option<String>,
     capture: Option<String>,
-    initial: From,
+    initial: Resume,
     token: Option<String>,
     live: bool,
     agent: ureq::Agent,
@@ -254,11 +254,11 @@ impl Tail {
             s.skip_upto = None;
         }
         let initial = match &self.initial {
-            From::All => {
+            Resume::All => {
                 p.resume_all();
                 return Some("all".into());
             }
-            From::Positions(ps) => &ps[..],
+            Resume::Positions(ps) => &ps[..],
             _ => &[],
         };
         let mut map: Vec<(String, Pos)> = initial
@@ -437,8 +437,8 @@ pub fn run(args: TailArgs) -> ExitCode {
         }
     }
     let initial = match &args.from {
-        None => From::Live,
-        Some(s) if s == "all" => From::All,
+        None => Resume::Live,
+        Some(s) if s == "all" => Resume::All,
         Some(s) => {
             let v: serde_json::Value = match serde_json::from_str(s) {
                 Ok(v) => v,
@@ -558,7 +558,7 @@ pub fn run(args: TailArgs) -> ExitCode {
 mod tests {
     use super::*;
 
-    fn tail(initial: From) -> Tail {
+    fn tail(initial: Resume) -> Tail {
         Tail {
             stream_url: "http://x/stream".into(),
             filter: None,
@@ -594,19 +594,19 @@ mod tests {
     #[test]
     fn pump_tells_a_complete_replay_from_a_cut_one() {
         let ev = "event: tool.completed\nid: s:0:3\ndata: {\"a\":1}\n\n";
-        let mut t = tail(From::Live);
+        let mut t = tail(Resume::Live);
         let mut out = Vec::new();
         let wire = format!(": aep-relay stream open\n\n{ev}: replay-complete\n\n");
         assert!(matches!(t.pump(wire.as_bytes(), &mut out), End::Complete));
         assert_eq!((t.printed, out), (1, b"{\"a\":1}\n".to_vec()));
-        let mut t = tail(From::Live);
+        let mut t = tail(Resume::Live);
         let wire = format!(": aep-relay stream open\n\n{ev}");
         assert!(matches!(t.pump(wire.as_bytes(), &mut Vec::new()), End::Eof));
     }
 
     #[test]
     fn pump_prints_data_and_tracks_positions() {
-        let mut t = tail(From::Live);
+        let mut t = tail(Resume::Live);
         let routed = r#"{"aep":"0.1","id":"r1","type":"attention.routed","time":"2026-07-03T10:00:00Z","source":"aep://h/agent/b","agent":"b","session":"s"}"#;
         let wire = format!(
             ": aep-relay stream open\n\nevent: tool.completed\nid: s:0:3\ndata: {{\"a\":1}}\n\n: ping\n\nevent: attention.routed\ndata: {routed}\n\n: replay-exhausted s 0:2\n\nevent: attention.routed\ndata: {routed}\n\n"
@@ -623,7 +623,7 @@ mod tests {
             Some(r#"[{"session":"s","epoch":0,"seq":3}]"#)
         );
         // from=all: a replayed Event at or below the printed position is skipped.
-        t.initial = From::All;
+        t.initial = Resume::All;
         let again = "id: s:0:3\ndata: {\"a\":1}\n\nid: s:0:4\ndata: {\"a\":2}\n\n";
         let mut out = Vec::new();
         assert_eq!(t.next_from().as_deref(), Some("all"));
@@ -637,7 +637,7 @@ mod tests {
     /// skips only what it printed itself.
     #[test]
     fn same_named_streams_resume_from_the_lower_and_skip_their_own() {
-        let mut t = tail(From::Live);
+        let mut t = tail(Resume::Live);
         let mut wire: String = (0..=50).map(|q| msg("a", "s", q)).collect();
         wire.extend((0..=3).map(|q| msg("b", "s", q)));
         let mut out = Vec::new();
@@ -684,7 +684,7 @@ mod tests {
     /// relay resumes exactly, so it is not filtered at all).
     #[test]
     fn live_backfill_after_a_resume_is_printed() {
-        for initial in [From::Live, From::All] {
+        for initial in [Resume::Live, Resume::All] {
             let mut t = tail(initial);
             let mut out = Vec::new();
             t.pump(msg("a", "s", 5).as_bytes(), &mut out);
@@ -692,7 +692,7 @@ mod tests {
             // `from=all` replays 0..=5 again, `from=[s:0:5]` nothing; then 7 and the
             // backfills 6 and 2 arrive live.
             let (wire, want): (&[u64], &[u64]) = match t.initial {
-                From::All => (&[0, 5, 7, 6, 2], &[7, 6]),
+                Resume::All => (&[0, 5, 7, 6, 2], &[7, 6]),
                 _ => (&[7, 6, 2], &[7, 6, 2]),
             };
             let wire: String = wire.iter().map(|&q| msg("a", "s", q)).collect();
@@ -714,7 +714,7 @@ mod tests {
 
     #[test]
     fn a_resume_names_at_most_max_from_sessions_the_most_recent() {
-        let mut t = tail(From::Live);
+        let mut t = tail(Resume::Live);
         for i in 0..1500 {
             assert!(t.progress.admit(Some(&format!("s{i}:0:1")), b"{}"));
             // A second stream of the same name does not take a second entry.

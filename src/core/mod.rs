@@ -35,15 +35,14 @@ use crate::metrics::Metrics;
 use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
-use crate::Code;
+use crate::{Code, Refusal};
 use bytes::Bytes;
 use conn::{Conn, Flush, Phase};
-use fanout::{Fanned, Hub};
+use hub::{Fanned, Hub};
 
 /// The least of a body still to come for which [`Core::body_room`] lends its buffer to
 /// be read into directly, in bytes: the reactor's own read buffer's size.
 pub const BODY_READ_MIN: usize = 64 * 1024;
-use serde_json::json;
 use slab::Slab;
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
@@ -54,7 +53,7 @@ use timer::Timers;
 
 mod cluster;
 pub(crate) mod conn;
-mod fanout;
+mod hub;
 mod journal;
 mod memory;
 mod replay;
@@ -137,16 +136,16 @@ pub enum Origin {
 /// AEP-0001 §7 #4). A name not held adds nothing.
 fn replay_sessions(
     store: &Store<Event>,
-    from: &subscription::From,
+    from: &subscription::Resume,
 ) -> VecDeque<(StreamId, ReplayFrom)> {
     match from {
-        subscription::From::Live => VecDeque::new(),
-        subscription::From::All => store
+        subscription::Resume::Live => VecDeque::new(),
+        subscription::Resume::All => store
             .stream_ids()
             .into_iter()
             .map(|s| (s, ReplayFrom::Start))
             .collect(),
-        subscription::From::Positions(ps) => {
+        subscription::Resume::Positions(ps) => {
             let mut out: VecDeque<(StreamId, ReplayFrom)> = VecDeque::new();
             let mut at: HashMap<StreamId, usize> = HashMap::new();
             for p in ps {
@@ -178,8 +177,8 @@ type LostMarker = (Box<str>, Option<Box<str>>, (u64, u64));
 /// position names a bare session, so each remembered stream of that name whose lost
 /// facts lie after the position owes one (AEP-0003 §5). `all` and live-only owe none
 /// (honesty rule 2).
-fn lost_markers(store: &Store<Event>, from: &subscription::From) -> Vec<LostMarker> {
-    let subscription::From::Positions(ps) = from else {
+fn lost_markers(store: &Store<Event>, from: &subscription::Resume) -> Vec<LostMarker> {
+    let subscription::Resume::Positions(ps) = from else {
         return Vec::new();
     };
     let mut out: Vec<LostMarker> = Vec::new();
@@ -229,99 +228,6 @@ fn loggable(s: &str) -> String {
         }
     }
     out
-}
-
-/// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
-/// status and JSON error code (see [`Refusal::status`], [`Refusal::code`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// An Event failed envelope validation (400 `invalid-event`); `line` is 1-based.
-    #[error("line {line}: {detail}")]
-    InvalidEvent {
-        /// 1-based line of the failing Event in the body (1 for a single Event).
-        line: usize,
-        /// What was wrong, naming the attribute and section.
-        detail: String,
-    },
-    /// A batch held more Events than `max_batch_events` (413 `too-many-events`).
-    #[error("the batch holds {count} Events; at most {max} are accepted (AEP_MAX_BATCH)")]
-    TooManyEvents {
-        /// Events in the batch.
-        count: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A command arrived on a binding that may not carry control (403 `forbidden`),
-    /// AEP-0004 §4.1.
-    #[error("line {line}: `{event_type}` is a command; control flows only on an authenticated duplex binding (WebSocket), never over HTTP POST (AEP-0004 §4.1)")]
-    Command {
-        /// 1-based line.
-        line: usize,
-        /// The command type.
-        event_type: String,
-    },
-    /// The durable history (`--history`) could not keep the Events, so none of them was
-    /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
-    #[error(
-        "the relay's history cannot keep these Events, so none was accepted; retry later: {detail}"
-    )]
-    HistoryUnavailable {
-        /// The failed operation and the OS error.
-        detail: String,
-    },
-    /// Cluster mode: the engine cannot take the Events now and the relay may not keep
-    /// them locally (503 `cluster-unavailable`); nothing was accepted.
-    #[error("the cluster engine cannot take these Events now, so none was accepted; retry later: {detail}")]
-    ClusterUnavailable {
-        /// Why (the engine is unreachable, the outbox is full, a publish failed).
-        detail: String,
-    },
-    /// Cluster mode: an Event larger than the engine's `max_payload` (413
-    /// `event-too-large`).
-    #[error("line {line}: the Event is {size} bytes; the cluster engine takes at most {max} per message")]
-    EventTooLarge {
-        /// 1-based line.
-        line: usize,
-        /// The Event's size in bytes.
-        size: usize,
-        /// The engine's `max_payload`.
-        max: usize,
-    },
-}
-
-impl Refusal {
-    /// The HTTP status for this refusal (its code's).
-    pub fn status(&self) -> u16 {
-        self.code().http_status()
-    }
-
-    /// The refusal's code (its JSON `error` and metric label: [`Code::as_str`]).
-    pub fn code(&self) -> Code {
-        match self {
-            Refusal::InvalidEvent { .. } => Code::InvalidEvent,
-            Refusal::TooManyEvents { .. } => Code::TooManyEvents,
-            Refusal::Command { .. } => Code::Forbidden,
-            Refusal::HistoryUnavailable { .. } => Code::HistoryUnavailable,
-            Refusal::ClusterUnavailable { .. } => Code::ClusterUnavailable,
-            Refusal::EventTooLarge { .. } => Code::EventTooLarge,
-        }
-    }
-
-    /// The full JSON error body.
-    pub fn body(&self) -> Vec<u8> {
-        match self {
-            Refusal::InvalidEvent { line, detail } => {
-                http::error_body(self.code().as_str(), detail, &[("line", json!(line))])
-            }
-            Refusal::Command { line, .. } => http::error_body(
-                self.code().as_str(),
-                &self.to_string(),
-                &[("line", json!(line))],
-            ),
-            _ => http::error_body(self.code().as_str(), &self.to_string(), &[]),
-        }
-    }
 }
 
 /// The relay's logic: connections, replay store, subscriptions, claims and metrics,

@@ -636,7 +636,7 @@ impl Core {
             Some(_) => return Err(invalid("`capture` must be a string (AEP-0003 §6.4)".into())),
         };
         let from = match obj.get("from") {
-            None => subscription::From::Live,
+            None => subscription::Resume::Live,
             Some(v) => subscription::parse_from_value(v, self.config.max_from_positions)
                 .map_err(|e| (e.code, e.detail))?,
         };

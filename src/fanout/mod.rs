@@ -1,7 +1,7 @@
 //! Fan-out's building blocks: subscriptions, the index that finds the ones an Event
 //! matches ([`index`]), and the shared wire frames of an ingest unit (AEP-0003 §6, §8.4).
 //! None of it knows a connection: the delivery of frames into connection queues, which
-//! walks the core's connections, is the core's hub (`core::fanout`).
+//! walks the core's connections, is the core's hub (`core::hub`).
 //!
 //! Per Event, each wire frame (SSE message, WS text frame) is built at most once per
 //! capture level and shared by every subscriber: fan-out to N subscribers is never N

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aep_relay::http::RequestHead;
 use aep_relay::sse;
-use aep_relay::subscription::{From, Position};
+use aep_relay::subscription::{Position, Resume};
 use aep_relay::Config;
 
 fn config() -> Config {
@@ -81,7 +81,7 @@ fn from_refuses_duplicate_members() {
         10,
     )
     .unwrap();
-    assert!(matches!(ok.from, From::Positions(ref p) if p.len() == 2));
+    assert!(matches!(ok.from, Resume::Positions(ref p) if p.len() == 2));
 }
 
 /// `http`: a peer that pipelines requests, never reads the answers and half-closes must

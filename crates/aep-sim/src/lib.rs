@@ -19,9 +19,10 @@
 //! ```
 
 use aep_relay::config::ConfigError;
-use aep_relay::core::{ConnId, Core, Interest, Journal, NoJournal, Origin, Output, Refusal, Stop};
+use aep_relay::core::{ConnId, Core, Interest, Journal, NoJournal, Origin, Output, Stop};
 use aep_relay::envelope::Event;
 use aep_relay::Config;
+use aep_relay::Refusal;
 use bytes::Bytes;
 use std::io::{self, IoSlice, Write};
 use std::time::{Duration, Instant};

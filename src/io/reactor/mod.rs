@@ -12,7 +12,8 @@
 use super::tls::TlsStream;
 use super::transport::Transport;
 use crate::config::Config;
-use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Refusal, Stop};
+use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Stop};
+use crate::Refusal;
 use bytes::Bytes;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
