@@ -1024,12 +1024,15 @@ impl Core {
         // Event), kept aside only when the fan-out pauses.
         let placed = resumed.as_deref().unwrap_or(self.store.last_placed());
         self.hub.except = except;
-        let fanned = self.hub.fanout(
+        let publication = hub::Publication {
             ev,
             placed,
-            self.publication,
+            number: self.publication,
+            max_output: self.config.max_output_bytes,
+        };
+        let fanned = self.hub.fanout(
+            publication,
             &mut self.conns,
-            self.config.max_output_bytes,
             &mut self.dirty,
             &mut self.doomed,
         );

@@ -141,22 +141,82 @@ pub(crate) enum Fanned {
     Paused(ConnId),
 }
 
-/// What happened to one delivery attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Queued {
-    /// The frame is queued.
-    Yes,
-    /// Dropped (`debug`/`info` toward a queue past its mark, [`shed_mark`]), counted.
-    Dropped,
-    /// The consumer must be disconnected (`notice`+ toward a full queue).
-    Disconnect,
-}
-
 /// Whether a frame of `len` bytes fits `q`, with `pending` bytes of the open unit
 /// still to join it, within `mark` (an empty queue takes anything: one frame larger
 /// than the bound still goes).
 fn fits(q: &OutQueue, pending: usize, len: usize, mark: usize) -> bool {
     q.len() + pending + len <= mark || (q.is_empty() && pending == 0)
+}
+
+/// One Event's publication, as fan-out takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Publication<'a> {
+    pub(crate) ev: &'a Event,
+    /// The replay streams the store just placed `ev` in (`Store::last_placed`): a
+    /// subscription whose replay still has one of them to go is skipped, its replay
+    /// delivers the Event in order.
+    pub(crate) placed: &'a [StreamId],
+    /// The publication's number (`Conn::decided`): a paused fan-out, tried again with
+    /// the same number, skips the connections it already decided.
+    pub(crate) number: u64,
+    /// The output queue bound (`--max-output`, bytes), from which the marks derive.
+    pub(crate) max_output: usize,
+}
+
+/// What one fan-out decides once, for all its targets.
+struct Pass<'a> {
+    p: Publication<'a>,
+    /// This fan-out's serial (`Conn::mark`).
+    serial: u64,
+    /// Whether any target is a WebSocket (only those note positions).
+    any_ws: bool,
+    severity: Severity,
+    /// The queue length up to which the Event is queued ([`shed_mark`]).
+    mark: usize,
+}
+
+/// Queues `run` (an Event's frame, `need` bytes with the notice it owes) toward `conn`
+/// in `unit`: the drop notice first, as its own slice, when the consumer is owed one;
+/// then the frame, extending the connection's open run when it directly follows it in
+/// the same arena, else as a new run.
+#[inline(always)]
+fn queue_run(
+    unit: &mut Unit,
+    conn: &mut Conn,
+    mut run: Run,
+    pending: usize,
+    need: usize,
+    ws: bool,
+) {
+    if conn.owes_notice {
+        let n = std::mem::take(&mut conn.unannounced);
+        conn.owes_notice = false;
+        unit.notices.push(if ws {
+            aep::dropped(n.debug, n.info)
+        } else {
+            sse::dropped(n.debug, n.info)
+        });
+        run.notice = unit.notices.len() as u32;
+    }
+    let open = conn.unit_generation == unit.generation && pending > 0;
+    match unit.runs.get_mut(conn.unit_run) {
+        Some(r)
+            if open
+                && run.notice == 0
+                && r.conn == run.conn
+                && r.arena == run.arena
+                && r.end == run.start
+                && r.backlog == run.backlog =>
+        {
+            r.end = run.end;
+        }
+        _ => {
+            conn.unit_run = unit.runs.len();
+            unit.runs.push(run);
+        }
+    }
+    conn.unit_generation = unit.generation;
+    conn.unit_pending = pending + need;
 }
 
 impl Hub {
@@ -268,21 +328,41 @@ impl Hub {
     /// `placed` are the replay streams the store just placed `ev` in
     /// (`Store::last_placed`): a subscription whose replay still has one of them to go is
     /// skipped, its replay delivers the Event in order.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fanout(
         &mut self,
-        ev: &Event,
-        placed: &[StreamId],
-        publication: u64,
+        p: Publication<'_>,
         conns: &mut Slab<Conn>,
-        max_output: usize,
         dirty: &mut Vec<usize>,
         doomed: &mut Vec<usize>,
     ) -> Fanned {
-        self.matched.clear();
-        self.index.matching(ev, &mut self.matched);
-        if self.matched.is_empty() {
+        let Some(pass) = self.targets_of(&p, conns) else {
             return Fanned::Done;
+        };
+        let mut frames = Frames::default();
+        for ti in 0..self.targets.len() {
+            if let Some(paused) = self.deliver(&pass, ti, &mut frames, conns, dirty, doomed) {
+                queue_runs(&mut self.unit, conns, &mut self.chunks);
+                self.note_positions(&pass, conns);
+                return Fanned::Paused(paused);
+            }
+        }
+        if !self.unit.open {
+            queue_runs(&mut self.unit, conns, &mut self.chunks);
+        }
+        self.note_positions(&pass, conns);
+        Fanned::Done
+    }
+
+    /// Fills `targets` with the connections `p`'s Event goes to, once each at the widest
+    /// of their matching subscriptions' ceilings; `None` when no subscription matches.
+    /// Skipped: the connection in `except`, doomed ones, those whose replay delivers
+    /// the Event, and those a paused attempt at this publication already decided.
+    #[inline(always)]
+    fn targets_of<'a>(&mut self, p: &Publication<'a>, conns: &mut Slab<Conn>) -> Option<Pass<'a>> {
+        self.matched.clear();
+        self.index.matching(p.ev, &mut self.matched);
+        if self.matched.is_empty() {
+            return None;
         }
         self.serial += 1;
         let serial = self.serial;
@@ -298,8 +378,7 @@ impl Hub {
             let Some(conn) = conns.get_mut(sub.conn.0) else {
                 continue;
             };
-            if conn.doomed || conn.replay_covers(SubId(key), placed) || conn.decided == publication
-            {
+            if conn.doomed || conn.replay_covers(SubId(key), p.placed) || conn.decided == p.number {
                 // Disconnected for backpressure already; or its replay delivers it; or
                 // a paused attempt at this same Event already decided for this
                 // connection.
@@ -322,148 +401,113 @@ impl Hub {
                 queued: false,
             });
         }
-        let severity = ev.severity();
-        let mark = shed_mark(severity, max_output);
-        let mut frames = Frames::default();
-        for ti in 0..self.targets.len() {
-            let t = self.targets[ti];
-            let Some(conn) = conns.get_mut(t.conn.0) else {
-                continue;
-            };
-            let (arena, start, end) = frames.place(
-                &mut self.unit,
-                ev,
-                t.ws,
-                t.ceiling,
-                t.deflate,
-                &mut self.deflater,
-            );
-            let len = end - start;
-            let pending = if conn.unit_generation == self.unit.generation {
-                conn.unit_pending
+        let severity = p.ev.severity();
+        Some(Pass {
+            p: *p,
+            serial,
+            any_ws,
+            severity,
+            mark: shed_mark(severity, p.max_output),
+        })
+    }
+
+    /// Decides target `ti` of `pass`: queues the Event's frame (after a drop notice it
+    /// owes), drops it, or dooms the consumer. Returns the connection that pauses the
+    /// publication instead, when its queue is past the mark and its socket was not
+    /// offered everything queued.
+    #[inline(always)]
+    fn deliver(
+        &mut self,
+        pass: &Pass<'_>,
+        ti: usize,
+        frames: &mut Frames,
+        conns: &mut Slab<Conn>,
+        dirty: &mut Vec<usize>,
+        doomed: &mut Vec<usize>,
+    ) -> Option<ConnId> {
+        let t = self.targets[ti];
+        let conn = conns.get_mut(t.conn.0)?;
+        let ev = pass.p.ev;
+        let (arena, start, end) = frames.place(
+            &mut self.unit,
+            ev,
+            t.ws,
+            t.ceiling,
+            t.deflate,
+            &mut self.deflater,
+        );
+        let len = end - start;
+        let pending = if conn.unit_generation == self.unit.generation {
+            conn.unit_pending
+        } else {
+            0
+        };
+        // Behind a replay, and until what it held back has all moved on, live frames
+        // wait in the backlog: they never overtake it.
+        let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
+        // Drops not yet told go just before this Event, if it is queued: it must fit
+        // with their notice.
+        let announce = conn.owes_notice;
+        let need = if announce {
+            let n = conn.unannounced;
+            len + if t.ws {
+                aep::dropped_len(n.debug, n.info)
             } else {
-                0
-            };
-            // Behind a replay, and until what it held back has all moved on, live frames
-            // wait in the backlog: they never overtake it.
-            let backlog = !conn.replay.is_empty() || !conn.backlog.is_empty();
-            // Drops not yet told go just before this Event, if it is queued: it must fit
-            // with their notice.
-            let announce = conn.owes_notice;
-            let need = if announce {
-                let n = conn.unannounced;
-                len + if t.ws {
-                    aep::dropped_len(n.debug, n.info)
-                } else {
-                    sse::dropped_len(n.debug, n.info)
-                }
-            } else {
-                len
-            };
-            // A consumer that cannot take the Event within its mark, and got frames since
-            // its socket was last offered the queue, pauses the publication here: the
-            // targets decided so far keep what they got (`Conn::decided`), the rest get
-            // the Event when it is fanned out again, once the reactor wrote.
-            let q = if backlog { &conn.backlog } else { &conn.out };
-            let fit = fits(q, pending, need, mark);
-            if !fit && !backlog && (pending > 0 || conn.offered != conn.out.pushed()) {
-                let paused = t.conn;
-                queue_runs(&mut self.unit, conns, &mut self.chunks);
-                self.note_positions(ev, placed, conns, serial, any_ws);
-                return Fanned::Paused(paused);
+                sse::dropped_len(n.debug, n.info)
             }
-            let verdict = if !fit {
-                if severity <= Severity::Info {
-                    conn.dropped.count(severity);
-                    if conn.announce_drops {
-                        conn.unannounced.count(severity);
-                        conn.owes_notice = true;
-                    }
-                    Queued::Dropped
-                } else {
-                    Queued::Disconnect
-                }
-            } else {
-                Queued::Yes
+        } else {
+            len
+        };
+        // A consumer that cannot take the Event within its mark, and got frames since
+        // its socket was last offered the queue, pauses the publication here: the
+        // targets decided so far keep what they got (`Conn::decided`), the rest get
+        // the Event when it is fanned out again, once the reactor wrote.
+        let q = if backlog { &conn.backlog } else { &conn.out };
+        let fit = fits(q, pending, need, pass.mark);
+        if !fit && !backlog && (pending > 0 || conn.offered != conn.out.pushed()) {
+            return Some(t.conn);
+        }
+        conn.decided = pass.p.number;
+        if fit {
+            let run = Run {
+                conn: t.conn,
+                arena,
+                start,
+                end,
+                backlog,
+                notice: 0,
             };
-            conn.decided = publication;
-            match verdict {
-                Queued::Yes => {
-                    let unit = &mut self.unit;
-                    let mut notice = 0;
-                    if announce {
-                        let n = std::mem::take(&mut conn.unannounced);
-                        conn.owes_notice = false;
-                        unit.notices.push(if t.ws {
-                            aep::dropped(n.debug, n.info)
-                        } else {
-                            sse::dropped(n.debug, n.info)
-                        });
-                        notice = unit.notices.len() as u32;
-                    }
-                    let open = conn.unit_generation == unit.generation && pending > 0;
-                    match unit.runs.get_mut(conn.unit_run) {
-                        Some(r)
-                            if open
-                                && notice == 0
-                                && r.conn == t.conn
-                                && r.arena == arena
-                                && r.end == start
-                                && r.backlog == backlog =>
-                        {
-                            r.end = end;
-                        }
-                        _ => {
-                            conn.unit_run = unit.runs.len();
-                            unit.runs.push(Run {
-                                conn: t.conn,
-                                arena,
-                                start,
-                                end,
-                                backlog,
-                                notice,
-                            });
-                        }
-                    }
-                    conn.unit_generation = unit.generation;
-                    conn.unit_pending = pending + need;
-                    self.targets[ti].queued = true;
-                    self.stats.deliveries += 1;
-                    self.stats.deliveries_ws += u64::from(t.ws);
-                    if !conn.dirty {
-                        conn.dirty = true;
-                        dirty.push(t.conn.0);
-                    }
-                }
-                Queued::Dropped => self.stats.dropped.count(severity),
-                Queued::Disconnect => {
-                    // Once per consumer (`aep_backpressure_disconnects_total`): the
-                    // connection is skipped by every later fan-out until it is closed.
-                    conn.doomed = true;
-                    self.stats.backpressure_disconnects += 1;
-                    doomed.push(t.conn.0);
-                }
+            queue_run(&mut self.unit, conn, run, pending, need, t.ws);
+            self.targets[ti].queued = true;
+            self.stats.deliveries += 1;
+            self.stats.deliveries_ws += u64::from(t.ws);
+            if !conn.dirty {
+                conn.dirty = true;
+                dirty.push(t.conn.0);
             }
+        } else if pass.severity <= Severity::Info {
+            conn.dropped.count(pass.severity);
+            if conn.announce_drops {
+                conn.unannounced.count(pass.severity);
+                conn.owes_notice = true;
+            }
+            self.stats.dropped.count(pass.severity);
+        } else {
+            // Once per consumer (`aep_backpressure_disconnects_total`): the connection
+            // is skipped by every later fan-out until it is closed.
+            conn.doomed = true;
+            self.stats.backpressure_disconnects += 1;
+            doomed.push(t.conn.0);
         }
-        if !self.unit.open {
-            queue_runs(&mut self.unit, conns, &mut self.chunks);
-        }
-        self.note_positions(ev, placed, conns, serial, any_ws);
-        Fanned::Done
+        None
     }
 
     /// WS subscriptions remember the last position they delivered (for `closing`): every
-    /// target of fan-out `serial` that had `ev` queued.
-    fn note_positions(
-        &mut self,
-        ev: &Event,
-        placed: &[StreamId],
-        conns: &Slab<Conn>,
-        serial: u64,
-        any_ws: bool,
-    ) {
+    /// target of `pass` that had its Event queued.
+    fn note_positions(&mut self, pass: &Pass<'_>, conns: &Slab<Conn>) {
+        let (ev, placed, serial) = (pass.p.ev, pass.p.placed, pass.serial);
         let position = match (ev.scope(), ev.session(), ev.seq()) {
-            (Scope::Sequenced, Some(s), Some(q)) if any_ws => Some((s, (ev.epoch(), q))),
+            (Scope::Sequenced, Some(s), Some(q)) if pass.any_ws => Some((s, (ev.epoch(), q))),
             _ => None,
         };
         if let Some((session, pos)) = position {

@@ -76,15 +76,15 @@ impl Setup {
             // As the core does: a paused fan-out lets the reactor write (here: every
             // queue is written to its socket, a Vec that takes everything), then the
             // same Event is fanned out again.
-            while let Fanned::Paused(_) = self.hub.fanout(
+            let p = Publication {
                 ev,
-                &[],
-                self.publication,
-                &mut self.conns,
+                placed: &[],
+                number: self.publication,
                 max_output,
-                &mut dirty,
-                &mut doomed,
-            ) {
+            };
+            while let Fanned::Paused(_) =
+                self.hub.fanout(p, &mut self.conns, &mut dirty, &mut doomed)
+            {
                 for (key, conn) in self.conns.iter_mut() {
                     if self.written.len() <= key {
                         self.written.resize(key + 1, Vec::new());
