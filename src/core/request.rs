@@ -6,6 +6,7 @@
 use super::conn::{Answer, BodyReader, Phase, ReplayJob};
 use super::routes::{self, Handler, Lookup};
 use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Core, Origin};
+use crate::auth::{Grant, Scopes};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
@@ -338,6 +339,9 @@ impl Core {
         }
     }
 
+    /// A request head arrived on `key`: refuses what no route takes, answers a CORS
+    /// preflight, checks the token against the route's scope (AEP-0003 §8.1), then
+    /// answers or starts what the route serves ([`Core::answer`]).
     pub(super) fn on_head(&mut self, key: usize, head: &RequestHead) {
         let cors = self.cors_origin(head);
         if let Some(conn) = self.conns.get_mut(key) {
@@ -355,27 +359,11 @@ impl Core {
             let d = format!("a {} request carries no body", head.method);
             return self.reply_skipping_body(key, head, Code::BadRequest, &d, &[], &[]);
         }
-        if head.method == "OPTIONS" && self.conns.get(key).is_some_and(|c| c.cors.is_some()) {
-            // Only a preflight needs the path's methods (building them allocates).
-            if let Some(methods) = &routes::allow(&head.path) {
-                // A CORS preflight (Fetch standard §3.2.2), for the methods of this path.
-                let close = head.wants_close();
-                let resp = http::response(
-                    204,
-                    "text/plain",
-                    &[
-                        ("Access-Control-Allow-Methods", methods),
-                        (
-                            "Access-Control-Allow-Headers",
-                            "Authorization, AEP-Version, Content-Type, Last-Event-ID",
-                        ),
-                        ("Access-Control-Max-Age", "600"),
-                    ],
-                    b"",
-                    close,
-                );
-                return self.reply(key, resp, close);
-            }
+        if head.method == "OPTIONS"
+            && self.conns.get(key).is_some_and(|c| c.cors.is_some())
+            && self.preflight(key, head)
+        {
+            return;
         }
         let route = match routes::lookup(&head.method, &head.path) {
             Lookup::Found(r) => r,
@@ -388,42 +376,24 @@ impl Core {
                     "{} is not allowed on {}; use {allow}",
                     head.method, head.path
                 );
+                let extra = [("Allow", allow.as_str())];
                 return self.reply_skipping_body(
                     key,
                     head,
                     Code::MethodNotAllowed,
                     &d,
                     &[],
-                    &[("Allow", &allow)],
+                    &extra,
                 );
             }
         };
-        if route.handler == Handler::Ready {
-            let ready = self.ready();
-            let mut doc = serde_json::json!({ "ready": ready });
-            if let Some(s) = self.cluster_state() {
-                doc["cluster"] = s.as_str().into();
-            }
-            let body = serde_json::to_vec(&doc).unwrap_or_default();
-            let close = head.wants_close();
-            let status = if ready { 200 } else { 503 };
-            let resp = http::response(status, "application/json", &[], &body, close);
-            return self.reply(key, resp, close);
-        }
-        if route.handler == Handler::Health {
-            // Answered whatever the credentials; the counts only to an authenticated one.
-            let body = self.health(
-                self.config
-                    .auth
-                    .check(head)
-                    .is_ok_and(|g| g.authenticated || !self.config.auth.enabled()),
-            );
-            let close = head.wants_close();
-            let resp = http::response(200, "application/json", &[], &body, close);
-            return self.reply(key, resp, close);
-        }
         let grant = match self.config.auth.check(head) {
             Ok(g) => g,
+            // Health and readiness are answered whatever the credentials.
+            Err(_) if matches!(route.handler, Handler::Health | Handler::Ready) => Grant {
+                scopes: Scopes::NONE,
+                authenticated: false,
+            },
             Err(e) => {
                 let extra = [("WWW-Authenticate", "Bearer")];
                 return self.reply_skipping_body(
@@ -445,51 +415,79 @@ impl Core {
             );
             return self.reply_skipping_body(key, head, Code::Forbidden, &d, &[], &[]);
         }
-        match route.handler {
-            Handler::Ingest => self.begin_ingest(key, head),
-            Handler::Discovery => {
-                let close = head.wants_close();
-                let doc = self.discovery();
-                let body = http::response(200, "application/json", &[], &doc, close);
-                self.reply(key, body, close);
+        self.answer(key, head, route.handler, grant);
+    }
+
+    /// Answers a CORS preflight (Fetch standard §3.2.2) with the methods of its path;
+    /// `false` when the path has none (the request goes on to be refused as any other).
+    fn preflight(&mut self, key: usize, head: &RequestHead) -> bool {
+        // Only a preflight needs the path's methods (building them allocates).
+        let Some(methods) = &routes::allow(&head.path) else {
+            return false;
+        };
+        let close = head.wants_close();
+        let resp = http::response(
+            204,
+            "text/plain",
+            &[
+                ("Access-Control-Allow-Methods", methods),
+                (
+                    "Access-Control-Allow-Headers",
+                    "Authorization, AEP-Version, Content-Type, Last-Event-ID",
+                ),
+                ("Access-Control-Max-Age", "600"),
+            ],
+            b"",
+            close,
+        );
+        self.reply(key, resp, close);
+        true
+    }
+
+    /// Answers, or starts serving, route `handler` for a request admitted with `grant`.
+    fn answer(&mut self, key: usize, head: &RequestHead, handler: Handler, grant: Grant) {
+        let close = head.wants_close();
+        let json =
+            |status: u16, body: &[u8]| http::response(status, "application/json", &[], body, close);
+        let resp = match handler {
+            Handler::Ingest => return self.begin_ingest(key, head),
+            Handler::Stream => return self.begin_sse(key, head),
+            Handler::Socket => return self.begin_ws(key, head, grant),
+            Handler::Discovery => json(200, &self.discovery()),
+            Handler::Status => json(200, &self.status_json()),
+            Handler::Health => {
+                // The counts only to an authenticated caller.
+                json(200, &self.health(grant.authenticated || !self.config.auth.enabled()))
             }
-            Handler::Stream => self.begin_sse(key, head),
-            Handler::Socket => self.begin_ws(key, head, grant),
-            Handler::Health | Handler::Ready => {}
-            Handler::Status => {
-                let close = head.wants_close();
-                let body = self.status_json();
-                let resp = http::response(200, "application/json", &[], &body, close);
-                self.reply(key, resp, close);
+            Handler::Ready => {
+                let ready = self.ready();
+                let mut doc = serde_json::json!({ "ready": ready });
+                if let Some(s) = self.cluster_state() {
+                    doc["cluster"] = s.as_str().into();
+                }
+                let body = serde_json::to_vec(&doc).unwrap_or_default();
+                json(if ready { 200 } else { 503 }, &body)
             }
             #[cfg(feature = "status-page")]
-            Handler::StatusPage => {
-                let close = head.wants_close();
-                let resp = http::response(
-                    200,
-                    "text/html; charset=utf-8",
-                    &[(
-                        "Content-Security-Policy",
-                        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:",
-                    )],
-                    STATUS_PAGE.as_bytes(),
-                    close,
-                );
-                self.reply(key, resp, close);
-            }
-            Handler::Metrics => {
-                let close = head.wants_close();
-                let text = self.metrics_text();
-                let body = http::response(
-                    200,
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    &[],
-                    text.as_bytes(),
-                    close,
-                );
-                self.reply(key, body, close);
-            }
-        }
+            Handler::StatusPage => http::response(
+                200,
+                "text/html; charset=utf-8",
+                &[(
+                    "Content-Security-Policy",
+                    "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:",
+                )],
+                STATUS_PAGE.as_bytes(),
+                close,
+            ),
+            Handler::Metrics => http::response(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                &[],
+                self.metrics_text().as_bytes(),
+                close,
+            ),
+        };
+        self.reply(key, resp, close);
     }
 
     /// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is
