@@ -404,19 +404,30 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 
 /// Runs `tail`.
 pub fn run(args: TailArgs) -> ExitCode {
+    match tail_of(args) {
+        Ok(tail) => follow(tail),
+        Err(code) => code,
+    }
+}
+
+/// The follower `args` describe, or the exit code of a usage error (said on stderr).
+fn tail_of(args: TailArgs) -> Result<Tail, ExitCode> {
     let (rest, https) = if let Some(r) = args.url.strip_prefix("http://") {
         (r, false)
     } else if let Some(r) = args.url.strip_prefix("https://") {
         (r, true)
     } else {
-        return fail(format!("{}: expected an http:// or https:// URL", args.url));
+        return Err(fail(format!(
+            "{}: expected an http:// or https:// URL",
+            args.url
+        )));
     };
     let tls = match (https, &args.cacert) {
         (true, cacert) => match aep_check::tls::Client::new(cacert.as_deref()) {
             Ok(c) => Some(c),
-            Err(e) => return fail(e),
+            Err(e) => return Err(fail(e)),
         },
-        (false, Some(_)) => return fail("--cacert is for https:// URLs"),
+        (false, Some(_)) => return Err(fail("--cacert is for https:// URLs")),
         (false, None) => None,
     };
     let stream_url = match rest.find('/') {
@@ -426,14 +437,14 @@ pub fn run(args: TailArgs) -> ExitCode {
     };
     if let Some(f) = &args.filter {
         if let Err(e) = serde_json::from_str::<serde_json::Value>(f) {
-            return fail(format!("--filter is not JSON: {e}"));
+            return Err(fail(format!("--filter is not JSON: {e}")));
         }
     }
     if let Some(c) = &args.capture {
         if Capture::parse(c).is_none() {
-            return fail(format!(
+            return Err(fail(format!(
                 "--capture must be none, metadata, redacted or full, got {c:?}"
-            ));
+            )));
         }
     }
     let initial = match &args.from {
@@ -442,16 +453,18 @@ pub fn run(args: TailArgs) -> ExitCode {
         Some(s) => {
             let v: serde_json::Value = match serde_json::from_str(s) {
                 Ok(v) => v,
-                Err(e) => return fail(format!("--from is neither `all` nor JSON: {e}")),
+                Err(e) => return Err(fail(format!("--from is neither `all` nor JSON: {e}"))),
             };
             match subscription::parse_from_value(&v, usize::MAX) {
                 Ok(f) => f,
-                Err(e) => return fail(format!("--from: {}", e.detail)),
+                Err(e) => return Err(fail(format!("--from: {}", e.detail))),
             }
         }
     };
     let Ok(idle) = Duration::try_from_secs_f64(args.idle_timeout_secs) else {
-        return fail("--idle-timeout-secs must be a positive number of seconds");
+        return Err(fail(
+            "--idle-timeout-secs must be a positive number of seconds",
+        ));
     };
     let mut agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(10))
@@ -460,7 +473,7 @@ pub fn run(args: TailArgs) -> ExitCode {
         agent = agent.tls_connector(std::sync::Arc::new(aep_check::tls::UreqConnector(c)));
     }
     let agent = agent.build();
-    let mut tail = Tail {
+    Ok(Tail {
         stream_url,
         filter: args.filter,
         capture: args.capture,
@@ -470,7 +483,12 @@ pub fn run(args: TailArgs) -> ExitCode {
         agent,
         progress: Progress::default(),
         printed: 0,
-    };
+    })
+}
+
+/// Follows the stream, reconnecting with backoff, until it is complete (not `--live`),
+/// the output closes, or the relay refuses for good; returns the exit code.
+fn follow(mut tail: Tail) -> ExitCode {
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
     let mut resumed = false;
