@@ -42,11 +42,11 @@ pub enum RouteRefusal {
 
 impl RouteRefusal {
     /// The `error` frame's `code`.
-    pub fn code(self) -> crate::Code {
+    pub fn code(self) -> crate::refusal::Code {
         match self {
-            RouteRefusal::NoRoute => crate::Code::NoRoute,
-            RouteRefusal::Ambiguous(_) => crate::Code::Ambiguous,
-            RouteRefusal::Unsupported => crate::Code::Unsupported,
+            RouteRefusal::NoRoute => crate::refusal::Code::NoRoute,
+            RouteRefusal::Ambiguous(_) => crate::refusal::Code::Ambiguous,
+            RouteRefusal::Unsupported => crate::refusal::Code::Unsupported,
         }
     }
 

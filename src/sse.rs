@@ -242,7 +242,7 @@ pub fn parse_request(
     // the same bound applies (AEP-0003 §6.5 `limit-exceeded`).
     if let Some(names) = req.history_sessions().filter(|n| n.len() > max_from) {
         return Err(RequestError {
-            code: crate::Code::LimitExceeded,
+            code: crate::refusal::Code::LimitExceeded,
             detail: format!(
                 "with live=0 the filter's `session` names {} sessions to replay; this relay replays at most {max_from} (AEP_MAX_FROM)",
                 names.len()
@@ -480,7 +480,7 @@ mod tests {
         );
         assert_eq!(
             parse_from_value(&v, 1).unwrap_err().code,
-            crate::Code::LimitExceeded
+            crate::refusal::Code::LimitExceeded
         );
         for bad in [
             r#"[{"session":"s","seq":-1}]"#,
@@ -492,7 +492,7 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(bad).unwrap();
             assert_eq!(
                 parse_from_value(&v, 5).unwrap_err().code,
-                crate::Code::InvalidFilter,
+                crate::refusal::Code::InvalidFilter,
                 "{bad}"
             );
         }

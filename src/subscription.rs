@@ -5,7 +5,7 @@
 
 use crate::envelope::Capture;
 use crate::filter::Filter;
-use crate::Code;
+use crate::refusal::Code;
 use std::sync::Arc;
 
 /// A resume position `(session, epoch, seq)` (AEP-0001 §7 rule 6, AEP-0003 §7).

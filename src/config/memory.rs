@@ -390,12 +390,12 @@ mod tests {
 
     #[test]
     fn a_configured_budget_under_1_mib_is_refused() {
-        let c = crate::Config {
+        let c = crate::config::Config {
             max_memory: Some(MemoryBudget::flag(1000)),
             ..Default::default()
         };
         assert!(c.validate().unwrap_err().field.starts_with("max_memory"));
-        let c = crate::Config {
+        let c = crate::config::Config {
             max_memory: Some(MemoryBudget::derived(None, None)),
             ..Default::default()
         };

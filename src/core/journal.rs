@@ -4,7 +4,7 @@
 //! before any Event of it is published or acknowledged: "persist before answering" is the
 //! contract, so a refusal here refuses the whole unit (503 `history-unavailable` over
 //! HTTP, an `error` frame over WebSocket) and nothing of it is published. The files
-//! themselves ([`crate::history::History`]) live outside the core.
+//! themselves (`aep_relay::history::History`) live outside the core.
 
 use crate::envelope::Event;
 use crate::store::Store;

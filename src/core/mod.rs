@@ -32,10 +32,10 @@ use crate::control::Claims;
 use crate::envelope::Event;
 use crate::http;
 use crate::metrics::Metrics;
+use crate::refusal::{Code, Refusal};
 use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
-use crate::{Code, Refusal};
 use bytes::Bytes;
 use conn::{Conn, Flush, Phase};
 use hub::{Fanned, Hub};
@@ -333,7 +333,7 @@ impl Core {
     }
 
     /// The replay store, to fill from durable history before serving
-    /// ([`crate::history::History::open`]).
+    /// (`aep_relay::history::History::open`).
     pub fn store_mut(&mut self) -> &mut Store<Event> {
         &mut self.store
     }

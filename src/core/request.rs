@@ -10,8 +10,8 @@ use crate::auth::{Grant, Scopes};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::refusal::{Code, Refusal};
 use crate::sse;
-use crate::{Code, Refusal};
 use bytes::Bytes;
 use serde_json::json;
 

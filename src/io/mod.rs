@@ -1,7 +1,7 @@
 //! The I/O layer: everything that touches a socket, a file, a thread or the clock, around
 //! the sans-IO [`Core`](crate::core::Core).
 //!
-//! - [`reactor`]: the mio loop ([`Relay`](crate::Relay)): accept, read with a budget,
+//! - [`reactor`]: the mio loop ([`Relay`](reactor::Relay)): accept, read with a budget,
 //!   hand bytes to the core, write what it announces, sleep until its next deadline;
 //! - [`transport`]: one socket, plain TCP or TLS, behind one read/write interface;
 //! - [`tls`] (feature `tls`): rustls over a socket, and the server configuration from PEM;
@@ -17,8 +17,8 @@
 //!
 //! Nothing below this layer names it: the core and the building blocks are driven with
 //! bytes and `now` (`.ci/sans-io.sh`, `.ci/module-cycles.py`). What embedders use is
-//! re-exported at the crate root: [`Relay`](crate::Relay), [`crate::history`],
-//! [`crate::tls`] and [`crate::bridge`].
+//! re-exported at the crate root: [`Relay`](reactor::Relay), `aep_relay::history`,
+//! `aep_relay::tls` and `aep_relay::bridge`.
 
 #[cfg(feature = "cluster")]
 pub mod bridge;

@@ -7,7 +7,7 @@
 
 use super::rfc6455;
 use crate::envelope::SUPPORTED_VERSIONS;
-use crate::Code;
+use crate::refusal::Code;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 

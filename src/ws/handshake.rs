@@ -9,7 +9,7 @@
 
 use super::deflate::{self, Agreed};
 use crate::http::RequestHead;
-use crate::Code;
+use crate::refusal::Code;
 
 /// Why an upgrade request was refused, with the HTTP answer to give.
 #[derive(Debug, Clone, PartialEq, Eq)]

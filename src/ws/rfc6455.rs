@@ -56,12 +56,12 @@ pub struct Violation {
 impl Violation {
     /// The refusal this is (counted under its name in `aep_events_rejected_total`):
     /// the RFC 6455 §7.4.1 name of the close code, prefixed `ws-`.
-    pub fn refusal(&self) -> crate::Code {
+    pub fn refusal(&self) -> crate::refusal::Code {
         match self.code {
-            close_code::UNSUPPORTED => crate::Code::WsUnsupportedData,
-            close_code::INVALID_PAYLOAD => crate::Code::WsInvalidPayload,
-            close_code::TOO_BIG => crate::Code::WsMessageTooBig,
-            _ => crate::Code::WsProtocolError,
+            close_code::UNSUPPORTED => crate::refusal::Code::WsUnsupportedData,
+            close_code::INVALID_PAYLOAD => crate::refusal::Code::WsInvalidPayload,
+            close_code::TOO_BIG => crate::refusal::Code::WsMessageTooBig,
+            _ => crate::refusal::Code::WsProtocolError,
         }
     }
 }

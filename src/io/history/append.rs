@@ -1,6 +1,6 @@
 //! Appending: the journal. [`History`] holds the root's lock and an LRU of open session
 //! files, and appends each batch before it is answered, cut back when it fails
-//! ([crate::history#writing], [crate::history#durability-fsync]).
+//! ([super#writing], [super#durability-fsync]).
 
 use super::naming::relative_key;
 use super::rebuild::{last_newline_end, rebuild, RebuildStats};
@@ -101,7 +101,7 @@ fn lock_root(dir: &Path) -> Result<File, HistoryError> {
 
 impl History {
     /// Opens (creating when absent) the history root and rebuilds `store` from it (see the
-    /// [module docs](crate::history#rebuild)). `store` should be empty.
+    /// [module docs](super#rebuild)). `store` should be empty.
     ///
     /// # Errors
     /// [`HistoryError::Config`] for a zero file cap; [`HistoryError::Locked`] when another

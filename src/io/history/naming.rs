@@ -1,6 +1,6 @@
 //! Naming: the file of a stream. `agent` and `session` each become one path component
 //! ([`encode_component`], reversed by [`decode_component`]) and a session's log is
-//! `{agent}/{session}.jsonl` under the root ([crate::history#layout-and-the-name-mapping]).
+//! `{agent}/{session}.jsonl` under the root ([super#layout-and-the-name-mapping]).
 
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ fn plain(b: u8, first: bool) -> bool {
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Encodes a producer-controlled value (an `agent` or a `session`) as one safe path
-/// component; see the [module docs](crate::history#layout-and-the-name-mapping) for the rules.
+/// component; see the [module docs](super#layout-and-the-name-mapping) for the rules.
 ///
 /// The result is 1 to [`MAX_COMPONENT`] bytes of `[a-z0-9._%A-F~-]`, never starts with
 /// `.`, and is distinct for distinct values even under case folding. The empty string

@@ -1,5 +1,5 @@
 //! Rebuilding: reading the files back at start into the replay store, the newest
-//! `max_sessions` files and a window of each ([crate::history#rebuild]).
+//! `max_sessions` files and a window of each ([super#rebuild]).
 
 use super::naming::SUFFIX;
 use super::{io_at, HistoryError};

@@ -13,7 +13,7 @@ use super::tls::TlsStream;
 use super::transport::Transport;
 use crate::config::Config;
 use crate::core::{ConnId, Core, Interest as Want, NoJournal, Origin, Output, Stop};
-use crate::Refusal;
+use crate::refusal::Refusal;
 use bytes::Bytes;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
