@@ -3,17 +3,52 @@
 //! rebuilt in stream order after an outage.
 
 use super::publish::split_message;
+use super::ClusterState;
 use crate::core::Core;
 use bytes::Bytes;
 
 impl Core {
+    /// One stream message from the consumer ([`FromBus::Message`]): the lag and the
+    /// catching-up state brought up to date, then the message admitted, once per stream
+    /// sequence.
+    ///
+    /// [`FromBus::Message`]: crate::cluster::FromBus::Message
+    pub(super) fn bus_message(
+        &mut self,
+        stream_seq: u64,
+        pending: u64,
+        payload: Bytes,
+        own_id: Option<String>,
+    ) {
+        let bus = self.bus.as_mut().expect("clustered");
+        // Behind by what the consumer says is pending, or by what the stream held
+        // at the connection, whichever is more; nothing once caught up.
+        bus.target = bus.target.max(stream_seq);
+        let behind = bus.target.saturating_sub(stream_seq);
+        bus.lag = if bus.state == ClusterState::CatchingUp {
+            behind.max(pending)
+        } else {
+            behind
+        };
+        if stream_seq <= bus.applied {
+            return; // once per stream sequence
+        }
+        bus.applied = stream_seq;
+        if bus.state == ClusterState::CatchingUp && (bus.applied >= bus.target || pending == 0) {
+            bus.state = ClusterState::Connected;
+            log::info!("cluster: caught up at stream sequence {stream_seq}");
+        }
+        self.admit_from_stream(stream_seq, payload, own_id);
+        self.settle_provisional();
+    }
+
     /// One stream message: admitted and fanned out (once per stream sequence; the caller
     /// checked the sequence), exactly as a single relay admits an ingested Event: buffer
     /// admission dedupes on `(source, id)`, live fan-out forwards every Event as received,
     /// redeliveries included (AEP-0003 §5). Only this relay's own message whose Events
     /// were delivered here already (`own_id` in `Bus::delivered`: the outbox, a command
     /// given to its claimant) is not fanned out again to them.
-    pub(super) fn admit_from_stream(&mut self, seq: u64, payload: Bytes, own_id: Option<String>) {
+    fn admit_from_stream(&mut self, seq: u64, payload: Bytes, own_id: Option<String>) {
         let events = split_message(seq, payload);
         let bus = self.bus.as_mut().expect("clustered");
         if let Some((_, log)) = bus.provisional.as_mut() {

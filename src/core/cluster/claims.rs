@@ -13,7 +13,7 @@ use std::time::Instant;
 /// A remote claim record: one relay's claimants of one session.
 #[derive(Debug, Clone)]
 pub(super) struct RemoteClaim {
-    pub(super) relay: String,
+    relay: String,
     session: String,
     /// Roster entries (AEP-0003 §4.1), one per claimant there.
     entries: Vec<Value>,
@@ -52,6 +52,35 @@ impl Bus {
         v.sort_unstable();
         v
     }
+
+    /// A claims KV entry changed ([`FromBus::Claim`]): another relay's presence record
+    /// or claim record kept, this relay's own ignored, a gone one forgotten.
+    ///
+    /// [`FromBus::Claim`]: crate::cluster::FromBus::Claim
+    pub(super) fn on_claim(&mut self, key: String, value: Option<Bytes>) {
+        let own = self.config.relay_id.clone();
+        let presence = value
+            .as_deref()
+            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+            .filter(|v| v.get("presence").and_then(Value::as_bool) == Some(true));
+        if let Some(p) = presence {
+            if p.get("relay").and_then(Value::as_str) != Some(own.as_str()) {
+                self.relays.insert(key, p);
+            }
+            return;
+        }
+        match value.as_deref().and_then(parse_claim) {
+            Some(c) if c.relay != own => {
+                self.remote.insert(key, c);
+            }
+            Some(_) => {}
+            None => {
+                self.remote.remove(&key);
+                // A presence record gone: the relay stopped refreshing it.
+                self.relays.remove(&key);
+            }
+        }
+    }
 }
 
 /// A claim record's value: `{"relay","session","entries","accepts"}`.
@@ -60,7 +89,7 @@ fn claim_record(relay: &str, session: &str, entries: &[Value], accepts: &[Vec<St
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
 }
 
-pub(super) fn parse_claim(b: &[u8]) -> Option<RemoteClaim> {
+fn parse_claim(b: &[u8]) -> Option<RemoteClaim> {
     let v: Value = serde_json::from_slice(b).ok()?;
     let accepts = v
         .get("accepts")?

@@ -10,15 +10,45 @@ use crate::ws::aep::Ref;
 use crate::ws::rfc6455;
 use crate::Code;
 use bytes::Bytes;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The answer a relay gives to a routed command: `{"ok":true}` or `{"code","detail"}`.
-pub(super) fn route_answer(r: Result<(), (Code, String)>) -> Bytes {
+fn route_answer(r: Result<(), (Code, String)>) -> Bytes {
     let v = match r {
         Ok(()) => json!({ "ok": true }),
         Err((code, detail)) => json!({ "code": code.as_str(), "detail": detail }),
     };
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// What a relay's answer to a routed command ([`route_answer`]), or the failure to get
+/// one, refuses: `None` for `{"ok":true}`, else the code and detail of the sender's
+/// in-band `error`.
+fn route_refusal(result: Result<Bytes, String>) -> Option<(Code, String)> {
+    match result {
+        Ok(body) => {
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if v.get("ok").and_then(Value::as_bool) == Some(true) {
+                None
+            } else {
+                let code = match v.get("code").and_then(Value::as_str) {
+                    Some("ambiguous") => Code::Ambiguous,
+                    Some("unsupported") => Code::Unsupported,
+                    _ => Code::NoRoute,
+                };
+                let d = v
+                    .get("detail")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the claimant's relay refused the command")
+                    .to_owned();
+                Some((code, d))
+            }
+        }
+        Err(e) => Some((
+            Code::NoRoute,
+            format!("the claimant's relay did not take the command ({e}) (AEP-0004 §4.2)"),
+        )),
+    }
 }
 
 impl Core {
@@ -77,7 +107,7 @@ impl Core {
     }
 
     /// A command another relay forwarded: checked again here, then delivered.
-    pub(super) fn routed_command(&mut self, payload: Bytes) -> Result<(), (Code, String)> {
+    fn routed_command(&mut self, payload: Bytes) -> Result<(), (Code, String)> {
         let ev = Event::parse(payload).map_err(|e| (Code::InvalidEvent, e.detail))?;
         if !ev.is_command() {
             return Err((Code::InvalidEvent, "not a command".into()));
@@ -100,5 +130,33 @@ impl Core {
         bus.delivered.insert(o.id.clone(), Some(target));
         bus.publish_with(o, |o| Ticket::Loose(o, None));
         Ok(())
+    }
+
+    /// A command another relay forwarded here ([`FromBus::Request`]), answered on
+    /// `reply` (see [`route_answer`]).
+    ///
+    /// [`FromBus::Request`]: crate::cluster::FromBus::Request
+    pub(super) fn bus_request(&mut self, reply: u64, payload: Bytes) {
+        let answer = self.routed_command(payload);
+        if let Some(bus) = self.bus.as_mut() {
+            bus.to_bus.push_back(ToBus::Reply {
+                reply,
+                payload: route_answer(answer),
+            });
+        }
+    }
+
+    /// The answer to a command forwarded to its claimant's relay ([`FromBus::Response`]):
+    /// a refusal, a timeout or no responder becomes the sender's in-band `error`.
+    ///
+    /// [`FromBus::Response`]: crate::cluster::FromBus::Response
+    pub(super) fn bus_response(&mut self, ticket: u64, result: Result<Bytes, String>) {
+        let bus = self.bus.as_mut().expect("clustered");
+        let Some((key, id)) = bus.requests.remove(&ticket) else {
+            return;
+        };
+        if let Some((code, d)) = route_refusal(result) {
+            self.ws_refuse(key, code, Ref::Cause(&id), &d);
+        }
     }
 }

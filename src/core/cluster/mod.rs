@@ -40,8 +40,8 @@
 //!
 //! # Files
 //!
-//! Here: the state ([`Bus`]), the link to the engine, and [`Core::handle_bus`], what the
-//! bridge reports. [`publish`]: what goes to the stream
+//! Here: the state ([`Bus`]), the link to the engine, and [`Core::handle_bus`], which
+//! hands each report of the bridge to its handler. [`publish`]: what goes to the stream
 //! and its acknowledgements; [`outbox`]: what waits for it while the engine is down;
 //! [`posts`]: the answers to `POST`s waiting for it; [`admit`]: what comes from it;
 //! [`claims`]: the claims bucket (claim and presence records); [`commands`]: commands
@@ -54,11 +54,8 @@
 use super::Core;
 use crate::cluster::{ClusterConfig, FromBus, ToBus};
 use crate::envelope::Event;
-use crate::ws::aep::Ref;
-use crate::{Code, ConnId};
-use claims::parse_claim;
+use crate::ConnId;
 use claims::RemoteClaim;
-use commands::route_answer;
 use posts::Group;
 use publish::{Held, Outgoing, Ticket};
 use serde_json::{json, Value};
@@ -263,6 +260,45 @@ impl Bus {
     pub(super) fn outbox_len(&self) -> usize {
         self.outbox_events
     }
+
+    /// The engine is unreachable ([`FromBus::Disconnected`]): degraded, and the other
+    /// relays' claims and presence forgotten until the reconnect brings them again.
+    fn on_disconnected(&mut self, reason: &str) {
+        if self.state != ClusterState::Degraded {
+            log::warn!("cluster: engine unreachable ({reason}); degraded");
+        }
+        self.state = ClusterState::Degraded;
+        self.stalled = false;
+        // Remote claims cannot be reached meanwhile.
+        self.remote.clear();
+        self.relays.clear();
+    }
+
+    /// The ordered consumer was recreated ([`FromBus::ConsumerReset`]): counted.
+    fn on_consumer_reset(&mut self) {
+        self.consumer_resets += 1;
+    }
+
+    /// The engine stopped answering on a connection that stays up ([`FromBus::Stalled`]):
+    /// degraded until it answers again.
+    fn on_stalled(&mut self, reason: &str) {
+        if self.state != ClusterState::Degraded {
+            log::warn!("cluster: the engine stalled ({reason}); degraded until it answers");
+            self.state = ClusterState::Degraded;
+            self.stalled = true;
+        }
+    }
+
+    /// The engine answers again after a stall ([`FromBus::Answering`]): up again, and the
+    /// outbox retried.
+    fn on_answering(&mut self) {
+        if self.stalled {
+            self.stalled = false;
+            self.state = self.up_state();
+            log::info!("cluster: the engine answers again");
+            self.flush_outbox();
+        }
+    }
 }
 
 /// Who hears how a cluster-mode ingest went.
@@ -350,159 +386,51 @@ impl Core {
             FromBus::Connected {
                 max_payload,
                 last_seq,
-            } => {
-                if bus.ever_connected {
-                    bus.reconnects += 1;
-                }
-                bus.ever_connected = true;
-                bus.max_payload = max_payload;
-                bus.target = last_seq;
-                bus.state = bus.up_state();
-                log::info!(
-                    "cluster: connected (stream at {last_seq}, applied {}); {} Events in the outbox",
-                    bus.applied,
-                    bus.outbox_events
-                );
-                bus.stalled = false;
-                // The outbox, in order, then every local claim again.
-                bus.flush_outbox();
-                let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
-                let bus = self.bus.as_mut().expect("clustered");
-                bus.claims_dirty.extend(sessions);
-                bus.put_presence();
-                if bus.refresh_at.is_none() {
-                    bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
-                }
-            }
-            FromBus::Disconnected { reason } => {
-                if bus.state != ClusterState::Degraded {
-                    log::warn!("cluster: engine unreachable ({reason}); degraded");
-                }
-                bus.state = ClusterState::Degraded;
-                bus.stalled = false;
-                // Remote claims cannot be reached meanwhile.
-                bus.remote.clear();
-                bus.relays.clear();
-            }
+            } => self.bus_connected(max_payload, last_seq, now),
+            FromBus::Disconnected { reason } => bus.on_disconnected(&reason),
             FromBus::Message {
                 stream_seq,
                 pending,
                 payload,
                 own_id,
-            } => {
-                // Behind by what the consumer says is pending, or by what the stream held
-                // at the connection, whichever is more; nothing once caught up.
-                bus.target = bus.target.max(stream_seq);
-                let behind = bus.target.saturating_sub(stream_seq);
-                bus.lag = if bus.state == ClusterState::CatchingUp {
-                    behind.max(pending)
-                } else {
-                    behind
-                };
-                if stream_seq <= bus.applied {
-                    return; // once per stream sequence
-                }
-                bus.applied = stream_seq;
-                if bus.state == ClusterState::CatchingUp
-                    && (bus.applied >= bus.target || pending == 0)
-                {
-                    bus.state = ClusterState::Connected;
-                    log::info!("cluster: caught up at stream sequence {stream_seq}");
-                }
-                self.admit_from_stream(stream_seq, payload, own_id);
-                self.settle_provisional();
-            }
-            FromBus::ConsumerReset => bus.consumer_resets += 1,
-            FromBus::Stalled { reason } => {
-                if bus.state != ClusterState::Degraded {
-                    log::warn!("cluster: the engine stalled ({reason}); degraded until it answers");
-                    bus.state = ClusterState::Degraded;
-                    bus.stalled = true;
-                }
-            }
-            FromBus::Answering => {
-                if bus.stalled {
-                    bus.stalled = false;
-                    bus.state = bus.up_state();
-                    log::info!("cluster: the engine answers again");
-                    bus.flush_outbox();
-                }
-            }
-            FromBus::Acked { ticket, .. } => {
-                self.acked(ticket, None);
-                self.settle_provisional();
-            }
-            FromBus::PublishFailed { ticket, error } => {
-                bus.publish_errors += 1;
-                self.acked(ticket, Some(error));
-            }
-            FromBus::Claim { key, value } => {
-                let own = bus.config.relay_id.clone();
-                let presence = value
-                    .as_deref()
-                    .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-                    .filter(|v| v.get("presence").and_then(Value::as_bool) == Some(true));
-                if let Some(p) = presence {
-                    if p.get("relay").and_then(Value::as_str) != Some(own.as_str()) {
-                        bus.relays.insert(key, p);
-                    }
-                    return;
-                }
-                match value.as_deref().and_then(parse_claim) {
-                    Some(c) if c.relay != own => {
-                        bus.remote.insert(key, c);
-                    }
-                    Some(_) => {}
-                    None => {
-                        bus.remote.remove(&key);
-                        // A presence record gone: the relay stopped refreshing it.
-                        bus.relays.remove(&key);
-                    }
-                }
-            }
-            FromBus::Request { reply, payload } => {
-                let answer = self.routed_command(payload);
-                if let Some(bus) = self.bus.as_mut() {
-                    bus.to_bus.push_back(ToBus::Reply {
-                        reply,
-                        payload: route_answer(answer),
-                    });
-                }
-            }
-            FromBus::Response { ticket, result } => {
-                let Some((key, id)) = bus.requests.remove(&ticket) else {
-                    return;
-                };
-                let refusal = match result {
-                    Ok(body) => {
-                        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        if v.get("ok").and_then(Value::as_bool) == Some(true) {
-                            None
-                        } else {
-                            let code = match v.get("code").and_then(Value::as_str) {
-                                Some("ambiguous") => Code::Ambiguous,
-                                Some("unsupported") => Code::Unsupported,
-                                _ => Code::NoRoute,
-                            };
-                            let d = v
-                                .get("detail")
-                                .and_then(Value::as_str)
-                                .unwrap_or("the claimant's relay refused the command")
-                                .to_owned();
-                            Some((code, d))
-                        }
-                    }
-                    Err(e) => Some((
-                        Code::NoRoute,
-                        format!(
-                            "the claimant's relay did not take the command ({e}) (AEP-0004 §4.2)"
-                        ),
-                    )),
-                };
-                if let Some((code, d)) = refusal {
-                    self.ws_refuse(key, code, Ref::Cause(&id), &d);
-                }
-            }
+            } => self.bus_message(stream_seq, pending, payload, own_id),
+            FromBus::ConsumerReset => bus.on_consumer_reset(),
+            FromBus::Stalled { reason } => bus.on_stalled(&reason),
+            FromBus::Answering => bus.on_answering(),
+            FromBus::Acked { ticket, .. } => self.bus_acked(ticket),
+            FromBus::PublishFailed { ticket, error } => self.bus_publish_failed(ticket, error),
+            FromBus::Claim { key, value } => bus.on_claim(key, value),
+            FromBus::Request { reply, payload } => self.bus_request(reply, payload),
+            FromBus::Response { ticket, result } => self.bus_response(ticket, result),
+        }
+    }
+
+    /// Connected to the engine ([`FromBus::Connected`], also after each reconnect): the
+    /// outbox published, in order, then every local claim put again, and this relay's
+    /// presence record.
+    fn bus_connected(&mut self, max_payload: usize, last_seq: u64, now: Instant) {
+        let bus = self.bus.as_mut().expect("clustered");
+        if bus.ever_connected {
+            bus.reconnects += 1;
+        }
+        bus.ever_connected = true;
+        bus.max_payload = max_payload;
+        bus.target = last_seq;
+        bus.state = bus.up_state();
+        log::info!(
+            "cluster: connected (stream at {last_seq}, applied {}); {} Events in the outbox",
+            bus.applied,
+            bus.outbox_events
+        );
+        bus.stalled = false;
+        // The outbox, in order, then every local claim again.
+        bus.flush_outbox();
+        let sessions: Vec<String> = self.claims.iter().map(|(s, _)| s.to_owned()).collect();
+        let bus = self.bus.as_mut().expect("clustered");
+        bus.claims_dirty.extend(sessions);
+        bus.put_presence();
+        if bus.refresh_at.is_none() {
+            bus.refresh_at = Some(now + bus.config.claim_ttl / 3);
         }
     }
 }

@@ -338,7 +338,7 @@ impl Core {
     }
 
     /// A publish answered: `error` `None` when stored.
-    pub(super) fn acked(&mut self, ticket: u64, error: Option<String>) {
+    fn acked(&mut self, ticket: u64, error: Option<String>) {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };
@@ -429,5 +429,22 @@ impl Core {
                 self.answer_posts(serial, group, error);
             }
         }
+    }
+
+    /// A publish stored in the stream ([`FromBus::Acked`]).
+    ///
+    /// [`FromBus::Acked`]: crate::cluster::FromBus::Acked
+    pub(super) fn bus_acked(&mut self, ticket: u64) {
+        self.acked(ticket, None);
+        self.settle_provisional();
+    }
+
+    /// A publish not stored ([`FromBus::PublishFailed`]): counted, then kept locally,
+    /// retried or refused as its ticket says.
+    ///
+    /// [`FromBus::PublishFailed`]: crate::cluster::FromBus::PublishFailed
+    pub(super) fn bus_publish_failed(&mut self, ticket: u64, error: String) {
+        self.bus.as_mut().expect("clustered").publish_errors += 1;
+        self.acked(ticket, Some(error));
     }
 }
