@@ -1,0 +1,191 @@
+//! The answers to `POST /events` requests waiting for the stream: the group of `POST`s
+//! read in one reactor turn, answered once the stream acknowledged every message of it,
+//! in each connection's request order.
+
+use super::publish::{Outgoing, Ticket};
+use super::ClusterState;
+use crate::cluster::ClusterConfig;
+use crate::core::conn::Answer;
+use crate::core::Core;
+use std::time::Duration;
+
+/// A `POST /events` waiting for the stream's acknowledgements: its connection, its
+/// `Connection: close`, and how many Events it carried.
+#[derive(Debug)]
+pub(super) struct Post {
+    pub(super) key: usize,
+    pub(super) close: bool,
+    pub(super) accepted: usize,
+}
+
+/// The `POST`s read in one reactor turn, published together: their Events that share a
+/// subject travel as one stream message, as a single relay fans them out as one unit
+/// (the engine's cost is per message, and so is every relay's fan-out write). Each
+/// `POST` is answered once every message of its group is.
+#[derive(Debug, Default)]
+pub(super) struct Group {
+    pub(super) posts: Vec<Post>,
+    /// Messages not answered yet (none before the group is published).
+    pub(super) remaining: usize,
+    /// Messages whose publish failed, with their tickets (in the bodies' order once
+    /// sorted: acks come in any order).
+    pub(super) failed: Vec<(u64, Outgoing)>,
+}
+
+impl Core {
+    /// Answers the `POST`s of a group whose every publish was answered: each with its
+    /// own count, or all with the one refusal when what failed could not be kept
+    /// locally either (the group's Events share stream messages, so they share that
+    /// fate). Each connection then sends its answers in request order (those of the
+    /// requests read behind its `POST`s included), and reads on; a connection gone
+    /// meanwhile is not answered.
+    pub(super) fn answer_posts(&mut self, serial: u64, group: Group, error: Option<String>) {
+        let Group { posts, failed, .. } = group;
+        let outcome = if failed.is_empty() {
+            Ok(())
+        } else {
+            // Some did not reach the stream: kept locally, or refused.
+            let e = error.unwrap_or_default();
+            let events: usize = posts.iter().map(|p| p.accepted).sum();
+            log::warn!(
+                "cluster: {} stream messages of {events} Events not stored by the engine ({e})",
+                failed.len()
+            );
+            let mut failed = failed;
+            failed.sort_unstable_by_key(|(t, _)| *t);
+            self.degraded_msgs(failed.into_iter().map(|(_, o)| o).collect())
+                .map(|_| ())
+        };
+        let mut keys: Vec<usize> = Vec::new();
+        for Post {
+            key,
+            close,
+            accepted,
+        } in posts
+        {
+            let Some(conn) = self.conns.get(key).filter(|c| c.awaiting == Some(serial)) else {
+                continue; // the connection is gone
+            };
+            // A peer that half-closed meanwhile gets its answer, then the close.
+            let close = close || conn.peer_eof;
+            let outcome = outcome.clone().map(|()| accepted);
+            if let Ok(n) = outcome {
+                self.metrics.ingested_http += n as u64;
+            }
+            let resp = self.post_answer(key, outcome, close);
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if let Some(t) = conn.post_since.take() {
+                self.metrics
+                    .post_duration
+                    .observe(self.now.saturating_duration_since(t));
+            }
+            // This `POST`'s place among the connection's answers.
+            if let Some(slot) = conn
+                .answers
+                .iter_mut()
+                .find(|a| matches!(a, Answer::Waiting(_)))
+            {
+                let Answer::Waiting(cors) = slot else {
+                    unreachable!("matched")
+                };
+                let resp = match cors {
+                    Some(origin) => {
+                        crate::http::insert_headers(&resp, &crate::http::cors_lines(origin))
+                    }
+                    None => resp,
+                };
+                *slot = Answer::Ready(resp, close);
+            }
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        for key in keys {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            conn.awaiting = None;
+            conn.since = self.now;
+            let answers = std::mem::take(&mut conn.answers);
+            self.end_unit();
+            for a in answers {
+                match a {
+                    Answer::Ready(bytes, close) => {
+                        self.send_answer(key, bytes, close);
+                        if close {
+                            break;
+                        }
+                    }
+                    Answer::Waiting(_) => {
+                        debug_assert!(false, "a POST of another group on one connection");
+                    }
+                }
+            }
+            // The requests read behind them, then the socket.
+            self.process(key);
+            if self
+                .conns
+                .get(key)
+                .is_some_and(|c| !c.read_paused && c.awaiting.is_none() && !c.close_after_flush)
+            {
+                self.set_interest(key, Some(true), None);
+            }
+            self.rearm(key);
+        }
+    }
+
+    /// Whether the next request read on `key`, which waits for the open group of
+    /// `POST`s, may join that group: only a pipelined `POST /events`, read in the same
+    /// turn (its answer then waits in order behind the others, [`Conn::answers`](crate::core::conn::Conn::answers)).
+    pub(in crate::core) fn may_join_group(&self, key: usize) -> bool {
+        let (Some(bus), Some(conn)) = (self.bus.as_ref(), self.conns.get(key)) else {
+            return false;
+        };
+        if bus.open_group.is_none() || conn.awaiting != bus.open_group {
+            return false;
+        }
+        matches!(
+            crate::http::parse_head(&conn.rbuf),
+            Ok(Some((head, _))) if head.method == "POST" && head.path == "/events"
+        )
+    }
+
+    /// A `POST` that waited too long for the stream (the bridge answers every publish
+    /// within its ack timeout; this only guards against a bridge that cannot).
+    pub(in crate::core) fn post_expired(&mut self, key: usize) {
+        let Some(serial) = self.conns.get(key).and_then(|c| c.awaiting) else {
+            return;
+        };
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let Some(group) = bus.posts.remove(&serial) else {
+            return;
+        };
+        // Every Event of the group still unanswered counts as failed: kept locally (and retried from
+        // the outbox: the stream's dedupe drops a copy that did get in) or refused.
+        let mut unanswered = Vec::new();
+        bus.tickets.retain(|n, t| match t {
+            Ticket::Post(s, o) if *s == serial => {
+                unanswered.push((*n, o.clone()));
+                false
+            }
+            _ => true,
+        });
+        if !bus.stalled && bus.state != ClusterState::Degraded {
+            log::warn!("cluster: the engine does not acknowledge in time; degraded until it does");
+            bus.state = ClusterState::Degraded;
+            bus.stalled = true;
+        }
+        let mut group = group;
+        group.failed.extend(unanswered);
+        self.answer_posts(serial, group, Some("no acknowledgement in time".into()));
+    }
+}
+
+/// How long a `POST` may wait for the stream before the core gives up on the bridge.
+pub(in crate::core) fn post_deadline(config: &ClusterConfig) -> Duration {
+    config.ack_timeout * 2 + Duration::from_secs(1)
+}
