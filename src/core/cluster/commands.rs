@@ -6,9 +6,9 @@ use super::publish::Ticket;
 use crate::cluster::ToBus;
 use crate::core::Core;
 use crate::envelope::Event;
+use crate::refusal::Code;
 use crate::ws::aep::Ref;
 use crate::ws::rfc6455;
-use crate::Code;
 use bytes::Bytes;
 use serde_json::{json, Value};
 

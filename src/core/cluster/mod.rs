@@ -1,7 +1,7 @@
 //! Cluster mode, the core's side: what to publish to the engine, what to admit from it,
 //! the claims of other relays, and commands routed between relays. Sans-IO like the rest
 //! of the core: it takes [`FromBus`] values and `now`, and leaves [`ToBus`] values for
-//! the reactor to hand to the bridge thread ([`crate::bridge::Bridge`]).
+//! the reactor to hand to the bridge thread (`aep_relay::bridge::Bridge`).
 //!
 //! # One stream, one order
 //!
@@ -54,7 +54,7 @@
 use super::Core;
 use crate::cluster::{ClusterConfig, FromBus, ToBus};
 use crate::envelope::Event;
-use crate::ConnId;
+use crate::ids::ConnId;
 use claims::RemoteClaim;
 use posts::Group;
 use publish::{Held, Outgoing, Ticket};

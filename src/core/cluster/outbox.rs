@@ -7,7 +7,7 @@ use super::{Bus, ClusterState};
 use crate::cluster::Degrade;
 use crate::core::Core;
 use crate::envelope::Event;
-use crate::Refusal;
+use crate::refusal::Refusal;
 use bytes::Bytes;
 
 impl Bus {

@@ -8,8 +8,8 @@ use crate::cluster::{self, ToBus};
 use crate::core::conn::Answer;
 use crate::core::Core;
 use crate::envelope::{Attr, Event, Scope};
+use crate::refusal::Refusal;
 use crate::ws::aep::Ref;
-use crate::Refusal;
 use bytes::Bytes;
 use std::collections::HashMap;
 

@@ -52,7 +52,7 @@ impl StopHandle {
     }
 
     /// Asks the relay to shut down gracefully, as on SIGTERM: stop accepting, end every
-    /// stream with a notice, flush, then `run` returns (see [`Relay::run`](crate::Relay::run)).
+    /// stream with a notice, flush, then `run` returns (see [`Relay::run`](super::Relay::run)).
     pub fn shutdown(&self) {
         self.graceful.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
