@@ -2,21 +2,12 @@
 //! read in one reactor turn, answered once the stream acknowledged every message of it,
 //! in each connection's request order.
 
-use super::publish::{Outgoing, Ticket};
+use super::publish::{Outgoing, Post, Ticket};
 use super::ClusterState;
 use crate::cluster::ClusterConfig;
 use crate::core::conn::Answer;
 use crate::core::Core;
 use std::time::Duration;
-
-/// A `POST /events` waiting for the stream's acknowledgements: its connection, its
-/// `Connection: close`, and how many Events it carried.
-#[derive(Debug)]
-pub(super) struct Post {
-    pub(super) key: usize,
-    pub(super) close: bool,
-    pub(super) accepted: usize,
-}
 
 /// The `POST`s read in one reactor turn, published together: their Events that share a
 /// subject travel as one stream message, as a single relay fans them out as one unit

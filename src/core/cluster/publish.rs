@@ -2,7 +2,6 @@
 //! in, cluster-mode ingest ([`Core::submit`]), and what each acknowledgement or failure
 //! of a publish settles ([`Ticket`]).
 
-use super::posts::Post;
 use super::{Bus, ClusterState, Submitted, Waiter};
 use crate::cluster::{self, ToBus};
 use crate::core::conn::Answer;
@@ -12,6 +11,15 @@ use crate::refusal::Refusal;
 use crate::ws::aep::Ref;
 use bytes::Bytes;
 use std::collections::HashMap;
+
+/// A `POST /events` waiting for the stream's acknowledgements: its connection, its
+/// `Connection: close`, and how many Events it carried.
+#[derive(Debug)]
+pub(super) struct Post {
+    pub(super) key: usize,
+    pub(super) close: bool,
+    pub(super) accepted: usize,
+}
 
 /// One stream message this relay publishes: its msg id ([`cluster::publish_id`], kept
 /// through every retry of it, the outbox's included), its subject and its Events.
@@ -101,9 +109,7 @@ pub(super) type Emitter = Option<(usize, std::net::SocketAddr)>;
 pub(super) enum Held {
     /// A WebSocket emitter (told if it fails for good), or no one.
     Ws(Emitter),
-    /// A `POST` of the open [`Group`] ([`Bus::open_group`]).
-    ///
-    /// [`Group`]: super::posts::Group
+    /// A `POST` of the open group of `POST`s ([`Bus::open_group`]).
     Post,
 }
 
