@@ -75,6 +75,9 @@ one() {
     local name=$1 side=$2 bin=$3 out="$RESULTS/$1.$2"
     local load
     load=$(args "$name" | head -1)
+    if curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz"; then
+        die "something already answers on 127.0.0.1:$PORT (PORT=… to use another)"
+    fi
     AEP_LOG=warn taskset -c "$SERVER_CPU" valgrind --tool=callgrind \
         --callgrind-out-file="$out.callgrind" "$bin" --listen "127.0.0.1:$PORT" \
         >"$out.log" 2>&1 &
@@ -83,6 +86,7 @@ one() {
         curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break
         sleep 0.1
     done
+    kill -0 "$vg" 2>/dev/null || die "the relay under valgrind did not start (see $out.log)"
     # shellcheck disable=SC2086 # the arguments are words
     if ! taskset -c "$LOAD_CPU" "$LOAD_BIN" --addr "127.0.0.1:$PORT" $load --timeout 600 \
         >"$out.load" 2>&1; then
