@@ -129,6 +129,31 @@ impl OutQueue {
         self.bufs.push_back((b, tag));
     }
 
+    /// Panics when the queue's counts disagree with its buffers (the invariant in the
+    /// type's docs: `bytes` is the buffers' lengths less `front_off`; `own` is the
+    /// lengths of the buffers that are the queue's own). Debug builds check it after
+    /// each call that handled the connection (`Core::check_conn`).
+    #[cfg(debug_assertions)]
+    pub(crate) fn check(&self) {
+        let all: usize = self.bufs.iter().map(|(b, _)| b.len()).sum();
+        assert_eq!(
+            self.bytes + self.front_off,
+            all,
+            "OutQueue: bytes + front_off"
+        );
+        let own: usize = self
+            .bufs
+            .iter()
+            .filter(|(_, t)| *t == UNSHARED)
+            .map(|(b, _)| b.len())
+            .sum();
+        assert_eq!(self.own, own, "OutQueue: own");
+        assert!(
+            self.front_off == 0 || !self.bufs.is_empty(),
+            "OutQueue: front_off"
+        );
+    }
+
     /// Bytes the transport holds for this connection ([`OutQueue::set_held`]).
     pub(crate) fn held(&self) -> usize {
         self.held
@@ -479,6 +504,33 @@ pub(crate) enum Phase {
     Closing,
 }
 
+impl Phase {
+    /// The phase's name, for logs and assertions.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Phase::Head => "head",
+            Phase::Body { .. } => "body",
+            Phase::Discard(_) => "discard",
+            Phase::Sse { .. } => "sse",
+            Phase::Ws(_) => "ws",
+            Phase::Closing => "closing",
+        }
+    }
+}
+
+/// Whether a connection may go from phase `from` to phase `to` ([`Conn::enter`]).
+fn legal(from: &Phase, to: &Phase) -> bool {
+    matches!(
+        (from, to),
+        (_, Phase::Closing)
+            | (Phase::Head, _)
+            | (
+                Phase::Body { .. } | Phase::Discard(_),
+                Phase::Head | Phase::Discard(_)
+            )
+    )
+}
+
 /// One answer of a connection's pipelined requests in cluster mode (see
 /// [`Conn::answers`]).
 #[derive(Debug)]
@@ -616,6 +668,21 @@ impl Conn {
             }
             _ => None,
         }
+    }
+
+    /// Moves the connection to phase `next` and returns the phase it leaves: the one
+    /// place a connection's phase changes. The legal changes: from `Head` to any phase
+    /// (a request read, its body, an upgrade, a stream); from `Body` or `Discard` back to
+    /// `Head` or on to `Discard`; from anything to `Closing`. Any other is a bug: a debug
+    /// build panics on it (a stream or a socket never goes back to reading requests).
+    pub(crate) fn enter(&mut self, next: Phase) -> Phase {
+        debug_assert!(
+            legal(&self.phase, &next),
+            "illegal phase change {} -> {}",
+            self.phase.name(),
+            next.name()
+        );
+        std::mem::replace(&mut self.phase, next)
     }
 
     pub(crate) fn new(peer: SocketAddr, now: Instant) -> Conn {

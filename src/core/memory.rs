@@ -225,6 +225,8 @@ impl Core {
         let old = std::mem::replace(&mut conn.charged, now);
         self.ledger.conns.sub(old);
         self.ledger.conns.add(now);
+        #[cfg(debug_assertions)]
+        self.check_conn(key);
     }
 
     /// Forgets a closed connection's share: its queued slices and its charge.
@@ -311,7 +313,7 @@ impl Core {
                 conn.backlog.release_all(chunks);
                 conn.out.discard_unwritten(chunks, sse_frame_end, |_| {});
                 conn.send(crate::sse::MEMORY_BUDGET);
-                conn.phase = Phase::Closing;
+                conn.enter(Phase::Closing);
                 conn.close_after_flush = true;
                 conn.since = self.now;
                 self.hub.remove(sub);

@@ -482,7 +482,7 @@ impl Core {
                 // `Closing` phase puts the connection under the linger timer, so a peer
                 // that also stops reading cannot hold it open forever.
                 conn.close_after_flush = true;
-                conn.phase = Phase::Closing;
+                conn.enter(Phase::Closing);
                 conn.since = now;
                 conn.rbuf.clear();
                 self.mark_dirty(key);
@@ -709,7 +709,7 @@ impl Core {
                 }
                 if conn.close_after_flush && !conn.write_shut {
                     conn.write_shut = true;
-                    conn.phase = Phase::Closing;
+                    conn.enter(Phase::Closing);
                     conn.since = now;
                     self.outputs.push_back(Output::ShutdownWrite(id));
                 }
@@ -772,7 +772,7 @@ impl Core {
                     self.hub.remove(sub);
                     conn.end_streaming();
                     conn.send(sse::SHUTTING_DOWN);
-                    conn.phase = Phase::Closing;
+                    conn.enter(Phase::Closing);
                     conn.close_after_flush = true;
                     conn.since = now;
                     self.mark_dirty(key);
@@ -935,6 +935,33 @@ impl Core {
         }
         self.outputs.push_back(Output::Close(ConnId(key)));
         self.check_drained();
+    }
+
+    /// Panics when connection `key` breaks what the comments promise of it: its queues'
+    /// counts ([`conn::OutQueue`]), its SSE subscription naming it back, its armed
+    /// deadline's generation not ahead of the timer's. Debug builds run it after each
+    /// call that handled the connection (from [`Core::account`]); O(its queue length).
+    #[cfg(debug_assertions)]
+    fn check_conn(&self, key: usize) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        conn.out.check();
+        conn.backlog.check();
+        if let Phase::Sse { sub } = conn.phase {
+            let back = self.hub.get(sub).map(|s| s.conn);
+            assert_eq!(
+                back,
+                Some(ConnId(key)),
+                "an SSE connection's subscription names it"
+            );
+        }
+        if let Some((_, generation)) = conn.armed {
+            assert!(
+                generation <= self.timers.generation(),
+                "an armed deadline's generation"
+            );
+        }
     }
 
     /// During a graceful shutdown, stops once the last connection is gone and, clustered,

@@ -77,7 +77,7 @@ impl Core {
                         conn.out.push(Bytes::from_static(sse::REPLAY_COMPLETE));
                     }
                     conn.close_after_flush = true;
-                    conn.phase = Phase::Closing;
+                    conn.enter(Phase::Closing);
                 }
                 continue;
             };

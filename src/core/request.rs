@@ -51,7 +51,7 @@ impl Core {
                 conn.answers.push_back(Answer::Ready(bytes, close));
                 if close {
                     // Nothing more is read; the close comes after this answer goes.
-                    conn.phase = Phase::Closing;
+                    conn.enter(Phase::Closing);
                     conn.rbuf.clear();
                 }
                 return;
@@ -66,7 +66,7 @@ impl Core {
             conn.send(bytes);
             if close {
                 conn.close_after_flush = true;
-                conn.phase = Phase::Closing;
+                conn.enter(Phase::Closing);
                 conn.rbuf.clear();
             }
             conn.since = self.now;
@@ -221,7 +221,7 @@ impl Core {
                     }
                     let Phase::Body {
                         body, close, batch, ..
-                    } = std::mem::replace(&mut conn.phase, Phase::Head)
+                    } = conn.enter(Phase::Head)
                     else {
                         return;
                     };
@@ -237,7 +237,7 @@ impl Core {
                         Ok(false) => return,
                         Err(_) => return self.close_after_answer(key),
                     }
-                    conn.phase = Phase::Head;
+                    conn.enter(Phase::Head);
                     conn.since = self.now;
                 }
                 Phase::Sse { .. } | Phase::Closing => {
@@ -281,7 +281,7 @@ impl Core {
     pub(super) fn close_after_answer(&mut self, key: usize) {
         if let Some(conn) = self.conns.get_mut(key) {
             conn.close_after_flush = true;
-            conn.phase = Phase::Closing;
+            conn.enter(Phase::Closing);
             conn.rbuf.clear();
             conn.since = self.now;
         }
@@ -329,12 +329,17 @@ impl Core {
         let body = http::error_response(resp_status, code.as_str(), detail, more, extra, close);
         self.reply(key, body, close);
         if !close {
-            if let Some(conn) = self.conns.get_mut(key) {
-                conn.phase = match framing {
+            // The answer may have closed the connection after all (a shutdown began).
+            if let Some(conn) = self
+                .conns
+                .get_mut(key)
+                .filter(|c| !matches!(c.phase, Phase::Closing))
+            {
+                conn.enter(match framing {
                     Ok(Framing::Length(n)) => Phase::Discard(BodyReader::Length(n)),
                     Ok(Framing::Chunked) => Phase::Discard(BodyReader::Chunked(Default::default())),
                     _ => Phase::Head,
-                };
+                });
             }
         }
     }
@@ -573,12 +578,12 @@ impl Core {
             BodyReader::Chunked(_) => Vec::new(),
         };
         if let Some(conn) = self.conns.get_mut(key) {
-            conn.phase = Phase::Body {
+            conn.enter(Phase::Body {
                 reader,
                 body,
                 close,
                 batch,
-            };
+            });
         }
     }
 
@@ -806,10 +811,10 @@ impl Core {
             })
         });
         let conn = &mut self.conns[key];
-        conn.phase = match sub {
+        conn.enter(match sub {
             Some(sub) => Phase::Sse { sub },
             None => Phase::Closing,
-        };
+        });
         for (name, _, earliest) in lost_markers(&self.store, &req.from) {
             conn.out.push(sse::replay_exhausted(&name, earliest));
         }

@@ -49,6 +49,12 @@ impl Timers {
         }
     }
 
+    /// The last generation handed out: every armed connection's is at most this.
+    #[cfg(debug_assertions)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Entries held, stale ones included.
     #[cfg(feature = "test-probes")]
     pub(crate) fn len(&self) -> usize {

@@ -64,7 +64,7 @@ impl Core {
         conn.last_write = now;
         conn.since = now;
         conn.deflate_window = deflate.map_or(0, |a| a.server_window_bits);
-        conn.phase = Phase::Ws(Box::new(WsState::new(grant, max, deflate, now)));
+        conn.enter(Phase::Ws(Box::new(WsState::new(grant, max, deflate, now))));
         self.mark_dirty(key);
     }
 
@@ -174,7 +174,7 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let Phase::Ws(ws) = std::mem::replace(&mut conn.phase, Phase::Closing) else {
+        let Phase::Ws(ws) = conn.enter(Phase::Closing) else {
             return;
         };
         // Nothing follows the close frame, not even a replay page (RFC 6455 §5.5.1).
