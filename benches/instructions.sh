@@ -12,7 +12,8 @@
 # Usage:
 #   A_BIN=PATH B_BIN=PATH benches/instructions.sh
 # Knobs (environment):
-#   WORKLOADS "ingest-ws-580 ingest-post-580 ingest-ws-4096 sse-1000 ws-1000"; the forms
+#   WORKLOADS "ingest-ws-580 ingest-post-580 ingest-ws-4096 ingest-post-4096 sse-1000
+#     ws-1000"; the forms
 #     are benches/ab.sh's (ws-N, sse-N, ingest-ws-S, ingest-post-S)
 #   FANOUT_EVENTS 3000 (per fan-out run), INGEST_EVENTS 200000 (per ingest run): valgrind
 #     runs the relay ~50x slower, so the counts are smaller than ab.sh's
@@ -22,6 +23,7 @@
 # The table (markdown) goes to stdout and $RESULTS/report.md; each run's callgrind
 # profile stays in $RESULTS (`callgrind_annotate FILE` shows where the instructions go).
 set -euo pipefail
+shopt -s inherit_errexit
 
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -38,7 +40,7 @@ done
 command -v valgrind >/dev/null || die "valgrind is not installed (apt-get install valgrind)"
 command -v taskset >/dev/null || die "taskset is not installed (util-linux)"
 
-WORKLOADS=${WORKLOADS:-"ingest-ws-580 ingest-post-580 ingest-ws-4096 sse-1000 ws-1000"}
+WORKLOADS=${WORKLOADS:-"ingest-ws-580 ingest-post-580 ingest-ws-4096 ingest-post-4096 sse-1000 ws-1000"}
 FANOUT_EVENTS=${FANOUT_EVENTS:-3000}
 INGEST_EVENTS=${INGEST_EVENTS:-200000}
 PORT=${PORT:-18798}
@@ -75,15 +77,17 @@ one() {
     local name=$1 side=$2 bin=$3 out="$RESULTS/$1.$2"
     local load
     load=$(args "$name" | head -1)
-    if curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz"; then
+    if curl -s --max-time 2 -o /dev/null "http://127.0.0.1:$PORT/healthz"; then
         die "something already answers on 127.0.0.1:$PORT (PORT=… to use another)"
     fi
     AEP_LOG=warn taskset -c "$SERVER_CPU" valgrind --tool=callgrind \
         --callgrind-out-file="$out.callgrind" "$bin" --listen "127.0.0.1:$PORT" \
         >"$out.log" 2>&1 &
     local vg=$!
+    # `one` runs in a subshell ($(...)): this stops the relay however it exits.
+    trap 'kill -INT '"$vg"' 2>/dev/null || true' EXIT
     for _ in $(seq 600); do
-        curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break
+        curl -s --max-time 2 -o /dev/null "http://127.0.0.1:$PORT/healthz" && break
         sleep 0.1
     done
     kill -0 "$vg" 2>/dev/null || die "the relay under valgrind did not start (see $out.log)"
@@ -95,9 +99,13 @@ one() {
         die "aep-load failed for $name on $side (see $out.load)"
     fi
     kill -INT "$vg"
-    wait "$vg" || true
-    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out.log" | tail -1
+    wait "$vg" || echo "instructions.sh: the relay exited with status $? for $name on $side" >&2
+    local n
+    n=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out.log" | tail -1)
+    [ -n "$n" ] || die "no instruction total in $out.log ($name on $side)"
+    echo "$n"
 }
+
 
 printf '%s\t%s\t%s\t%s\n' workload deliveries A B >"$RESULTS/counts.tsv"
 for name in $WORKLOADS; do

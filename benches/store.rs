@@ -9,7 +9,7 @@
 //!   of one 10 000-Event session, ids `01JX…{n}` against ids that all collide under a
 //!   weak unkeyed string hash (`h = 31h + c`, the classic hash-flooding set: each id is
 //!   14 blocks of `Aa` or `BB`). The store's keyed hash must make both cost the same
-//!   (issue: "a hostile id set does not slow admission by more than 2x").
+//!   (the bound: a hostile id set slows admission by less than 2x).
 //! - `store/replay/after_5000`: `Store::replay_after` from the middle of a full
 //!   10 000-Event session (5 000 Events delivered to a callback that counts them; each is
 //!   read back from a copy of its bytes, `Stored::reread`).

@@ -200,20 +200,6 @@ pub mod close_code {
     pub const TRY_AGAIN: u16 = 1013;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ws_close_codes_are_the_rfc_6455_ones() {
-        assert_eq!(Code::HelloRequired.ws_close(), Some(1008));
-        assert_eq!(Code::WsMessageTooBig.ws_close(), Some(1009));
-        assert_eq!(Code::InvalidFilter.ws_close(), None);
-        assert_eq!(Code::NotFound.as_str(), "not-found");
-        assert_eq!(Code::HeadTooLarge.http_status(), 431);
-    }
-}
-
 /// Why an Event, a batch or a request was refused. Each refusal has exactly one HTTP
 /// status and JSON error code (see [`Refusal::status`], [`Refusal::code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -304,5 +290,19 @@ impl Refusal {
             ),
             _ => http::error_body(self.code().as_str(), &self.to_string(), &[]),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ws_close_codes_are_the_rfc_6455_ones() {
+        assert_eq!(Code::HelloRequired.ws_close(), Some(1008));
+        assert_eq!(Code::WsMessageTooBig.ws_close(), Some(1009));
+        assert_eq!(Code::InvalidFilter.ws_close(), None);
+        assert_eq!(Code::NotFound.as_str(), "not-found");
+        assert_eq!(Code::HeadTooLarge.http_status(), 431);
     }
 }

@@ -229,6 +229,34 @@ impl Core {
         self.check_conn(key);
     }
 
+    /// Panics when connection `key` breaks what the comments promise of it: its queues'
+    /// counts (`OutQueue`), its SSE subscription naming it back, its armed deadline's
+    /// generation not ahead of the timer's. Debug builds run it from [`Core::account`],
+    /// after each input, body read, write and budget drop of the connection (one that
+    /// fan-out alone reached is checked at its next write); O(its queue length).
+    #[cfg(debug_assertions)]
+    fn check_conn(&self, key: usize) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        conn.out.check();
+        conn.backlog.check();
+        if let Phase::Sse { sub } = conn.phase {
+            let back = self.hub.get(sub).map(|s| s.conn);
+            assert_eq!(
+                back,
+                Some(crate::ids::ConnId(key)),
+                "an SSE connection's subscription names it"
+            );
+        }
+        if let Some((_, generation)) = conn.armed {
+            assert!(
+                generation <= self.timers.generation(),
+                "an armed deadline's generation"
+            );
+        }
+    }
+
     /// Forgets a closed connection's share: its queued slices and its charge.
     pub(super) fn unaccount(&mut self, conn: &mut Conn) {
         conn.out.release_all(&mut self.hub.chunks);

@@ -937,33 +937,6 @@ impl Core {
         self.check_drained();
     }
 
-    /// Panics when connection `key` breaks what the comments promise of it: its queues'
-    /// counts ([`conn::OutQueue`]), its SSE subscription naming it back, its armed
-    /// deadline's generation not ahead of the timer's. Debug builds run it after each
-    /// call that handled the connection (from [`Core::account`]); O(its queue length).
-    #[cfg(debug_assertions)]
-    fn check_conn(&self, key: usize) {
-        let Some(conn) = self.conns.get(key) else {
-            return;
-        };
-        conn.out.check();
-        conn.backlog.check();
-        if let Phase::Sse { sub } = conn.phase {
-            let back = self.hub.get(sub).map(|s| s.conn);
-            assert_eq!(
-                back,
-                Some(ConnId(key)),
-                "an SSE connection's subscription names it"
-            );
-        }
-        if let Some((_, generation)) = conn.armed {
-            assert!(
-                generation <= self.timers.generation(),
-                "an armed deadline's generation"
-            );
-        }
-    }
-
     /// During a graceful shutdown, stops once the last connection is gone and, clustered,
     /// the outbox is in the stream (bounded by the shutdown deadline).
     fn check_drained(&mut self) {

@@ -1024,7 +1024,7 @@ fn pages_merge_facts_and_deltas() {
     assert_eq!(got, (5..=30).collect::<Vec<_>>());
 }
 
-/// The case: `--buffer 4 --max-sessions 1`, `sA` seq 1-9, then `sB`, then `sA`
+/// A ring of 4 and one stream: `--buffer 4 --max-sessions 1`, `sA` seq 1-9, then `sB`, then `sA`
 /// seq 20. A resume of `sA` after seq 3 gets seq 20 and `replay-exhausted`: the relay
 /// held and evicted seq 4-9.
 #[test]
