@@ -61,7 +61,7 @@ die() {
 
 # report DIR: the markdown table of a run, from its settings.env, workloads.tsv and runs.
 report() {
-    python3 - "$1" <<'PY'
+    python3 - "$1" "$ROOT/benches" <<'PY'
 import json, os, re, statistics, sys
 from collections import defaultdict
 
@@ -123,12 +123,8 @@ def run(name, metric, side, rnd):
     return float(v), None
 
 
-def si(v):
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} M"
-    if v >= 1e4:
-        return f"{v / 1e3:.1f} k"
-    return f"{v:.0f}"
+sys.path.insert(0, sys.argv[2])
+from compare_report import si  # noqa: E402  (the same number format as compare.sh's tables)
 
 
 def med(values):
@@ -236,27 +232,13 @@ BUILD=$CARGO_TARGET_DIR/ab/build
 declare -A LOAD_ARGS METRIC
 NAMES=()
 max_subs=1
+# shellcheck source=benches/workloads.sh
+. "$ROOT/benches/workloads.sh"
 for w in $WORKLOADS; do
-    case "$w" in
-        ws-[0-9]* | sse-[0-9]*)
-            n=${w#*-}
-            [[ $n =~ ^[1-9][0-9]*$ ]] || die "workload $w: N must be a positive number"
-            events=$((DELIVERIES / n))
-            if ((events < 100)); then events=100; fi
-            LOAD_ARGS[$w]="--target ${w%%-*} --subscribers $n --events $events --size $SIZE --batch $BATCH --window $WINDOW"
-            METRIC[$w]=deliveries_per_server_cpu_s
-            if ((n > max_subs)); then max_subs=$n; fi
-            ;;
-        ingest-ws-[0-9]* | ingest-post-[0-9]*)
-            s=${w##*-}
-            [[ $s =~ ^[1-9][0-9]*$ ]] || die "workload $w: S must be a positive number"
-            target=ws
-            if [[ $w == ingest-post-* ]]; then target=sse; fi
-            LOAD_ARGS[$w]="--target $target --subscribers 1 --events $INGEST_EVENTS --size $s --batch $INGEST_BATCH --window $INGEST_WINDOW"
-            METRIC[$w]=events_per_server_cpu_s
-            ;;
-        *) die "unknown workload '$w' (the forms: ws-N, sse-N, ingest-ws-S, ingest-post-S)" ;;
-    esac
+    workload "$w"
+    LOAD_ARGS[$w]=$W_ARGS
+    METRIC[$w]=$W_METRIC
+    if ((W_SUBS > max_subs)); then max_subs=$W_SUBS; fi
     NAMES+=("$w")
 done
 ((${#NAMES[@]})) || die "WORKLOADS is empty"

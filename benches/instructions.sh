@@ -13,10 +13,10 @@
 #   A_BIN=PATH B_BIN=PATH benches/instructions.sh
 # Knobs (environment):
 #   WORKLOADS "ingest-ws-580 ingest-post-580 ingest-ws-4096 ingest-post-4096 sse-1000
-#     ws-1000"; the forms
-#     are benches/ab.sh's (ws-N, sse-N, ingest-ws-S, ingest-post-S)
-#   FANOUT_EVENTS 3000 (per fan-out run), INGEST_EVENTS 200000 (per ingest run): valgrind
-#     runs the relay ~50x slower, so the counts are smaller than ab.sh's
+#     ws-1000"; the forms are benches/ab.sh's (benches/workloads.sh)
+#   DELIVERIES 3000000, INGEST_EVENTS 200000, and ab.sh's SIZE, BATCH, WINDOW,
+#     INGEST_BATCH, INGEST_WINDOW: valgrind runs the relay ~50x slower, so the counts are
+#     smaller than ab.sh's
 #   PORT 18798, SERVER_CPU 1, LOAD_CPU 0, RESULTS (default target/instructions/DATE)
 # Needs valgrind (`apt-get install valgrind`). The relay runs under valgrind pinned to
 # core $SERVER_CPU; aep-load (built from the current tree, or LOAD_BIN) on $LOAD_CPU.
@@ -41,8 +41,13 @@ command -v valgrind >/dev/null || die "valgrind is not installed (apt-get instal
 command -v taskset >/dev/null || die "taskset is not installed (util-linux)"
 
 WORKLOADS=${WORKLOADS:-"ingest-ws-580 ingest-post-580 ingest-ws-4096 ingest-post-4096 sse-1000 ws-1000"}
-FANOUT_EVENTS=${FANOUT_EVENTS:-3000}
+DELIVERIES=${DELIVERIES:-3000000}
+SIZE=${SIZE:-580}
+BATCH=${BATCH:-64}
+WINDOW=${WINDOW:-256}
 INGEST_EVENTS=${INGEST_EVENTS:-200000}
+INGEST_BATCH=${INGEST_BATCH:-64}
+INGEST_WINDOW=${INGEST_WINDOW:-1024}
 PORT=${PORT:-18798}
 SERVER_CPU=${SERVER_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
@@ -54,29 +59,14 @@ if [ -z "${LOAD_BIN:-}" ]; then
     LOAD_BIN=$CARGO_TARGET_DIR/release/aep-load
 fi
 
-# args NAME: aep-load's arguments and the number of deliveries for workload NAME.
-args() {
-    case "$1" in
-        ws-* | sse-*)
-            local n=${1#*-}
-            echo "--target ${1%%-*} --subscribers $n --events $FANOUT_EVENTS --size 580 --batch 64 --window 256"
-            echo $((n * FANOUT_EVENTS))
-            ;;
-        ingest-ws-* | ingest-post-*)
-            local size=${1##*-} target=ws
-            [ "${1#ingest-post}" != "$1" ] && target=sse
-            echo "--target $target --subscribers 1 --events $INGEST_EVENTS --size $size --batch 64 --window 1024"
-            echo "$INGEST_EVENTS"
-            ;;
-        *) die "unknown workload: $1" ;;
-    esac
-}
+# shellcheck source=benches/workloads.sh
+. benches/workloads.sh
 
 # one NAME SIDE BIN: prints the instructions of one run.
 one() {
     local name=$1 side=$2 bin=$3 out="$RESULTS/$1.$2"
-    local load
-    load=$(args "$name" | head -1)
+    workload "$name"
+    local load=$W_ARGS
     if curl -s --max-time 2 -o /dev/null "http://127.0.0.1:$PORT/healthz"; then
         die "something already answers on 127.0.0.1:$PORT (PORT=… to use another)"
     fi
@@ -109,7 +99,8 @@ one() {
 
 printf '%s\t%s\t%s\t%s\n' workload deliveries A B >"$RESULTS/counts.tsv"
 for name in $WORKLOADS; do
-    deliveries=$(args "$name" | tail -1)
+    workload "$name"
+    deliveries=$W_DELIVERIES
     a=$(one "$name" A "$A_BIN")
     b=$(one "$name" B "$B_BIN")
     printf '%s\t%s\t%s\t%s\n' "$name" "$deliveries" "$a" "$b" >>"$RESULTS/counts.tsv"
