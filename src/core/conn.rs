@@ -543,14 +543,19 @@ pub(crate) enum Answer {
     Ready(Vec<u8>, bool),
 }
 
-/// One client connection.
+/// What fan-out reads and writes of one connection, and nothing else: the output queue
+/// (which HTTP answers and WebSocket replies share, in order), the live frames held
+/// behind a replay, the replays in progress, the drop counts (AEP-0003 §8.4) and the
+/// marks of the fan-out in progress. Fan-out reaches connections only through
+/// [`Subscribers`], which hands out this part of each and never its socket buffers,
+/// request head or phase.
 ///
 /// Laid out in declaration order: the fields fan-out reads and writes for every
-/// delivery come first, so one delivery touches a few adjacent cache lines of the
-/// connection rather than lines spread over all of it.
+/// delivery come first, so one delivery touches a few adjacent cache lines rather than
+/// lines spread over the whole connection.
 #[derive(Debug)]
 #[repr(C)]
-pub(crate) struct Conn {
+pub(crate) struct Subscriber {
     /// Fan-out serial of the last Event queued here (single delivery per connection).
     pub(crate) mark: u64,
     /// The publication number of the last Event fan-out decided for this connection
@@ -596,6 +601,14 @@ pub(crate) struct Conn {
     /// Events not delivered because of backpressure since the connection opened, by
     /// severity (AEP-0003 §8.4).
     pub(crate) dropped: Drops,
+}
+
+/// One client connection: what fan-out sees of it ([`Subscriber`], first, so a delivery
+/// touches the connection's first cache lines), then its request state and deadlines.
+#[derive(Debug)]
+#[repr(C)]
+pub(crate) struct Conn {
+    pub(crate) subscriber: Subscriber,
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
     /// The head of the request being handled, parsed in place (`http::parse_head_into`)
@@ -687,40 +700,42 @@ impl Conn {
 
     pub(crate) fn new(peer: SocketAddr, now: Instant) -> Conn {
         Conn {
+            subscriber: Subscriber {
+                mark: 0,
+                decided: 0,
+                fan_slot: 0,
+                unit_generation: u64::MAX,
+                unit_run: 0,
+                unit_pending: 0,
+                offered: 0,
+                unannounced: Drops::default(),
+                owes_notice: false,
+                doomed: false,
+                dirty: false,
+                deflate_window: 0,
+                announce_drops: false,
+                replay: VecDeque::new(),
+                out: OutQueue::default(),
+                backlog: OutQueue::default(),
+                dropped: Drops::default(),
+            },
             peer,
             rbuf: Vec::new(),
             head: RequestHead::default(),
             head_scanned: 0,
-            out: OutQueue::default(),
             phase: Phase::Head,
             want_write: false,
             close_after_flush: false,
-            dirty: false,
-            offered: 0,
-            decided: 0,
             reading: true,
             armed: None,
             since: now,
             last_write: now,
-            mark: 0,
-            fan_slot: 0,
-            unit_generation: u64::MAX,
-            unit_run: 0,
-            unit_pending: 0,
-            deflate_window: 0,
-            dropped: Drops::default(),
-            announce_drops: false,
-            unannounced: Drops::default(),
-            owes_notice: false,
-            doomed: false,
             write_shut: false,
             peer_eof: false,
             read_paused: false,
             awaiting: None,
             answers: VecDeque::new(),
             cors: None,
-            replay: VecDeque::new(),
-            backlog: OutQueue::default(),
             latency_mark: None,
             sampled: 0,
             post_since: None,
@@ -728,6 +743,18 @@ impl Conn {
         }
     }
 
+    /// Queues raw bytes. Never while fan-out frames are pending for this connection in
+    /// an open unit (they would be overtaken): callers end the unit first.
+    pub(crate) fn send(&mut self, b: impl Into<Bytes>) {
+        debug_assert_eq!(
+            self.subscriber.unit_pending, 0,
+            "output queued past a pending fan-out run"
+        );
+        self.subscriber.out.push(b.into());
+    }
+}
+
+impl Subscriber {
     /// Whether a live Event just placed in the streams `placed` (`Store::last_placed`)
     /// is to be left to subscription `sub`'s replay in progress: one of those streams is
     /// still to be replayed for it, and the replay will reach the Event there, in order.
@@ -748,15 +775,29 @@ impl Conn {
         self.replay.clear();
         self.backlog.move_until(&mut self.out, usize::MAX);
     }
+}
 
-    /// Queues raw bytes. Never while fan-out frames are pending for this connection in
-    /// an open unit (they would be overtaken): callers end the unit first.
-    pub(crate) fn send(&mut self, b: impl Into<Bytes>) {
-        debug_assert_eq!(
-            self.unit_pending, 0,
-            "output queued past a pending fan-out run"
-        );
-        self.out.push(b.into());
+/// The connection table as fan-out sees it: each connection's [`Subscriber`] by
+/// [`ConnId`](super::ConnId), and nothing else of it.
+#[derive(Debug)]
+pub(crate) struct Subscribers<'a>(&'a mut slab::Slab<Conn>);
+
+impl<'a> Subscribers<'a> {
+    /// The view of `conns`.
+    pub(crate) fn of(conns: &'a mut slab::Slab<Conn>) -> Subscribers<'a> {
+        Subscribers(conns)
+    }
+
+    /// Connection `id`'s subscriber part; `None` when it is gone.
+    #[inline(always)]
+    pub(crate) fn get_mut(&mut self, id: super::ConnId) -> Option<&mut Subscriber> {
+        self.0.get_mut(id.0).map(|c| &mut c.subscriber)
+    }
+
+    /// Connection `id`'s subscriber part; `None` when it is gone.
+    #[inline(always)]
+    pub(crate) fn get(&self, id: super::ConnId) -> Option<&Subscriber> {
+        self.0.get(id.0).map(|c| &c.subscriber)
     }
 }
 

@@ -109,7 +109,9 @@ impl Used {
 fn charge_of(conn: &Conn, tls: bool) -> Charge {
     let mut c = Charge {
         conn: size_of::<Conn>() + OUTSIDE_CONN_BYTES + conn.rbuf.capacity(),
-        queues: conn.out.own() + conn.out.held() + conn.backlog.own(),
+        queues: conn.subscriber.out.own()
+            + conn.subscriber.out.held()
+            + conn.subscriber.backlog.own(),
         tls: if tls { TLS_CONN_BYTES } else { 0 },
         deflate: 0,
     };
@@ -239,8 +241,8 @@ impl Core {
         let Some(conn) = self.conns.get(key) else {
             return;
         };
-        conn.out.check();
-        conn.backlog.check();
+        conn.subscriber.out.check();
+        conn.subscriber.backlog.check();
         if let Phase::Sse { sub } = conn.phase {
             let back = self.hub.get(sub).map(|s| s.conn);
             assert_eq!(
@@ -259,8 +261,8 @@ impl Core {
 
     /// Forgets a closed connection's share: its queued slices and its charge.
     pub(super) fn unaccount(&mut self, conn: &mut Conn) {
-        conn.out.release_all(&mut self.hub.chunks);
-        conn.backlog.release_all(&mut self.hub.chunks);
+        conn.subscriber.out.release_all(&mut self.hub.chunks);
+        conn.subscriber.backlog.release_all(&mut self.hub.chunks);
         self.ledger.conns.sub(conn.charged);
         conn.charged = Charge::default();
     }
@@ -285,7 +287,7 @@ impl Core {
                 .conns
                 .iter()
                 .filter(|(_, c)| matches!(c.phase, Phase::Sse { .. } | Phase::Ws(_)))
-                .map(|(k, c)| (c.out.len() + c.backlog.len(), k))
+                .map(|(k, c)| (c.subscriber.out.len() + c.subscriber.backlog.len(), k))
                 .filter(|&(held, _)| held > 0)
                 .collect();
             holders.sort_unstable_by(|a, b| b.cmp(a));
@@ -337,9 +339,11 @@ impl Core {
         let chunks = &mut self.hub.chunks;
         match conn.phase {
             Phase::Sse { sub } => {
-                conn.replay.clear();
-                conn.backlog.release_all(chunks);
-                conn.out.discard_unwritten(chunks, sse_frame_end, |_| {});
+                conn.subscriber.replay.clear();
+                conn.subscriber.backlog.release_all(chunks);
+                conn.subscriber
+                    .out
+                    .discard_unwritten(chunks, sse_frame_end, |_| {});
                 conn.send(crate::sse::MEMORY_BUDGET);
                 conn.enter(Phase::Closing);
                 conn.close_after_flush = true;
@@ -350,9 +354,13 @@ impl Core {
             Phase::Ws(_) => {
                 let mut lowest = HashMap::new();
                 let mut note = |b: &[u8]| note_discarded(b, &mut lowest);
-                conn.replay.clear();
-                conn.backlog.discard_unwritten(chunks, |_, _| 0, &mut note);
-                conn.out.discard_unwritten(chunks, ws_frame_end, &mut note);
+                conn.subscriber.replay.clear();
+                conn.subscriber
+                    .backlog
+                    .discard_unwritten(chunks, |_, _| 0, &mut note);
+                conn.subscriber
+                    .out
+                    .discard_unwritten(chunks, ws_frame_end, &mut note);
                 let reason = "memory: the relay's memory budget is spent on this consumer's queue";
                 let code = rfc6455::close_code::TRY_AGAIN;
                 self.ws_close_rolled_back(key, reason, code, &lowest);

@@ -37,7 +37,7 @@ use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
 use bytes::Bytes;
-use conn::{Conn, Flush, Phase};
+use conn::{Conn, Flush, Phase, Subscribers};
 use hub::{Fanned, Hub};
 
 /// The least of a body still to come for which [`Core::body_room`] lends its buffer to
@@ -268,7 +268,7 @@ pub struct Core {
     /// read into: no allocation, and no fresh pages to fault in, per request.
     spare_body: Vec<u8>,
     front_placed: Option<SmallVec<[StreamId; 2]>>,
-    /// Events admitted for publication so far: the front one's number (`Conn::decided`).
+    /// Events admitted for publication so far: the front one's number (`Subscriber::decided`).
     publication: u64,
     /// Set once a graceful shutdown began: the deadline for flushing.
     shutdown_deadline: Option<Instant>,
@@ -473,7 +473,7 @@ impl Core {
         }
         match conn.phase {
             Phase::Sse { .. } | Phase::Ws(_) => self.close(key),
-            _ if conn.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
+            _ if conn.subscriber.out.is_empty() && (conn.write_shut || conn.rbuf.is_empty()) => {
                 self.close(key)
             }
             _ => {
@@ -654,20 +654,20 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        conn.dirty = false;
+        conn.subscriber.dirty = false;
         let mut had_output = false;
         let mut rounds = 0;
-        let written_before = conn.out.pushed() - conn.out.queued() as u64;
+        let written_before = conn.subscriber.out.pushed() - conn.subscriber.out.queued() as u64;
         let state = loop {
             let conn = &mut self.conns[key];
-            if !conn.replay.is_empty() || !conn.backlog.is_empty() {
+            if !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty() {
                 self.pump_replay(key);
             }
             let conn = &mut self.conns[key];
-            had_output |= !conn.out.is_empty();
-            let state = conn.out.flush(w, &mut self.hub.chunks);
-            conn.offered = conn.out.pushed();
-            let more = !conn.replay.is_empty() || !conn.backlog.is_empty();
+            had_output |= !conn.subscriber.out.is_empty();
+            let state = conn.subscriber.out.flush(w, &mut self.hub.chunks);
+            conn.subscriber.offered = conn.subscriber.out.pushed();
+            let more = !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty();
             rounds += 1;
             if state != Flush::Done || !more {
                 break state;
@@ -681,7 +681,7 @@ impl Core {
             }
         };
         let conn = &mut self.conns[key];
-        let written = conn.out.pushed() - conn.out.queued() as u64;
+        let written = conn.subscriber.out.pushed() - conn.subscriber.out.queued() as u64;
         if let Some((_, at)) = conn.latency_mark.filter(|(end, _)| written >= *end) {
             // The sampled delivery's last byte went to the socket.
             conn.latency_mark = None;
@@ -720,7 +720,7 @@ impl Core {
         // Resume a connection paused by `over_output_bound`: first the requests already
         // read, then the socket (its readiness edge has passed; the data is waiting).
         let conn = &mut self.conns[key];
-        if conn.read_paused && conn.out.len() < self.config.max_output_bytes {
+        if conn.read_paused && conn.subscriber.out.len() < self.config.max_output_bytes {
             conn.read_paused = false;
             self.process(key);
             if self.conns.get(key).is_some_and(|c| !c.read_paused) {
@@ -738,7 +738,7 @@ impl Core {
     /// `aep_output_queued_bytes`, and its drain at shutdown.
     pub fn set_held(&mut self, id: ConnId, bytes: usize) {
         if let Some(conn) = self.conns.get_mut(id.0) {
-            conn.out.set_held(bytes);
+            conn.subscriber.out.set_held(bytes);
         }
     }
 
@@ -770,7 +770,7 @@ impl Core {
             match conn.phase {
                 Phase::Sse { sub } => {
                     self.hub.remove(sub);
-                    conn.end_streaming();
+                    conn.subscriber.end_streaming();
                     conn.send(sse::SHUTTING_DOWN);
                     conn.enter(Phase::Closing);
                     conn.close_after_flush = true;
@@ -781,12 +781,14 @@ impl Core {
                     let going_away = crate::ws::rfc6455::close_code::GOING_AWAY;
                     self.ws_close(key, "shutting down", going_away);
                 }
-                Phase::Head if conn.rbuf.is_empty() && conn.out.is_empty() => self.close(key),
+                Phase::Head if conn.rbuf.is_empty() && conn.subscriber.out.is_empty() => {
+                    self.close(key)
+                }
                 // A replay-only stream (`live=0`) still replaying: it ends now, like a
                 // live one, with what it has queued and `: shutting-down` (never
                 // `: replay-complete`: the replay did not complete).
-                Phase::Closing if conn.replay.front().is_some_and(|j| j.end_after) => {
-                    conn.end_streaming();
+                Phase::Closing if conn.subscriber.replay.front().is_some_and(|j| j.end_after) => {
+                    conn.subscriber.end_streaming();
                     conn.send(sse::SHUTTING_DOWN);
                     conn.close_after_flush = true;
                     conn.since = now;
@@ -811,14 +813,14 @@ impl Core {
     /// targets check.
     #[cfg(feature = "test-probes")]
     pub fn queued(&self, id: ConnId) -> Option<usize> {
-        self.conns.get(id.0).map(|c| c.out.len())
+        self.conns.get(id.0).map(|c| c.subscriber.out.len())
     }
 
     /// Probe (feature `test-probes`): bytes of live frames held back on `id` behind a
     /// replay in progress, not yet in its output queue; bounded like the queue.
     #[cfg(feature = "test-probes")]
     pub fn backlog(&self, id: ConnId) -> Option<usize> {
-        self.conns.get(id.0).map(|c| c.backlog.len())
+        self.conns.get(id.0).map(|c| c.subscriber.backlog.len())
     }
 
     /// Probe (feature `test-probes`): deadlines held in the timer, stale entries
@@ -833,8 +835,8 @@ impl Core {
 
     fn mark_dirty(&mut self, key: usize) {
         if let Some(c) = self.conns.get_mut(key) {
-            if !c.dirty {
-                c.dirty = true;
+            if !c.subscriber.dirty {
+                c.subscriber.dirty = true;
                 self.dirty.push(key);
             }
         }
@@ -885,7 +887,7 @@ impl Core {
                 log::info!(
                     "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
                     c.peer,
-                    c.dropped.total()
+                    c.subscriber.dropped.total()
                 );
             }
             self.close(key);
@@ -894,17 +896,17 @@ impl Core {
         // fan-out).
         let mut dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
-            if let Some(c) = self.conns.get_mut(key).filter(|c| c.dirty) {
+            if let Some(c) = self.conns.get_mut(key).filter(|c| c.subscriber.dirty) {
                 // Delivery latency is sampled here, once per connection and write batch,
                 // never per delivery: the end of what fan-out queued, and when (see
                 // `write_to`). Not behind a replay (its frames wait in the backlog).
                 if c.latency_mark.is_none()
-                    && c.decided != c.sampled
-                    && c.backlog.is_empty()
-                    && c.replay.is_empty()
+                    && c.subscriber.decided != c.sampled
+                    && c.subscriber.backlog.is_empty()
+                    && c.subscriber.replay.is_empty()
                 {
-                    c.sampled = c.decided;
-                    c.latency_mark = Some((c.out.pushed(), self.now));
+                    c.sampled = c.subscriber.decided;
+                    c.latency_mark = Some((c.subscriber.out.pushed(), self.now));
                 }
                 self.outputs.push_back(Output::Writable(ConnId(key)));
                 self.rearm(key);
@@ -918,7 +920,7 @@ impl Core {
     /// Ends the open fan-out unit, if any: its pending frames are queued before anything
     /// else is (see `fanout::Unit`).
     fn end_unit(&mut self) {
-        self.hub.end_unit(&mut self.conns);
+        self.hub.end_unit(Subscribers::of(&mut self.conns));
     }
 
     fn close(&mut self, key: usize) {
@@ -1032,7 +1034,7 @@ impl Core {
         };
         let fanned = self.hub.fanout(
             publication,
-            &mut self.conns,
+            Subscribers::of(&mut self.conns),
             &mut self.dirty,
             &mut self.doomed,
         );
@@ -1101,7 +1103,7 @@ impl Core {
                 conn.since + c.request_timeout
             }
             Phase::Closing => {
-                if conn.out.is_empty() {
+                if conn.subscriber.out.is_empty() {
                     conn.since + LINGER
                 } else {
                     conn.since + c.request_timeout.max(LINGER)

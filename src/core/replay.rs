@@ -33,7 +33,7 @@ impl Core {
     pub(super) fn start_replay(&mut self, key: usize, job: ReplayJob) {
         self.end_unit();
         if let Some(conn) = self.conns.get_mut(key) {
-            conn.replay.push_back(job);
+            conn.subscriber.replay.push_back(job);
         }
         self.pump_replay(key);
         self.mark_dirty(key);
@@ -50,20 +50,23 @@ impl Core {
             let Some(conn) = self.conns.get_mut(key) else {
                 return false;
             };
-            if conn.out.len() >= low_water {
+            if conn.subscriber.out.len() >= low_water {
                 return false;
             }
-            let Some(job) = conn.replay.front_mut() else {
+            let Some(job) = conn.subscriber.replay.front_mut() else {
                 // The live frames held back, in order, as far as the bound allows; the
                 // rest follows as the consumer reads (fan-out keeps adding behind them).
                 let conn = &mut *conn;
                 let max = self.config.max_output_bytes;
-                conn.backlog.move_until(&mut conn.out, max);
+                conn.subscriber
+                    .backlog
+                    .move_until(&mut conn.subscriber.out, max);
                 return false;
             };
             let Some((stream, from)) = job.sessions.front().cloned() else {
-                let done = conn.replay.pop_front();
-                if let Some(job) = done.filter(|j| j.end_after && conn.replay.is_empty()) {
+                let done = conn.subscriber.replay.pop_front();
+                if let Some(job) = done.filter(|j| j.end_after && conn.subscriber.replay.is_empty())
+                {
                     // A replay-only SSE stream says it ended by design, not by a cut
                     // connection (what the AEP SDK and `aep timeline` wait for), unless a
                     // stream it was replaying was evicted meanwhile: then it ends as a
@@ -74,7 +77,9 @@ impl Core {
                             conn.peer
                         );
                     } else {
-                        conn.out.push(Bytes::from_static(sse::REPLAY_COMPLETE));
+                        conn.subscriber
+                            .out
+                            .push(Bytes::from_static(sse::REPLAY_COMPLETE));
                     }
                     conn.close_after_flush = true;
                     conn.enter(Phase::Closing);
@@ -86,12 +91,15 @@ impl Core {
             // Room up to the bound (the queue is below half of it, above); the Event
             // that fills it ends the page: one frame over at most, as for live frames,
             // plus a `replay-exhausted` marker when the page carries one.
-            let mut room = self.config.max_output_bytes.saturating_sub(conn.out.len());
+            let mut room = self
+                .config
+                .max_output_bytes
+                .saturating_sub(conn.subscriber.out.len());
             held.clear();
             frames.clear();
             // A compressing WebSocket (RFC 7692) gets its replay compressed too, one
             // frame per Event as replay frames are built per connection.
-            let window = conn.deflate_window;
+            let window = conn.subscriber.deflate_window;
             let deflater = &mut self.hub.deflater;
             let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
                 if filter.matches(&ev) {
@@ -107,7 +115,7 @@ impl Core {
                 room > 0
             });
             let conn = &mut self.conns[key];
-            let Some(job) = conn.replay.front_mut() else {
+            let Some(job) = conn.subscriber.replay.front_mut() else {
                 return false;
             };
             if page.is_none() {
@@ -126,10 +134,10 @@ impl Core {
                     Some(id) => aep::replay_exhausted(id, info.name, info.source, earliest),
                     None => sse::replay_exhausted(info.name, earliest),
                 };
-                conn.out.push(marker);
+                conn.subscriber.out.push(marker);
             }
             for frame in frames.drain(..) {
-                conn.out.push(frame);
+                conn.subscriber.out.push(frame);
             }
             match next {
                 Some(cursor) => {
@@ -157,6 +165,8 @@ impl Core {
                 }
             }
         }
-        self.conns.get(key).is_some_and(|c| !c.replay.is_empty())
+        self.conns
+            .get(key)
+            .is_some_and(|c| !c.subscriber.replay.is_empty())
     }
 }

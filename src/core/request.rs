@@ -131,7 +131,7 @@ impl Core {
             conn.phase,
             Phase::Head | Phase::Body { .. } | Phase::Discard(_)
         );
-        if !request || conn.out.len() < max {
+        if !request || conn.subscriber.out.len() < max {
             return false;
         }
         conn.read_paused = true;
@@ -816,10 +816,12 @@ impl Core {
             None => Phase::Closing,
         });
         for (name, _, earliest) in lost_markers(&self.store, &req.from) {
-            conn.out.push(sse::replay_exhausted(&name, earliest));
+            conn.subscriber
+                .out
+                .push(sse::replay_exhausted(&name, earliest));
         }
         // A live stream is told of drops with a comment (AEP-0003 §8.4, `sse::dropped`).
-        conn.announce_drops = true;
+        conn.subscriber.announce_drops = true;
         let mut sessions = replay_sessions(&self.store, &req.from);
         if let Some(names) = req.history_sessions() {
             sessions.extend(history_streams(&self.store, names));

@@ -120,10 +120,10 @@ impl Core {
             metrics::CONN_DROPPED => Samples::Values(
                 self.conns
                     .iter()
-                    .filter(|(_, c)| !c.dropped.is_empty())
+                    .filter(|(_, c)| !c.subscriber.dropped.is_empty())
                     .map(|(key, c)| {
                         let labels = vec![("conn", key.to_string()), ("peer", c.peer.to_string())];
-                        (labels, c.dropped.total() as f64)
+                        (labels, c.subscriber.dropped.total() as f64)
                     })
                     .collect(),
             ),
@@ -142,9 +142,12 @@ impl Core {
             metrics::SESSIONS => Samples::one(self.store.session_count() as f64),
             metrics::BUFFERED_EVENTS => Samples::one(self.store.len() as f64),
             metrics::BUFFERED_BYTES => Samples::one(self.store.byte_len() as f64),
-            metrics::QUEUED_BYTES => {
-                Samples::one(self.conns.iter().map(|(_, c)| c.out.len()).sum::<usize>() as f64)
-            }
+            metrics::QUEUED_BYTES => Samples::one(
+                self.conns
+                    .iter()
+                    .map(|(_, c)| c.subscriber.out.len())
+                    .sum::<usize>() as f64,
+            ),
             metrics::MEMORY_BUDGET => Samples::one(self.ledger.budget? as f64),
             metrics::MEMORY_USED => Samples::by(
                 "part",

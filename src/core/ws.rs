@@ -5,7 +5,7 @@
 //!
 //! Everything the peer sends is answered in order on the connection's one output queue:
 //! pongs, acknowledgements, errors, replayed and live Events, and the close frame all go
-//! through `Conn::out`, so no reply can overtake an Event queued before it.
+//! through `Subscriber::out`, so no reply can overtake an Event queued before it.
 //!
 //! A connection leaves the `Ws` phase exactly once, through `Core::ws_shut`: its
 //! subscriptions and session claims are released there (or in `Core::close` when the
@@ -63,7 +63,7 @@ impl Core {
         conn.send(resp);
         conn.last_write = now;
         conn.since = now;
-        conn.deflate_window = deflate.map_or(0, |a| a.server_window_bits);
+        conn.subscriber.deflate_window = deflate.map_or(0, |a| a.server_window_bits);
         conn.enter(Phase::Ws(Box::new(WsState::new(grant, max, deflate, now))));
         self.mark_dirty(key);
     }
@@ -142,7 +142,7 @@ impl Core {
             Phase::Ws(ws) => ws.reply_floor,
             _ => 0,
         };
-        if conn.out.len() > floor.saturating_add(self.config.max_output_bytes) {
+        if conn.subscriber.out.len() > floor.saturating_add(self.config.max_output_bytes) {
             return self.ws_close(
                 key,
                 "backpressure: the peer does not read its replies",
@@ -178,7 +178,7 @@ impl Core {
             return;
         };
         // Nothing follows the close frame, not even a replay page (RFC 6455 §5.5.1).
-        conn.end_streaming();
+        conn.subscriber.end_streaming();
         for f in last {
             conn.send(f.clone());
         }
@@ -258,7 +258,10 @@ impl Core {
                     }
                 }
             }
-            let dropped = self.conns.get(key).map_or(0, |c| c.dropped.total());
+            let dropped = self
+                .conns
+                .get(key)
+                .map_or(0, |c| c.subscriber.dropped.total());
             last.push(aep::closing(reason, delivered, dropped));
         }
         last.push(rfc6455::close(code, reason));
@@ -354,7 +357,7 @@ impl Core {
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
         // `dropped` frames only for a peer that asked (`capabilities.experimental`).
-        self.conns[key].announce_drops = announce;
+        self.conns[key].subscriber.announce_drops = announce;
         let frame = self.hello_frame(version, grant);
         self.ws_send(key, frame);
     }
@@ -481,7 +484,11 @@ impl Core {
             (r.code(), d)
         })?;
         let max = self.config.max_output_bytes;
-        if self.conns.get(target.0).is_none_or(|c| c.out.len() > max) {
+        if self
+            .conns
+            .get(target.0)
+            .is_none_or(|c| c.subscriber.out.len() > max)
+        {
             self.ws_close(
                 target.0,
                 "backpressure: the output queue is full",
@@ -568,7 +575,7 @@ impl Core {
             ws.subs.push((id.into(), sub));
         }
         for (name, source, earliest) in super::lost_markers(&self.store, &from) {
-            conn.out.push(aep::replay_exhausted(
+            conn.subscriber.out.push(aep::replay_exhausted(
                 id,
                 &name,
                 source.as_deref(),
@@ -593,7 +600,7 @@ impl Core {
         }
         if let Some(conn) = self.conns.get_mut(key) {
             if let Phase::Ws(ws) = &mut conn.phase {
-                ws.reply_floor = conn.out.len();
+                ws.reply_floor = conn.subscriber.out.len();
             }
         }
         self.mark_dirty(key);
@@ -675,7 +682,7 @@ impl Core {
                 let (_, sub) = ws.subs.remove(i);
                 self.hub.remove(sub);
                 if let Some(conn) = self.conns.get_mut(key) {
-                    conn.replay.retain(|j| j.sub != Some(sub));
+                    conn.subscriber.replay.retain(|j| j.sub != Some(sub));
                 }
             }
         }

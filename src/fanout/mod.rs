@@ -265,7 +265,7 @@ impl Frames {
     }
 
     /// The WebSocket frame for a subscriber with `ceiling` on a connection with
-    /// `permessage-deflate` window `window` (0: not negotiated, see `Conn::deflate_window`):
+    /// `permessage-deflate` window `window` (0: not negotiated, see `Subscriber::deflate_window`):
     /// the compressed frame (RSV1, RFC 7692 §7.2.1) when compressing pays and the
     /// message fits the window, else [`Frames::ws`]. For replay, which frames per
     /// connection; live fan-out places frames with [`Frames::place`].
@@ -348,7 +348,7 @@ fn fits_window(len: usize, window: u8) -> bool {
 impl Frames {
     /// Places the frame for a subscriber with `ceiling` on `ws` or SSE in `unit`'s arena
     /// (once per Event, arena and unit generation); returns `(arena, start, end)`. A WS
-    /// target with `deflate` (its `Conn::deflate_window`, 0 for none) gets the shared
+    /// target with `deflate` (its `Subscriber::deflate_window`, 0 for none) gets the shared
     /// compressed frame when there is one for it ([`Frames::place_deflated`]).
     pub(crate) fn place(
         &mut self,

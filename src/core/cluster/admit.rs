@@ -128,7 +128,10 @@ impl Core {
             && !bus.delivered.values().any(Option::is_none);
         if !healed
             || !self.publishing.is_empty()
-            || self.conns.iter().any(|(_, c)| !c.replay.is_empty())
+            || self
+                .conns
+                .iter()
+                .any(|(_, c)| !c.subscriber.replay.is_empty())
         {
             return;
         }

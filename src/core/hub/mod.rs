@@ -1,14 +1,16 @@
 //! The hub: live subscriptions, and fan-out of each Event into the output queues of the
 //! connections whose subscriptions match (AEP-0003 §6, §8.4).
 //!
-//! It walks the core's connection table and decides per connection (its queue's bound,
-//! its replay, its `permessage-deflate` window), so it is the core's. The parts that know
+//! It decides per connection (its queue's bound, its replay, its `permessage-deflate`
+//! window), so it is the core's; it reaches each connection as a
+//! [`Subscriber`](super::conn::Subscriber), through [`Subscribers`], and never its socket
+//! buffers, request state or phase. The parts that know
 //! no connection are building blocks in [`crate::fanout`]: the subscription model, the
 //! [`SubscriptionIndex`] that finds the subscriptions an Event matches, and the frames
 //! of an ingest unit laid out back to back in shared arenas (`Frames`, `Unit`; see that
 //! module's docs for coalescing and compression). Fan-out never writes to a socket.
 
-use super::conn::{Chunks, Conn, Drops, OutQueue, Tag, UNSHARED};
+use super::conn::{Chunks, Drops, OutQueue, Subscriber, Subscribers, Tag, UNSHARED};
 use crate::envelope::{Capture, Event, Scope, Severity};
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
@@ -24,10 +26,10 @@ use slab::Slab;
 /// run whose connection is gone, or whose slot was reused by another connection since,
 /// is dropped. Each arena's frames become one shared chunk in `chunks` (counted once for
 /// the memory budget), opened with its first queued slice.
-fn queue_runs(unit: &mut Unit, conns: &mut Slab<Conn>, chunks: &mut Chunks) {
+fn queue_runs(unit: &mut Unit, conns: &mut Subscribers<'_>, chunks: &mut Chunks) {
     let mut tags = [UNSHARED; crate::fanout::ARENAS];
     unit.drain_runs(|run, generation, bytes, notice| {
-        let Some(conn) = conns.get_mut(run.conn.0) else {
+        let Some(conn) = conns.get_mut(run.conn) else {
             return;
         };
         if conn.unit_generation != generation {
@@ -84,7 +86,7 @@ fn wider(a: Option<Capture>, b: Option<Capture>) -> Option<Capture> {
 struct Target {
     conn: ConnId,
     ws: bool,
-    /// The connection's `permessage-deflate` window (`Conn::deflate_window`).
+    /// The connection's `permessage-deflate` window (`Subscriber::deflate_window`).
     deflate: u8,
     ceiling: Option<Capture>,
     queued: bool,
@@ -111,7 +113,7 @@ pub(crate) struct Hub {
     subs: Slab<Subscription>,
     index: SubscriptionIndex,
     matched: Vec<usize>,
-    /// Per fan-out scratch: one entry per connection reached (`Conn::fan_slot` indexes it).
+    /// Per fan-out scratch: one entry per connection reached (`Subscriber::fan_slot` indexes it).
     targets: Vec<Target>,
     serial: u64,
     /// A connection the next fan-outs skip: the claimant a command was just forwarded to
@@ -156,7 +158,7 @@ pub(crate) struct Publication<'a> {
     /// subscription whose replay still has one of them to go is skipped, its replay
     /// delivers the Event in order.
     pub(crate) placed: &'a [StreamId],
-    /// The publication's number (`Conn::decided`): a paused fan-out, tried again with
+    /// The publication's number (`Subscriber::decided`): a paused fan-out, tried again with
     /// the same number, skips the connections it already decided.
     pub(crate) number: u64,
     /// The output queue bound (`--max-output`, bytes), from which the marks derive.
@@ -166,7 +168,7 @@ pub(crate) struct Publication<'a> {
 /// What one fan-out decides once, for all its targets.
 struct Pass<'a> {
     p: Publication<'a>,
-    /// This fan-out's serial (`Conn::mark`).
+    /// This fan-out's serial (`Subscriber::mark`).
     serial: u64,
     /// Whether any target is a WebSocket (only those note positions).
     any_ws: bool,
@@ -182,7 +184,7 @@ struct Pass<'a> {
 #[inline(always)]
 fn queue_run(
     unit: &mut Unit,
-    conn: &mut Conn,
+    conn: &mut Subscriber,
     mut run: Run,
     pending: usize,
     need: usize,
@@ -284,10 +286,10 @@ impl Hub {
 
     /// Ends the ingest unit, if any: queues every pending run on its connection, in
     /// order, as one slice of its arena. Cheap when nothing is pending.
-    pub(crate) fn end_unit(&mut self, conns: &mut Slab<Conn>) {
+    pub(crate) fn end_unit(&mut self, mut conns: Subscribers<'_>) {
         self.unit.open = false;
         self.unit.hint = 0;
-        queue_runs(&mut self.unit, conns, &mut self.chunks);
+        queue_runs(&mut self.unit, &mut conns, &mut self.chunks);
     }
 
     /// Fans `ev` out to every matching subscription, at most once per connection,
@@ -299,17 +301,17 @@ impl Hub {
     /// Event while it stays within the mark of the Event's severity ([`shed_mark`],
     /// computed once per Event): half of `max_output` for `debug`, three quarters for
     /// `info`, all of it for `notice` and above. Past its mark a `debug` or `info` Event
-    /// is dropped and counted (`Conn::dropped`, by severity); a `notice`+ Event that
+    /// is dropped and counted (`Subscriber::dropped`, by severity); a `notice`+ Event that
     /// does not fit the whole bound disconnects the consumer. A consumer told of drops
-    /// (`Conn::announce_drops`) gets a notice just before the next Event delivered to
+    /// (`Subscriber::announce_drops`) gets a notice just before the next Event delivered to
     /// it: the SSE comment [`sse::dropped`] or the WebSocket frame [`aep::dropped`],
     /// queued as its own slice ahead of that Event's run, so it never splits a frame
     /// and costs nothing while nothing is dropped. Live frames held behind a replay
-    /// (`Conn::backlog`) are judged by the same marks against the backlog's own length.
+    /// (`Subscriber::backlog`) are judged by the same marks against the backlog's own length.
     ///
     /// **Pauses come first.** Fan-out never writes to a socket. A target whose queue is
     /// past the Event's mark and got frames since its socket was last offered the queue
-    /// (`Conn::offered`) pauses the fan-out before anything is delivered:
+    /// (`Subscriber::offered`) pauses the fan-out before anything is delivered:
     /// [`Fanned::Paused`], with the unit's pending runs queued. Once the reactor wrote,
     /// the caller fans the same Event out again, and a target still past the mark is
     /// then a slow consumer (the Event is dropped, or the consumer disconnected). So the
@@ -331,25 +333,25 @@ impl Hub {
     pub(crate) fn fanout(
         &mut self,
         p: Publication<'_>,
-        conns: &mut Slab<Conn>,
+        mut conns: Subscribers<'_>,
         dirty: &mut Vec<usize>,
         doomed: &mut Vec<usize>,
     ) -> Fanned {
-        let Some(pass) = self.targets_of(&p, conns) else {
+        let Some(pass) = self.targets_of(&p, &mut conns) else {
             return Fanned::Done;
         };
         let mut frames = Frames::default();
         for ti in 0..self.targets.len() {
-            if let Some(paused) = self.deliver(&pass, ti, &mut frames, conns, dirty, doomed) {
-                queue_runs(&mut self.unit, conns, &mut self.chunks);
-                self.note_positions(&pass, conns);
+            if let Some(paused) = self.deliver(&pass, ti, &mut frames, &mut conns, dirty, doomed) {
+                queue_runs(&mut self.unit, &mut conns, &mut self.chunks);
+                self.note_positions(&pass, &conns);
                 return Fanned::Paused(paused);
             }
         }
         if !self.unit.open {
-            queue_runs(&mut self.unit, conns, &mut self.chunks);
+            queue_runs(&mut self.unit, &mut conns, &mut self.chunks);
         }
-        self.note_positions(&pass, conns);
+        self.note_positions(&pass, &conns);
         Fanned::Done
     }
 
@@ -358,7 +360,11 @@ impl Hub {
     /// Skipped: the connection in `except`, doomed ones, those whose replay delivers
     /// the Event, and those a paused attempt at this publication already decided.
     #[inline(always)]
-    fn targets_of<'a>(&mut self, p: &Publication<'a>, conns: &mut Slab<Conn>) -> Option<Pass<'a>> {
+    fn targets_of<'a>(
+        &mut self,
+        p: &Publication<'a>,
+        conns: &mut Subscribers<'_>,
+    ) -> Option<Pass<'a>> {
         self.matched.clear();
         self.index.matching(p.ev, &mut self.matched);
         if self.matched.is_empty() {
@@ -375,7 +381,7 @@ impl Hub {
             if self.except == Some(sub.conn) {
                 continue;
             }
-            let Some(conn) = conns.get_mut(sub.conn.0) else {
+            let Some(conn) = conns.get_mut(sub.conn) else {
                 continue;
             };
             if conn.doomed || conn.replay_covers(SubId(key), p.placed) || conn.decided == p.number {
@@ -421,12 +427,12 @@ impl Hub {
         pass: &Pass<'_>,
         ti: usize,
         frames: &mut Frames,
-        conns: &mut Slab<Conn>,
+        conns: &mut Subscribers<'_>,
         dirty: &mut Vec<usize>,
         doomed: &mut Vec<usize>,
     ) -> Option<ConnId> {
         let t = self.targets[ti];
-        let conn = conns.get_mut(t.conn.0)?;
+        let conn = conns.get_mut(t.conn)?;
         let ev = pass.p.ev;
         let (arena, start, end) = frames.place(
             &mut self.unit,
@@ -460,7 +466,7 @@ impl Hub {
         };
         // A consumer that cannot take the Event within its mark, and got frames since
         // its socket was last offered the queue, pauses the publication here: the
-        // targets decided so far keep what they got (`Conn::decided`), the rest get
+        // targets decided so far keep what they got (`Subscriber::decided`), the rest get
         // the Event when it is fanned out again, once the reactor wrote.
         let q = if backlog { &conn.backlog } else { &conn.out };
         let fit = fits(q, pending, need, pass.mark);
@@ -504,7 +510,7 @@ impl Hub {
 
     /// WS subscriptions remember the last position they delivered (for `closing`): every
     /// target of `pass` that had its Event queued.
-    fn note_positions(&mut self, pass: &Pass<'_>, conns: &Slab<Conn>) {
+    fn note_positions(&mut self, pass: &Pass<'_>, conns: &Subscribers<'_>) {
         let (ev, placed, serial) = (pass.p.ev, pass.p.placed, pass.serial);
         let position = match (ev.scope(), ev.session(), ev.seq()) {
             (Scope::Sequenced, Some(s), Some(q)) if pass.any_ws => Some((s, (ev.epoch(), q))),
@@ -519,7 +525,7 @@ impl Hub {
                     continue;
                 };
                 let queued = conns
-                    .get(sub.conn.0)
+                    .get(sub.conn)
                     .is_some_and(|c| c.mark == serial && self.targets[c.fan_slot].queued);
                 if queued {
                     delivered.note(placed.first().copied(), ev.source(), session, pos);

@@ -4,6 +4,7 @@
 //! notices.
 
 use super::*;
+use crate::core::conn::Conn;
 use crate::envelope::Event;
 use crate::filter::Filter;
 use crate::ws::{self, aep, Delivered};
@@ -32,7 +33,7 @@ struct Setup {
     written: Vec<Vec<u8>>,
     /// Connections whose socket takes nothing.
     blocked: Vec<usize>,
-    /// The number of the Event being published (`Conn::decided`).
+    /// The number of the Event being published (`Subscriber::decided`).
     publication: u64,
 }
 
@@ -83,20 +84,24 @@ impl Setup {
                 max_output,
             };
             while let Fanned::Paused(_) =
-                self.hub.fanout(p, &mut self.conns, &mut dirty, &mut doomed)
+                self.hub
+                    .fanout(p, Subscribers::of(&mut self.conns), &mut dirty, &mut doomed)
             {
                 for (key, conn) in self.conns.iter_mut() {
                     if self.written.len() <= key {
                         self.written.resize(key + 1, Vec::new());
                     }
                     if !self.blocked.contains(&key) {
-                        let _ = conn.out.flush(&mut self.written[key], &mut self.hub.chunks);
+                        let _ = conn
+                            .subscriber
+                            .out
+                            .flush(&mut self.written[key], &mut self.hub.chunks);
                     }
-                    conn.offered = conn.out.pushed();
+                    conn.subscriber.offered = conn.subscriber.out.pushed();
                 }
             }
         }
-        self.hub.end_unit(&mut self.conns);
+        self.hub.end_unit(Subscribers::of(&mut self.conns));
         (dirty, doomed)
     }
 
@@ -106,13 +111,16 @@ impl Setup {
             self.written.resize(key + 1, Vec::new());
         }
         let conn = &mut self.conns[key];
-        let _ = conn.out.flush(&mut self.written[key], &mut self.hub.chunks);
-        conn.offered = conn.out.pushed();
+        let _ = conn
+            .subscriber
+            .out
+            .flush(&mut self.written[key], &mut self.hub.chunks);
+        conn.subscriber.offered = conn.subscriber.out.pushed();
     }
 
     /// Queue entries and queued bytes of `key`.
     fn queued(&mut self, key: usize) -> (usize, Vec<u8>) {
-        let q = &self.conns[key].out;
+        let q = &self.conns[key].subscriber.out;
         (q.entries(), q.concat())
     }
 }
@@ -218,7 +226,10 @@ fn a_queue_sheds_debug_past_half_its_bound_and_info_past_three_quarters() {
     let (_, after_debug) = s.queued(slow);
     assert!(after_debug.len() <= max / 2 && after_debug.len() + one > max / 2);
     assert_eq!(after_debug, sse_of(&debug[..8], |_| true));
-    assert_eq!(s.conns[slow].dropped, Drops { debug: 32, info: 0 });
+    assert_eq!(
+        s.conns[slow].subscriber.dropped,
+        Drops { debug: 32, info: 0 }
+    );
     let (_, doomed) = s.unit(&info, max);
     assert!(doomed.is_empty());
     let (_, after_info) = s.queued(slow);
@@ -232,12 +243,12 @@ fn a_queue_sheds_debug_past_half_its_bound_and_info_past_three_quarters() {
         debug: 32,
         info: 36,
     };
-    assert_eq!(s.conns[slow].dropped, dropped);
+    assert_eq!(s.conns[slow].subscriber.dropped, dropped);
     assert_eq!(s.hub.stats.dropped, dropped);
     // A debug Event now finds the queue past its mark too; a notice still fits.
     let (_, doomed) = s.unit(&[event(300, "debug"), event(301, "notice")], max);
     assert!(doomed.is_empty());
-    assert_eq!(s.conns[slow].dropped.debug, 33);
+    assert_eq!(s.conns[slow].subscriber.dropped.debug, 33);
     let notices: Vec<_> = (302..306).map(|i| event(i, "notice")).collect();
     let (_, doomed) = s.unit(&notices[..2], max);
     assert!(doomed.is_empty(), "notices take the last quarter");
@@ -269,7 +280,7 @@ fn the_marks_are_half_and_three_quarters_of_the_bound() {
 fn drops_are_announced_just_before_the_next_event_delivered() {
     let mut s = Setup::new();
     let slow = s.subscribe("{}", None, false);
-    s.conns[slow].announce_drops = true;
+    s.conns[slow].subscriber.announce_drops = true;
     s.blocked.push(slow);
     let debug: Vec<_> = (100..110).map(|i| event(i, "debug")).collect();
     let one = sse::message(&debug[0], debug[0].bytes()).len();
@@ -287,7 +298,7 @@ fn drops_are_announced_just_before_the_next_event_delivered() {
     want.extend_from_slice(b": dropped 6 debug=6 info=0\n\n");
     want.extend_from_slice(&sse_of(&next, |_| true));
     assert_eq!(s.written[slow], want);
-    assert!(s.conns[slow].unannounced.is_empty());
+    assert!(s.conns[slow].subscriber.unannounced.is_empty());
     // Drops of both severities, then a notice: one comment with both counts.
     s.written[slow].clear();
     let info: Vec<_> = (120..128).map(|i| event(i, "info")).collect();
@@ -295,7 +306,10 @@ fn drops_are_announced_just_before_the_next_event_delivered() {
     let late: Vec<_> = (134..138).map(|i| event(i, "info")).collect();
     let mixed: Vec<_> = [&info[..], &debug[..], &late[..]].concat();
     s.unit(&mixed, max);
-    assert_eq!(s.conns[slow].dropped, Drops { debug: 12, info: 6 });
+    assert_eq!(
+        s.conns[slow].subscriber.dropped,
+        Drops { debug: 12, info: 6 }
+    );
     s.drain(slow);
     let notice = event(140, "notice");
     s.unit(std::slice::from_ref(&notice), max);
@@ -316,7 +330,7 @@ fn a_websocket_that_asked_gets_a_dropped_frame() {
     let mut s = Setup::new();
     let asked = s.subscribe("{}", None, true);
     let quiet = s.subscribe("{}", None, true);
-    s.conns[asked].announce_drops = true;
+    s.conns[asked].subscriber.announce_drops = true;
     s.blocked.extend([asked, quiet]);
     let debug: Vec<_> = (100..110).map(|i| event(i, "debug")).collect();
     let one = ws::rfc6455::text(debug[0].bytes()).len();
@@ -340,8 +354,11 @@ fn a_websocket_that_asked_gets_a_dropped_frame() {
     let mut want = frames(&debug[..4]);
     want.extend_from_slice(&frames(std::slice::from_ref(&next)));
     assert_eq!(s.written[quiet], want);
-    assert_eq!(s.conns[quiet].dropped.debug, 6);
-    assert!(s.conns[quiet].unannounced.is_empty(), "nothing to tell");
+    assert_eq!(s.conns[quiet].subscriber.dropped.debug, 6);
+    assert!(
+        s.conns[quiet].subscriber.unannounced.is_empty(),
+        "nothing to tell"
+    );
 }
 
 /// Live frames held behind a replay (the backlog) are shed by the same marks, against
@@ -350,24 +367,28 @@ fn a_websocket_that_asked_gets_a_dropped_frame() {
 fn the_backlog_behind_a_replay_sheds_by_the_same_marks() {
     let mut s = Setup::new();
     let late = s.subscribe("{}", None, false);
-    s.conns[late].announce_drops = true;
+    s.conns[late].subscriber.announce_drops = true;
     // Something held already: live frames join the backlog, not the queue.
     s.conns[late]
+        .subscriber
         .backlog
         .push(Bytes::from_static(b": held\n\n"));
     let debug: Vec<_> = (100..120).map(|i| event(i, "debug")).collect();
     let one = sse::message(&debug[0], debug[0].bytes()).len();
     let max = 8 * one + 100;
     s.unit(&debug, max);
-    assert_eq!(s.conns[late].dropped, Drops { debug: 16, info: 0 });
+    assert_eq!(
+        s.conns[late].subscriber.dropped,
+        Drops { debug: 16, info: 0 }
+    );
     let notice = event(120, "notice");
     s.unit(std::slice::from_ref(&notice), max);
     let mut want = b": held\n\n".to_vec();
     want.extend_from_slice(&sse_of(&debug[..4], |_| true));
     want.extend_from_slice(b": dropped 16 debug=16 info=0\n\n");
     want.extend_from_slice(&sse_of(&[notice], |_| true));
-    assert_eq!(s.conns[late].backlog.concat(), want);
-    assert!(s.conns[late].out.is_empty());
+    assert_eq!(s.conns[late].subscriber.backlog.concat(), want);
+    assert!(s.conns[late].subscriber.out.is_empty());
 }
 
 #[test]
@@ -377,7 +398,7 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
     for severity in ["debug", "info"] {
         let mut s = Setup::new();
         let fast = s.subscribe("{}", None, false);
-        s.conns[fast].announce_drops = true;
+        s.conns[fast].subscriber.announce_drops = true;
         let events: Vec<_> = (0..50).map(|i| event(i, severity)).collect();
         let one = sse::message(&events[0], events[0].bytes()).len();
         // The batch is far larger than the bound; the pipe takes everything offered.
@@ -396,7 +417,7 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
 
 /// A fan-out that pauses part-way (the second consumer must be offered its queue first)
 /// and is tried again delivers each Event to each consumer exactly once, in order: the
-/// first consumer, already decided, is skipped on the retry (`Conn::decided`).
+/// first consumer, already decided, is skipped on the retry (`Subscriber::decided`).
 #[test]
 fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
     let mut s = Setup::new();
@@ -442,10 +463,10 @@ fn compressed_frames_are_built_once_per_event_and_capture_level() {
         "no compressing target"
     );
     for &k in zipped.iter().chain(&low) {
-        s.conns[k].deflate_window = 15;
+        s.conns[k].subscriber.deflate_window = 15;
     }
     for (_, c) in s.conns.iter_mut() {
-        c.out = OutQueue::default();
+        c.subscriber.out = OutQueue::default();
     }
     s.unit(&events[1..], 1 << 20);
     let d = s
@@ -518,11 +539,17 @@ fn shared_frames_count_once_until_the_last_slice_goes() {
     s.unit(&events, 1 << 20);
     let all = sse_of(&events, |_| true).len();
     assert_eq!(s.hub.chunks.bytes(), all, "three queues, one chunk");
-    assert_eq!(s.conns[a].out.own(), 0);
+    assert_eq!(s.conns[a].subscriber.out.own(), 0);
     let mut sink = Vec::new();
-    let _ = s.conns[a].out.flush(&mut sink, &mut s.hub.chunks);
-    let _ = s.conns[odd].out.flush(&mut sink, &mut s.hub.chunks);
+    let _ = s.conns[a]
+        .subscriber
+        .out
+        .flush(&mut sink, &mut s.hub.chunks);
+    let _ = s.conns[odd]
+        .subscriber
+        .out
+        .flush(&mut sink, &mut s.hub.chunks);
     assert_eq!(s.hub.chunks.bytes(), all, "b still holds it");
-    s.conns[b].out.release_all(&mut s.hub.chunks);
+    s.conns[b].subscriber.out.release_all(&mut s.hub.chunks);
     assert_eq!(s.hub.chunks.bytes(), 0);
 }
