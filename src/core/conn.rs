@@ -1,12 +1,13 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
-//! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`](super::ConnId).
+//! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
 use crate::envelope::{Capture, Severity};
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
-use crate::ids::SubId;
+use crate::ids::{ConnId, SubId};
 use crate::store::{ReplayFrom, StreamId};
 use bytes::Bytes;
+use slab::Slab;
 use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
@@ -777,26 +778,99 @@ impl Subscriber {
     }
 }
 
-/// The connection table as fan-out sees it: each connection's [`Subscriber`] by
-/// [`ConnId`](super::ConnId), and nothing else of it.
-#[derive(Debug)]
-pub(crate) struct Subscribers<'a>(&'a mut slab::Slab<Conn>);
+/// The core's connection table, keyed by [`ConnId`]: the reactor keeps each socket under
+/// the same id. Ids of closed connections are reused.
+#[derive(Debug, Default)]
+pub(crate) struct Conns(Slab<Conn>);
 
-impl<'a> Subscribers<'a> {
-    /// The view of `conns`.
-    pub(crate) fn of(conns: &'a mut slab::Slab<Conn>) -> Subscribers<'a> {
-        Subscribers(conns)
+impl Conns {
+    /// An empty table with room for `n` connections.
+    pub(crate) fn with_capacity(n: usize) -> Conns {
+        Conns(Slab::with_capacity(n))
     }
 
+    /// Adds `conn`; returns its id.
+    pub(crate) fn insert(&mut self, conn: Conn) -> ConnId {
+        ConnId(self.0.insert(conn))
+    }
+
+    /// Removes connection `id` (which must be open).
+    pub(crate) fn remove(&mut self, id: ConnId) -> Conn {
+        self.0.remove(id.0)
+    }
+
+    pub(crate) fn contains(&self, id: ConnId) -> bool {
+        self.0.contains(id.0)
+    }
+
+    pub(crate) fn get(&self, id: ConnId) -> Option<&Conn> {
+        self.0.get(id.0)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.0.get_mut(id.0)
+    }
+
+    /// Open connections.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every open connection with its id, in id order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (ConnId, &Conn)> {
+        self.0.iter().map(|(k, c)| (ConnId(k), c))
+    }
+
+    /// Every open connection with its id, in id order.
+    #[cfg(test)]
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (ConnId, &mut Conn)> {
+        self.0.iter_mut().map(|(k, c)| (ConnId(k), c))
+    }
+
+    /// The ids of every open connection, in id order.
+    pub(crate) fn ids(&self) -> Vec<ConnId> {
+        self.0.iter().map(|(k, _)| ConnId(k)).collect()
+    }
+
+    /// The table as fan-out sees it.
+    pub(crate) fn subscribers(&mut self) -> Subscribers<'_> {
+        Subscribers(&mut self.0)
+    }
+}
+
+impl std::ops::Index<ConnId> for Conns {
+    type Output = Conn;
+
+    fn index(&self, id: ConnId) -> &Conn {
+        &self.0[id.0]
+    }
+}
+
+impl std::ops::IndexMut<ConnId> for Conns {
+    fn index_mut(&mut self, id: ConnId) -> &mut Conn {
+        &mut self.0[id.0]
+    }
+}
+
+/// The connection table as fan-out sees it: each connection's [`Subscriber`] by
+/// [`ConnId`], and nothing else of it.
+#[derive(Debug)]
+pub(crate) struct Subscribers<'a>(&'a mut Slab<Conn>);
+
+impl Subscribers<'_> {
     /// Connection `id`'s subscriber part; `None` when it is gone.
     #[inline(always)]
-    pub(crate) fn get_mut(&mut self, id: super::ConnId) -> Option<&mut Subscriber> {
+    pub(crate) fn get_mut(&mut self, id: ConnId) -> Option<&mut Subscriber> {
         self.0.get_mut(id.0).map(|c| &mut c.subscriber)
     }
 
     /// Connection `id`'s subscriber part; `None` when it is gone.
     #[inline(always)]
-    pub(crate) fn get(&self, id: super::ConnId) -> Option<&Subscriber> {
+    pub(crate) fn get(&self, id: ConnId) -> Option<&Subscriber> {
         self.0.get(id.0).map(|c| &c.subscriber)
     }
 }

@@ -42,6 +42,7 @@
 use super::conn::{Charge, Conn, Phase};
 use super::Core;
 use crate::envelope::Event;
+use crate::ids::ConnId;
 use crate::store::Position;
 use crate::ws::rfc6455::{self, server_frame};
 use bytes::Bytes;
@@ -218,7 +219,7 @@ impl Core {
     }
 
     /// Recomputes connection `key`'s share of the memory used.
-    pub(super) fn account(&mut self, key: usize) {
+    pub(super) fn account(&mut self, key: ConnId) {
         let tls = self.config.tls_enabled();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -237,7 +238,7 @@ impl Core {
     /// after each input, body read, write and budget drop of the connection (one that
     /// fan-out alone reached is checked at its next write); O(its queue length).
     #[cfg(debug_assertions)]
-    fn check_conn(&self, key: usize) {
+    fn check_conn(&self, key: ConnId) {
         let Some(conn) = self.conns.get(key) else {
             return;
         };
@@ -245,11 +246,7 @@ impl Core {
         conn.subscriber.backlog.check();
         if let Phase::Sse { sub } = conn.phase {
             let back = self.hub.get(sub).map(|s| s.conn);
-            assert_eq!(
-                back,
-                Some(crate::ids::ConnId(key)),
-                "an SSE connection's subscription names it"
-            );
+            assert_eq!(back, Some(key), "an SSE connection's subscription names it");
         }
         if let Some((_, generation)) = conn.armed {
             assert!(
@@ -283,7 +280,7 @@ impl Core {
         let queues = |core: &Core| core.memory_used().queues;
         let mut dropped = 0;
         if before.queues > budget / 2 {
-            let mut holders: Vec<(usize, usize)> = self
+            let mut holders: Vec<(usize, ConnId)> = self
                 .conns
                 .iter()
                 .filter(|(_, c)| matches!(c.phase, Phase::Sse { .. } | Phase::Ws(_)))
@@ -331,7 +328,7 @@ impl Core {
 
     /// Drops consumer `key` for the memory budget: discards what it has queued and not
     /// begun to write, then ends it (module docs).
-    fn drop_consumer(&mut self, key: usize) {
+    fn drop_consumer(&mut self, key: ConnId) {
         self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;

@@ -37,13 +37,12 @@ use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
 use bytes::Bytes;
-use conn::{Conn, Flush, Phase, Subscribers};
+use conn::{Conn, Conns, Flush, Phase};
 use hub::{Fanned, Hub};
 
 /// The least of a body still to come for which [`Core::body_room`] lends its buffer to
 /// be read into directly, in bytes: the reactor's own read buffer's size.
 pub const BODY_READ_MIN: usize = 64 * 1024;
-use slab::Slab;
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -235,7 +234,7 @@ fn loggable(s: &str) -> String {
 #[derive(Debug)]
 pub struct Core {
     config: Config,
-    conns: Slab<Conn>,
+    conns: Conns,
     store: Store<Event>,
     hub: Hub,
     /// Which WebSocket connections claim which sessions (command routing, roster).
@@ -250,11 +249,11 @@ pub struct Core {
     now: Instant,
     timers: Timers,
     /// Connections with output to announce ([`Output::Writable`]).
-    dirty: Vec<usize>,
+    dirty: Vec<ConnId>,
     /// Connections whose replay continues after the others had a turn.
-    deferred: Vec<usize>,
+    deferred: Vec<ConnId>,
     /// Connections to drop for backpressure (AEP-0003 §8.4).
-    doomed: Vec<usize>,
+    doomed: Vec<ConnId>,
     outputs: VecDeque<Output>,
     /// Events accepted and not yet published, in order: a publication paused until the
     /// reactor writes (`Fanned::Paused`). Each with the connection its fan-out skips (a
@@ -296,7 +295,7 @@ impl Core {
     pub fn new(config: Config, journal: Box<dyn Journal>, now: Instant, unix_ms: u64) -> Core {
         let store = Store::new(config.buffer_per_session, config.max_sessions);
         Core {
-            conns: Slab::with_capacity(1024),
+            conns: Conns::with_capacity(1024),
             store,
             hub: Hub::default(),
             claims: Claims::default(),
@@ -391,14 +390,14 @@ impl Core {
         }
         let key = self.conns.insert(Conn::new(peer, now));
         self.rearm(key);
-        Ok(ConnId(key))
+        Ok(key)
     }
 
     /// Bytes that arrived on `id`, in order. A connection that streams (SSE) or that
     /// was answered for the last time discards them. Unknown ids are ignored.
     pub fn handle_input(&mut self, id: ConnId, bytes: &[u8], now: Instant) {
         self.now = now;
-        let key = id.0;
+        let key = id;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -436,7 +435,7 @@ impl Core {
     /// [`Core::handle_body_read`]; on `None` it reads into a buffer of its own and calls
     /// [`Core::handle_input`].
     pub fn body_room(&mut self, id: ConnId) -> Option<&mut [u8]> {
-        let conn = self.conns.get_mut(id.0)?;
+        let conn = self.conns.get_mut(id)?;
         if !conn.rbuf.is_empty() {
             return None;
         }
@@ -447,7 +446,7 @@ impl Core {
     /// [`Core::handle_input`] with those bytes.
     pub fn handle_body_read(&mut self, id: ConnId, n: usize, now: Instant) {
         self.now = now;
-        let key = id.0;
+        let key = id;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -462,7 +461,7 @@ impl Core {
     /// The peer closed its writing side of `id` (a read returned 0).
     pub fn handle_eof(&mut self, id: ConnId, now: Instant) {
         self.now = now;
-        let key = id.0;
+        let key = id;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -495,10 +494,10 @@ impl Core {
     /// connection is dropped at once, its subscriptions and claims released.
     pub fn handle_reset(&mut self, id: ConnId, now: Instant) {
         self.now = now;
-        if let Some(c) = self.conns.get(id.0) {
+        if let Some(c) = self.conns.get(id) {
             log::info!("closing {} after a socket error", c.peer);
         }
-        self.close(id.0);
+        self.close(id);
     }
 
     /// Runs every deadline due at `now`: SSE heartbeats, WebSocket pings and idle
@@ -565,7 +564,7 @@ impl Core {
 
     /// Whether the reactor should read `id` now (see [`Interest::read`]).
     pub fn wants_read(&self, id: ConnId) -> bool {
-        self.conns.get(id.0).is_some_and(|c| c.reading)
+        self.conns.get(id).is_some_and(|c| c.reading)
     }
 
     /// Ingests `ndjson` (one Event per line, blank lines ignored), all or nothing, as
@@ -650,7 +649,7 @@ impl Core {
     /// close.
     pub fn write_to<W: Write>(&mut self, id: ConnId, w: &mut W, now: Instant) {
         self.now = now;
-        let key = id.0;
+        let key = id;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -737,7 +736,7 @@ impl Core {
     /// the same rule whether the bytes wait sealed or in plaintext),
     /// `aep_output_queued_bytes`, and its drain at shutdown.
     pub fn set_held(&mut self, id: ConnId, bytes: usize) {
-        if let Some(conn) = self.conns.get_mut(id.0) {
+        if let Some(conn) = self.conns.get_mut(id) {
             conn.subscriber.out.set_held(bytes);
         }
     }
@@ -764,7 +763,7 @@ impl Core {
                 self.config.shutdown_deadline
             );
         }
-        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        let keys: Vec<ConnId> = self.conns.ids();
         for key in keys {
             let conn = &mut self.conns[key];
             match conn.phase {
@@ -813,14 +812,14 @@ impl Core {
     /// targets check.
     #[cfg(feature = "test-probes")]
     pub fn queued(&self, id: ConnId) -> Option<usize> {
-        self.conns.get(id.0).map(|c| c.subscriber.out.len())
+        self.conns.get(id).map(|c| c.subscriber.out.len())
     }
 
     /// Probe (feature `test-probes`): bytes of live frames held back on `id` behind a
     /// replay in progress, not yet in its output queue; bounded like the queue.
     #[cfg(feature = "test-probes")]
     pub fn backlog(&self, id: ConnId) -> Option<usize> {
-        self.conns.get(id.0).map(|c| c.subscriber.backlog.len())
+        self.conns.get(id).map(|c| c.subscriber.backlog.len())
     }
 
     /// Probe (feature `test-probes`): deadlines held in the timer, stale entries
@@ -833,7 +832,7 @@ impl Core {
 
     // ---- internals ----
 
-    fn mark_dirty(&mut self, key: usize) {
+    fn mark_dirty(&mut self, key: ConnId) {
         if let Some(c) = self.conns.get_mut(key) {
             if !c.subscriber.dirty {
                 c.subscriber.dirty = true;
@@ -844,7 +843,7 @@ impl Core {
 
     /// Records the interest wanted for `key` (`None`: unchanged) and announces it when
     /// it changed.
-    fn set_interest(&mut self, key: usize, read: Option<bool>, write: Option<bool>) {
+    fn set_interest(&mut self, key: ConnId, read: Option<bool>, write: Option<bool>) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -856,7 +855,7 @@ impl Core {
             conn.reading = r;
             conn.want_write = w;
             let i = Interest { read: r, write: w };
-            self.outputs.push_back(Output::Interest(ConnId(key), i));
+            self.outputs.push_back(Output::Interest(key, i));
         }
     }
 
@@ -908,7 +907,7 @@ impl Core {
                     c.sampled = c.subscriber.decided;
                     c.latency_mark = Some((c.subscriber.out.pushed(), self.now));
                 }
-                self.outputs.push_back(Output::Writable(ConnId(key)));
+                self.outputs.push_back(Output::Writable(key));
                 self.rearm(key);
             }
         }
@@ -920,10 +919,10 @@ impl Core {
     /// Ends the open fan-out unit, if any: its pending frames are queued before anything
     /// else is (see `fanout::Unit`).
     fn end_unit(&mut self) {
-        self.hub.end_unit(Subscribers::of(&mut self.conns));
+        self.hub.end_unit(self.conns.subscribers());
     }
 
-    fn close(&mut self, key: usize) {
+    fn close(&mut self, key: ConnId) {
         if !self.conns.contains(key) {
             return;
         }
@@ -935,7 +934,7 @@ impl Core {
             Phase::Ws(ws) => self.ws_release(key, ws),
             _ => {}
         }
-        self.outputs.push_back(Output::Close(ConnId(key)));
+        self.outputs.push_back(Output::Close(key));
         self.check_drained();
     }
 
@@ -1034,7 +1033,7 @@ impl Core {
         };
         let fanned = self.hub.fanout(
             publication,
-            Subscribers::of(&mut self.conns),
+            self.conns.subscribers(),
             &mut self.dirty,
             &mut self.doomed,
         );
@@ -1045,7 +1044,7 @@ impl Core {
                 // Offer the queues to their sockets, then fan this Event out again.
                 self.front_placed =
                     Some(resumed.unwrap_or_else(|| SmallVec::from_slice(self.store.last_placed())));
-                self.mark_dirty(conn.0);
+                self.mark_dirty(conn);
                 false
             }
         }
@@ -1074,7 +1073,7 @@ impl Core {
     }
 
     /// When `key` must be looked at next, from its phase (see `timer`).
-    fn deadline(&self, key: usize) -> Option<Instant> {
+    fn deadline(&self, key: ConnId) -> Option<Instant> {
         let c = &self.config;
         let conn = self.conns.get(key)?;
         if conn.awaiting.is_some() {
@@ -1113,7 +1112,7 @@ impl Core {
     }
 
     /// Arms `key`'s deadline when it is earlier than the one armed (see `timer`).
-    fn rearm(&mut self, key: usize) {
+    fn rearm(&mut self, key: ConnId) {
         let Some(at) = self.deadline(key) else {
             return;
         };
@@ -1126,7 +1125,7 @@ impl Core {
     }
 
     /// `key`'s deadline has come: the heartbeat, the ping, or the timeout of its phase.
-    fn expire(&mut self, key: usize) {
+    fn expire(&mut self, key: ConnId) {
         let now = self.now;
         let c = &self.config;
         let Some(conn) = self.conns.get_mut(key) else {

@@ -17,6 +17,7 @@ use super::conn::{Phase, ReplayJob};
 use super::Core;
 use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
+use crate::ids::ConnId;
 use crate::sse;
 use crate::store::ReplayFrom;
 use crate::ws::aep;
@@ -30,7 +31,7 @@ const PAGES_PER_PUMP: usize = 8;
 impl Core {
     /// Starts `job` on connection `key` behind any replay already in progress there,
     /// then advances it as far as the output queue allows.
-    pub(super) fn start_replay(&mut self, key: usize, job: ReplayJob) {
+    pub(super) fn start_replay(&mut self, key: ConnId, job: ReplayJob) {
         self.end_unit();
         if let Some(conn) = self.conns.get_mut(key) {
             conn.subscriber.replay.push_back(job);
@@ -42,7 +43,7 @@ impl Core {
     /// Moves replay pages (then, once every replay is done, the held-back live frames)
     /// into connection `key`'s output queue while it is below half its bound. Returns
     /// whether replay work remains that only waits for its turn (not for the consumer).
-    pub(super) fn pump_replay(&mut self, key: usize) -> bool {
+    pub(super) fn pump_replay(&mut self, key: ConnId) -> bool {
         let low_water = self.config.max_output_bytes / 2;
         let mut held: Vec<Event> = Vec::new();
         let mut frames: Vec<Bytes> = Vec::new();

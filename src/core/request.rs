@@ -34,7 +34,7 @@ fn request_line(head: &RequestHead) -> String {
 
 impl Core {
     /// Answers on `key`; with `close`, this is the connection's last answer.
-    pub(super) fn reply(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+    pub(super) fn reply(&mut self, key: ConnId, bytes: Vec<u8>, close: bool) {
         self.end_unit();
         let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
@@ -61,7 +61,7 @@ impl Core {
     }
 
     /// Queues one answer, its CORS headers in, on `key`; closes after it if `close`.
-    pub(super) fn send_answer(&mut self, key: usize, bytes: Vec<u8>, close: bool) {
+    pub(super) fn send_answer(&mut self, key: ConnId, bytes: Vec<u8>, close: bool) {
         if let Some(conn) = self.conns.get_mut(key) {
             conn.send(bytes);
             if close {
@@ -77,7 +77,7 @@ impl Core {
     /// Refuses what was read on `key` before it was a request with a head (a head too
     /// large or malformed, a request too slow) or a body that cannot be read: counted,
     /// logged (see [`Core::refused`]) and answered.
-    pub(super) fn reply_error(&mut self, key: usize, code: Code, detail: &str, close: bool) {
+    pub(super) fn reply_error(&mut self, key: ConnId, code: Code, detail: &str, close: bool) {
         let status = code.http_status();
         self.refused(key, "request", Some(status), code, detail);
         let body = http::error_response(status, code.as_str(), detail, &[], &[], close);
@@ -95,7 +95,7 @@ impl Core {
     /// and a long detail is cut.
     pub(crate) fn refused(
         &mut self,
-        key: usize,
+        key: ConnId,
         what: &str,
         status: Option<u16>,
         code: Code,
@@ -122,7 +122,7 @@ impl Core {
     /// without limit (each ~25-byte `GET /events` queues a ~400-byte answer). Only the
     /// HTTP request phases pause: streams and closing connections discard their input
     /// (and must see EOF), and WebSockets bound their replies themselves.
-    pub(super) fn over_output_bound(&mut self, key: usize) -> bool {
+    pub(super) fn over_output_bound(&mut self, key: ConnId) -> bool {
         let max = self.config.max_output_bytes;
         let Some(conn) = self.conns.get_mut(key) else {
             return false;
@@ -139,7 +139,7 @@ impl Core {
         true
     }
 
-    pub(super) fn process(&mut self, key: usize) {
+    pub(super) fn process(&mut self, key: ConnId) {
         let max_head = self.config.max_head_bytes;
         let max_body = self.config.max_body_bytes;
         loop {
@@ -252,7 +252,7 @@ impl Core {
     /// Gives `head`, handled, back to `key` for its next request, unless the connection
     /// no longer reads requests (a stream, a WebSocket, closing) or the head's strings
     /// grew past [`KEPT_HEAD_BYTES`]: an idle connection keeps no more than that.
-    fn keep_head(&mut self, key: usize, head: RequestHead) {
+    fn keep_head(&mut self, key: ConnId, head: RequestHead) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -278,7 +278,7 @@ impl Core {
     /// discarded turned out malformed, too large or too slow): flush, then close, with no
     /// second answer. HTTP/1.1 gives one final response per request (RFC 9112 §9.3); an
     /// extra one is paired by a client or a proxy with its next request.
-    pub(super) fn close_after_answer(&mut self, key: usize) {
+    pub(super) fn close_after_answer(&mut self, key: ConnId) {
         if let Some(conn) = self.conns.get_mut(key) {
             conn.close_after_flush = true;
             conn.enter(Phase::Closing);
@@ -288,7 +288,7 @@ impl Core {
         self.mark_dirty(key);
     }
 
-    pub(super) fn chunk_error(&mut self, key: usize, e: ChunkError) {
+    pub(super) fn chunk_error(&mut self, key: ConnId, e: ChunkError) {
         match e {
             ChunkError::TooLarge => {
                 let d = format!(
@@ -308,7 +308,7 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn reply_skipping_body(
         &mut self,
-        key: usize,
+        key: ConnId,
         head: &RequestHead,
         code: Code,
         detail: &str,
@@ -347,7 +347,7 @@ impl Core {
     /// A request head arrived on `key`: refuses what no route takes, answers a CORS
     /// preflight, checks the token against the route's scope (AEP-0003 §8.1), then
     /// answers or starts what the route serves ([`Core::answer`]).
-    pub(super) fn on_head(&mut self, key: usize, head: &RequestHead) {
+    pub(super) fn on_head(&mut self, key: ConnId, head: &RequestHead) {
         let cors = self.cors_origin(head);
         if let Some(conn) = self.conns.get_mut(key) {
             conn.cors = cors;
@@ -425,7 +425,7 @@ impl Core {
 
     /// Answers a CORS preflight (Fetch standard §3.2.2) with the methods of its path;
     /// `false` when the path has none (the request goes on to be refused as any other).
-    fn preflight(&mut self, key: usize, head: &RequestHead) -> bool {
+    fn preflight(&mut self, key: ConnId, head: &RequestHead) -> bool {
         // Only a preflight needs the path's methods (building them allocates).
         let Some(methods) = &routes::allow(&head.path) else {
             return false;
@@ -450,7 +450,7 @@ impl Core {
     }
 
     /// Answers, or starts serving, route `handler` for a request admitted with `grant`.
-    fn answer(&mut self, key: usize, head: &RequestHead, handler: Handler, grant: Grant) {
+    fn answer(&mut self, key: ConnId, head: &RequestHead, handler: Handler, grant: Grant) {
         let close = head.wants_close();
         let json =
             |status: u16, body: &[u8]| http::response(status, "application/json", &[], body, close);
@@ -509,7 +509,7 @@ impl Core {
         }
     }
 
-    pub(super) fn begin_ingest(&mut self, key: usize, head: &RequestHead) {
+    pub(super) fn begin_ingest(&mut self, key: ConnId, head: &RequestHead) {
         // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
         // request, from the answer before it) to this request's answer (`reply`).
         if let Some(conn) = self.conns.get_mut(key) {
@@ -589,7 +589,7 @@ impl Core {
 
     /// Answers a `POST /events` whose body is read: `close` when its head asked for the
     /// connection to close after the answer, `batch` for an NDJSON body.
-    pub(super) fn on_request(&mut self, key: usize, close: bool, batch: bool, body: Vec<u8>) {
+    pub(super) fn on_request(&mut self, key: ConnId, close: bool, batch: bool, body: Vec<u8>) {
         if self.clustered() {
             let submitted = self
                 .validate_body(Bytes::from(body), batch)
@@ -647,7 +647,7 @@ impl Core {
     /// refusal's status and JSON body, counted and logged ([`Core::refused`]).
     pub(super) fn post_answer(
         &mut self,
-        key: usize,
+        key: ConnId,
         outcome: Result<usize, Refusal>,
         close: bool,
     ) -> Vec<u8> {
@@ -776,7 +776,7 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn begin_sse(&mut self, key: usize, head: &RequestHead) {
+    pub(super) fn begin_sse(&mut self, key: ConnId, head: &RequestHead) {
         if let Some(d) = self.catching_up() {
             let code = Code::ClusterUnavailable;
             return self.reply_skipping_body(key, head, code, d, &[], &[("Retry-After", "1")]);
@@ -804,7 +804,7 @@ impl Core {
         // (see `relay::replay`): no gap and no duplicate across the boundary.
         let sub = req.live.then(|| {
             self.hub.insert(Subscription {
-                conn: ConnId(key),
+                conn: key,
                 filter: req.filter.clone(),
                 ceiling: req.ceiling,
                 binding: Binding::Sse,

@@ -11,6 +11,7 @@
 //! matches and are dropped when they come due. Generations are never reused, so a
 //! connection slot reused by a new connection does not inherit a stale deadline.
 
+use crate::ids::ConnId;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Instant;
@@ -21,13 +22,13 @@ use std::time::Instant;
 /// generation matches its `Conn::armed`; other entries are stale.
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
-    heap: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    heap: BinaryHeap<Reverse<(Instant, ConnId, u64)>>,
     generation: u64,
 }
 
 impl Timers {
     /// Arms a deadline at `at` for slot `key`; returns the generation that names it.
-    pub(crate) fn arm(&mut self, at: Instant, key: usize) -> u64 {
+    pub(crate) fn arm(&mut self, at: Instant, key: ConnId) -> u64 {
         self.generation += 1;
         self.heap.push(Reverse((at, key, self.generation)));
         self.generation
@@ -39,7 +40,7 @@ impl Timers {
     }
 
     /// Takes the earliest entry due at `now` (time at or before it).
-    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(usize, u64)> {
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(ConnId, u64)> {
         match self.heap.peek() {
             Some(Reverse((at, _, _))) if *at <= now => self
                 .heap

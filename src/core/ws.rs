@@ -43,7 +43,7 @@ impl Core {
     /// the handshake and switches the connection to the `Ws` phase, keeping `grant` for
     /// the per-frame scope checks. Bytes the client sent after its request head stay in
     /// the read buffer and are decoded as frames.
-    pub(super) fn begin_ws(&mut self, key: usize, head: &RequestHead, grant: Grant) {
+    pub(super) fn begin_ws(&mut self, key: ConnId, head: &RequestHead, grant: Grant) {
         let (resp, deflate) = match handshake::accept(head, self.config.ws_deflate) {
             Ok(r) => r,
             Err(e) => {
@@ -69,7 +69,7 @@ impl Core {
     }
 
     /// Decodes and handles every complete frame in the connection's read buffer.
-    pub(super) fn ws_process(&mut self, key: usize) {
+    pub(super) fn ws_process(&mut self, key: ConnId) {
         let now = self.now;
         let mut used = 0;
         // The Events among these messages are one ingest unit: their frames are
@@ -116,7 +116,7 @@ impl Core {
         }
     }
 
-    pub(super) fn ws_unit(&mut self, key: usize, unit: Incoming) {
+    pub(super) fn ws_unit(&mut self, key: ConnId, unit: Incoming) {
         match unit {
             Incoming::Text(t) => self.ws_text(key, t),
             Incoming::Ping(p) => self.ws_send(key, rfc6455::pong(&p)),
@@ -133,7 +133,7 @@ impl Core {
     /// Queues a reply to the peer. A peer whose queue is already `max_output_bytes` past
     /// what its latest replay left there is not reading what it asks for: it is closed
     /// (backpressure) rather than let the queue grow without bound.
-    pub(super) fn ws_send(&mut self, key: usize, f: Bytes) {
+    pub(super) fn ws_send(&mut self, key: ConnId, f: Bytes) {
         self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -153,14 +153,14 @@ impl Core {
         self.mark_dirty(key);
     }
 
-    pub(super) fn ws_state(&self, key: usize) -> Option<&WsState> {
+    pub(super) fn ws_state(&self, key: ConnId) -> Option<&WsState> {
         match &self.conns.get(key)?.phase {
             Phase::Ws(ws) => Some(ws),
             _ => None,
         }
     }
 
-    pub(super) fn ws_state_mut(&mut self, key: usize) -> Option<&mut WsState> {
+    pub(super) fn ws_state_mut(&mut self, key: ConnId) -> Option<&mut WsState> {
         match &mut self.conns.get_mut(key)?.phase {
             Phase::Ws(ws) => Some(ws),
             _ => None,
@@ -169,7 +169,7 @@ impl Core {
 
     /// Ends the `Ws` phase: releases the subscriptions and session claims, queues
     /// `last` (an error, `closing`, the close frame) and closes once it is flushed.
-    pub(super) fn ws_shut(&mut self, key: usize, last: &[Bytes]) {
+    pub(super) fn ws_shut(&mut self, key: ConnId, last: &[Bytes]) {
         self.end_unit();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -191,12 +191,12 @@ impl Core {
 
     /// Removes a WebSocket's subscriptions from the hub and its claims from the routing
     /// table (also called by `Core::close` for a socket that died).
-    pub(super) fn ws_release(&mut self, key: usize, ws: &WsState) {
+    pub(super) fn ws_release(&mut self, key: ConnId, ws: &WsState) {
         for (_, sub) in &ws.subs {
             self.hub.remove(*sub);
         }
         for session in &ws.claims {
-            self.claims.release(session, ConnId(key));
+            self.claims.release(session, key);
             self.claim_changed(session);
         }
     }
@@ -211,7 +211,7 @@ impl Core {
     ///
     /// `code` is usually [`close_code::GOING_AWAY`] (1001, shutdown, idle) or
     /// [`close_code::TRY_AGAIN`] (1013, backpressure).
-    pub(super) fn ws_close(&mut self, key: usize, reason: &str, code: u16) {
+    pub(super) fn ws_close(&mut self, key: ConnId, reason: &str, code: u16) {
         self.ws_close_rolled_back(key, reason, code, &HashMap::new());
     }
 
@@ -223,7 +223,7 @@ impl Core {
     /// discarded Event at `(0, 0)`) is left out of `closing`.
     pub(super) fn ws_close_rolled_back(
         &mut self,
-        key: usize,
+        key: ConnId,
         reason: &str,
         code: u16,
         lowest: &HashMap<(Box<str>, Box<str>), crate::store::Position>,
@@ -270,7 +270,7 @@ impl Core {
 
     /// Refuses something with an `error` frame (counted by code for `/metrics` and
     /// logged, see `Core::refused`); the connection stays open.
-    pub(super) fn ws_refuse(&mut self, key: usize, code: Code, r: Ref<'_>, detail: &str) {
+    pub(super) fn ws_refuse(&mut self, key: ConnId, code: Code, r: Ref<'_>, detail: &str) {
         debug_assert_eq!(code.ws_close(), None, "{code} closes the connection");
         self.refused(key, "WebSocket message", None, code, detail);
         self.ws_send(key, aep::error(code, r, detail, &[]));
@@ -281,7 +281,7 @@ impl Core {
     /// and logged once.
     pub(super) fn ws_refuse_hello(
         &mut self,
-        key: usize,
+        key: ConnId,
         code: Code,
         detail: &str,
         more: &[(&str, Value)],
@@ -294,7 +294,7 @@ impl Core {
     }
 
     /// One complete text message.
-    pub(super) fn ws_text(&mut self, key: usize, text: Bytes) {
+    pub(super) fn ws_text(&mut self, key: ConnId, text: Bytes) {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
@@ -324,7 +324,7 @@ impl Core {
     }
 
     /// The first message: it must be a `hello` (AEP-0003 §3.5 #1, §4).
-    pub(super) fn ws_hello(&mut self, key: usize, text: &[u8]) {
+    pub(super) fn ws_hello(&mut self, key: ConnId, text: &[u8]) {
         self.end_unit();
         let obj = match serde_json::from_slice::<Value>(text) {
             Ok(Value::Object(m)) if m.get("type").and_then(Value::as_str) == Some("hello") => m,
@@ -365,7 +365,7 @@ impl Core {
     /// A valid Event from the peer: a command is routed; anything else takes the HTTP
     /// ingest path (store admission and fan-out), and a sequenced Event claims its
     /// session for this connection.
-    pub(super) fn ws_event(&mut self, key: usize, ev: Event) {
+    pub(super) fn ws_event(&mut self, key: ConnId, ev: Event) {
         if ev.is_command() {
             return self.ws_command(key, ev);
         }
@@ -406,7 +406,7 @@ impl Core {
 
     /// Records that `key` claims `session` (AEP-0004 §4). Free for a session already
     /// claimed; at most `max_sessions` claims per connection.
-    pub(super) fn ws_claim(&mut self, key: usize, session: &str) {
+    pub(super) fn ws_claim(&mut self, key: ConnId, session: &str) {
         let max = self.config.max_sessions;
         let Some(ws) = self.ws_state_mut(key) else {
             return;
@@ -419,7 +419,7 @@ impl Core {
             return;
         }
         ws.claims.push(session.into());
-        self.claims.claim(session, ConnId(key));
+        self.claims.claim(session, key);
         self.claim_changed(session);
     }
 
@@ -427,7 +427,7 @@ impl Core {
     /// routed to exactly one claimant, byte-identically, and kept in history and fanned
     /// out to observers like any Event. Refusals are `cause`-correlated `error` frames
     /// that never enter history (§4.2, §4.5).
-    pub(super) fn ws_command(&mut self, key: usize, ev: Event) {
+    pub(super) fn ws_command(&mut self, key: ConnId, ev: Event) {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
@@ -458,8 +458,8 @@ impl Core {
             return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Cause(ev.id()), &d);
         }
         self.end_unit();
-        self.conns[target.0].send(rfc6455::text(ev.bytes()));
-        self.mark_dirty(target.0);
+        self.conns[target].send(rfc6455::text(ev.bytes()));
+        self.mark_dirty(target);
         // History and observers; the target already has it. Clustered and degraded, the
         // stream gets it on reconnect (every relay's history, AEP-0004 §4.2).
         self.metrics.ingested_ws += 1;
@@ -476,7 +476,7 @@ impl Core {
     pub(super) fn command_target(&mut self, ev: &Event) -> Result<ConnId, (Code, String)> {
         let session = ev.session();
         let route = self.claims.route(session, |c| {
-            matches!(&self.conns.get(c.0).map(|c| &c.phase), Some(Phase::Ws(ws))
+            matches!(&self.conns.get(c).map(|c| &c.phase), Some(Phase::Ws(ws))
                 if ws.hello.as_ref().is_some_and(|d| d.accepts(ev.event_type())))
         });
         let target = route.map_err(|r| {
@@ -486,11 +486,11 @@ impl Core {
         let max = self.config.max_output_bytes;
         if self
             .conns
-            .get(target.0)
+            .get(target)
             .is_none_or(|c| c.subscriber.out.len() > max)
         {
             self.ws_close(
-                target.0,
+                target,
                 "backpressure: the output queue is full",
                 close_code::TRY_AGAIN,
             );
@@ -502,7 +502,7 @@ impl Core {
 
     /// A frame (a `type` without a dot). Unknown types, a repeated `hello`, `pong` and
     /// frames only the relay sends are ignored (AEP-0003 §2).
-    pub(super) fn ws_frame(&mut self, key: usize, ty: &str, obj: &Map<String, Value>, raw: &[u8]) {
+    pub(super) fn ws_frame(&mut self, key: ConnId, ty: &str, obj: &Map<String, Value>, raw: &[u8]) {
         // Frames answer in order after the Events fanned out before them.
         self.end_unit();
         match ty {
@@ -516,7 +516,7 @@ impl Core {
 
     /// Whether this connection may watch (subscribe, roster): role `consumer`/`both` and
     /// the `watch` scope. `Err` holds the refusal's detail.
-    pub(super) fn ws_may_watch(&self, key: usize, what: &str) -> Result<(), String> {
+    pub(super) fn ws_may_watch(&self, key: ConnId, what: &str) -> Result<(), String> {
         let Some(ws) = self.ws_state(key) else {
             return Err(String::new());
         };
@@ -535,7 +535,7 @@ impl Core {
     /// position, `replay-exhausted` first where the buffer no longer reaches back), then
     /// live delivery; or an `error` from the closed set with the same `id`. A refusal
     /// leaves the connection and its other subscriptions as they were.
-    pub(super) fn ws_subscribe(&mut self, key: usize, obj: &Map<String, Value>, raw: &[u8]) {
+    pub(super) fn ws_subscribe(&mut self, key: ConnId, obj: &Map<String, Value>, raw: &[u8]) {
         let Some(id) = obj
             .get("id")
             .and_then(Value::as_str)
@@ -562,7 +562,7 @@ impl Core {
         // order: frames already queued stay ahead of this replay, Events published later
         // follow it.
         let sub = self.hub.insert(Subscription {
-            conn: ConnId(key),
+            conn: key,
             filter: filter.clone(),
             ceiling,
             binding: Binding::Ws(Delivered::new(self.config.max_sessions)),
@@ -610,7 +610,7 @@ impl Core {
     /// documented: `unauthorized`, `invalid-filter`, `unknown-dialect`, `limit-exceeded`.
     pub(super) fn ws_subscription_request(
         &self,
-        key: usize,
+        key: ConnId,
         id: &str,
         obj: &Map<String, Value>,
         raw: &[u8],
@@ -672,7 +672,7 @@ impl Core {
 
     /// `unsubscribe` by `id`, acknowledged with `unsubscribed` (also for an `id` that is
     /// not live: the outcome the peer asked for holds).
-    pub(super) fn ws_unsubscribe(&mut self, key: usize, obj: &Map<String, Value>) {
+    pub(super) fn ws_unsubscribe(&mut self, key: ConnId, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "unsubscribe needs the string `id` of a subscription (AEP-0003 §6.5)";
             return self.ws_refuse(key, Code::InvalidFrame, Ref::None, d);
@@ -692,7 +692,7 @@ impl Core {
     /// `roster` (AEP-0003 §4.1): one entry per live (connection, claimed session) pair,
     /// with that connection's declarations verbatim, sorted by session then connection;
     /// a repeated session is a multi-claimant state, shown, never resolved.
-    pub(super) fn ws_roster(&mut self, key: usize, obj: &Map<String, Value>) {
+    pub(super) fn ws_roster(&mut self, key: ConnId, obj: &Map<String, Value>) {
         let Some(id) = obj.get("id").and_then(Value::as_str) else {
             let d = "roster needs a string `id` (AEP-0003 §4.1 rule 2)";
             return self.ws_refuse(key, Code::InvalidFrame, Ref::None, d);
@@ -709,7 +709,7 @@ impl Core {
         let mut entries: Vec<(String, Value)> = pairs
             .into_iter()
             .filter_map(|(session, k)| {
-                let d = self.ws_state(k.0)?.hello.as_ref()?;
+                let d = self.ws_state(k)?.hello.as_ref()?;
                 Some((session.to_owned(), aep::roster_entry(session, d)))
             })
             .collect();

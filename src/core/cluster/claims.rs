@@ -152,7 +152,7 @@ impl Core {
         let mut entries = Vec::new();
         let mut accepts = Vec::new();
         for c in self.claims.claimants(session) {
-            if let Some(d) = self.ws_state(c.0).and_then(|w| w.hello.as_deref()) {
+            if let Some(d) = self.ws_state(*c).and_then(|w| w.hello.as_deref()) {
                 entries.push(aep::roster_entry(session, d));
                 accepts.push(d.accepts.clone().unwrap_or_default());
             }

@@ -6,6 +6,7 @@ use super::publish::Ticket;
 use crate::cluster::ToBus;
 use crate::core::Core;
 use crate::envelope::Event;
+use crate::ids::ConnId;
 use crate::refusal::Code;
 use crate::ws::aep::Ref;
 use crate::ws::rfc6455;
@@ -56,7 +57,7 @@ impl Core {
     /// routed over local and remote claimants. `true` when handled here (delivered,
     /// forwarded or refused); `false` leaves it to the single-relay path (exactly one
     /// local claimant and no remote one, while degraded).
-    pub(in crate::core) fn cluster_command(&mut self, key: usize, ev: Event) -> Option<Event> {
+    pub(in crate::core) fn cluster_command(&mut self, key: ConnId, ev: Event) -> Option<Event> {
         let Some(bus) = self.bus.as_ref() else {
             return Some(ev);
         };
@@ -121,8 +122,8 @@ impl Core {
     fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String)> {
         let target = self.command_target(&ev)?;
         self.end_unit();
-        self.conns[target.0].send(rfc6455::text(ev.bytes()));
-        self.mark_dirty(target.0);
+        self.conns[target].send(rfc6455::text(ev.bytes()));
+        self.mark_dirty(target);
         self.metrics.ingested_ws += 1;
 
         let bus = self.bus.as_mut().expect("clustered");

@@ -139,7 +139,7 @@ pub(super) struct Bus {
     /// after the claim TTL.
     relays: BTreeMap<String, Value>,
     /// Commands forwarded to another relay: the sender's connection and command id.
-    requests: HashMap<u64, (usize, String)>,
+    requests: HashMap<u64, (ConnId, String)>,
     /// Sessions whose local claim record must be put again (or deleted).
     claims_dirty: HashSet<String>,
     refresh_at: Option<Instant>,
@@ -305,10 +305,10 @@ impl Bus {
 pub(super) enum Waiter {
     /// A `POST /events` on this connection (and its `Connection: close`): answered once
     /// the stream acknowledged every Event.
-    Post(usize, bool),
+    Post(ConnId, bool),
     /// A WebSocket emitter on this connection: told with an `error` frame if an Event
     /// is neither stored by the stream nor kept locally.
-    Ws(usize),
+    Ws(ConnId),
     /// No one (JSONL, an embedding host's ingest).
     None,
 }

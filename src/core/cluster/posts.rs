@@ -7,6 +7,7 @@ use super::ClusterState;
 use crate::cluster::ClusterConfig;
 use crate::core::conn::Answer;
 use crate::core::Core;
+use crate::ids::ConnId;
 use std::time::Duration;
 
 /// The `POST`s read in one reactor turn, published together: their Events that share a
@@ -47,7 +48,7 @@ impl Core {
             self.degraded_msgs(failed.into_iter().map(|(_, o)| o).collect())
                 .map(|_| ())
         };
-        let mut keys: Vec<usize> = Vec::new();
+        let mut keys: Vec<ConnId> = Vec::new();
         for Post {
             key,
             close,
@@ -130,7 +131,7 @@ impl Core {
     /// Whether the next request read on `key`, which waits for the open group of
     /// `POST`s, may join that group: only a pipelined `POST /events`, read in the same
     /// turn (its answer then waits in order behind the others, [`Conn::answers`](crate::core::conn::Conn::answers)).
-    pub(in crate::core) fn may_join_group(&self, key: usize) -> bool {
+    pub(in crate::core) fn may_join_group(&self, key: ConnId) -> bool {
         let (Some(bus), Some(conn)) = (self.bus.as_ref(), self.conns.get(key)) else {
             return false;
         };
@@ -145,7 +146,7 @@ impl Core {
 
     /// A `POST` that waited too long for the stream (the bridge answers every publish
     /// within its ack timeout; this only guards against a bridge that cannot).
-    pub(in crate::core) fn post_expired(&mut self, key: usize) {
+    pub(in crate::core) fn post_expired(&mut self, key: ConnId) {
         let Some(serial) = self.conns.get(key).and_then(|c| c.awaiting) else {
             return;
         };

@@ -7,6 +7,7 @@ use crate::cluster::{self, ToBus};
 use crate::core::conn::Answer;
 use crate::core::Core;
 use crate::envelope::{Attr, Event, Scope};
+use crate::ids::ConnId;
 use crate::refusal::Refusal;
 use crate::ws::aep::Ref;
 use bytes::Bytes;
@@ -16,7 +17,7 @@ use std::collections::HashMap;
 /// `Connection: close`, and how many Events it carried.
 #[derive(Debug)]
 pub(super) struct Post {
-    pub(super) key: usize,
+    pub(super) key: ConnId,
     pub(super) close: bool,
     pub(super) accepted: usize,
 }
@@ -102,7 +103,7 @@ pub(super) fn split_message(seq: u64, payload: Bytes) -> Vec<Event> {
 
 /// A WebSocket emitter to tell when its Event fails for good: its key and peer (the
 /// same key may be another connection by then).
-pub(super) type Emitter = Option<(usize, std::net::SocketAddr)>;
+pub(super) type Emitter = Option<(ConnId, std::net::SocketAddr)>;
 
 /// Who waits on an Event held for the stream ([`Bus::loose`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

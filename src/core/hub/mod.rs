@@ -334,8 +334,8 @@ impl Hub {
         &mut self,
         p: Publication<'_>,
         mut conns: Subscribers<'_>,
-        dirty: &mut Vec<usize>,
-        doomed: &mut Vec<usize>,
+        dirty: &mut Vec<ConnId>,
+        doomed: &mut Vec<ConnId>,
     ) -> Fanned {
         let Some(pass) = self.targets_of(&p, &mut conns) else {
             return Fanned::Done;
@@ -428,8 +428,8 @@ impl Hub {
         ti: usize,
         frames: &mut Frames,
         conns: &mut Subscribers<'_>,
-        dirty: &mut Vec<usize>,
-        doomed: &mut Vec<usize>,
+        dirty: &mut Vec<ConnId>,
+        doomed: &mut Vec<ConnId>,
     ) -> Option<ConnId> {
         let t = self.targets[ti];
         let conn = conns.get_mut(t.conn)?;
@@ -489,7 +489,7 @@ impl Hub {
             self.stats.deliveries_ws += u64::from(t.ws);
             if !conn.dirty {
                 conn.dirty = true;
-                dirty.push(t.conn.0);
+                dirty.push(t.conn);
             }
         } else if pass.severity <= Severity::Info {
             conn.dropped.count(pass.severity);
@@ -503,7 +503,7 @@ impl Hub {
             // is skipped by every later fan-out until it is closed.
             conn.doomed = true;
             self.stats.backpressure_disconnects += 1;
-            doomed.push(t.conn.0);
+            doomed.push(t.conn);
         }
         None
     }

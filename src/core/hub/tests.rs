@@ -4,7 +4,7 @@
 //! notices.
 
 use super::*;
-use crate::core::conn::Conn;
+use crate::core::conn::{Conn, Conns};
 use crate::envelope::Event;
 use crate::filter::Filter;
 use crate::ws::{self, aep, Delivered};
@@ -28,11 +28,11 @@ fn conn() -> Conn {
 
 struct Setup {
     hub: Hub,
-    conns: Slab<Conn>,
+    conns: Conns,
     /// What each connection's socket took, when a paused fan-out let it write.
     written: Vec<Vec<u8>>,
     /// Connections whose socket takes nothing.
-    blocked: Vec<usize>,
+    blocked: Vec<ConnId>,
     /// The number of the Event being published (`Subscriber::decided`).
     publication: u64,
 }
@@ -41,27 +41,27 @@ impl Setup {
     fn new() -> Setup {
         Setup {
             hub: Hub::default(),
-            conns: Slab::new(),
+            conns: Conns::default(),
             written: Vec::new(),
             blocked: Vec::new(),
             publication: 0,
         }
     }
 
-    fn subscribe(&mut self, filter: &str, ceiling: Option<Capture>, ws: bool) -> usize {
+    fn subscribe(&mut self, filter: &str, ceiling: Option<Capture>, ws: bool) -> ConnId {
         let key = self.conns.insert(conn());
         self.add(key, filter, ceiling, ws);
         key
     }
 
-    fn add(&mut self, key: usize, filter: &str, ceiling: Option<Capture>, ws: bool) {
+    fn add(&mut self, key: ConnId, filter: &str, ceiling: Option<Capture>, ws: bool) {
         let binding = if ws {
             Binding::Ws(Delivered::new(16))
         } else {
             Binding::Sse
         };
         self.hub.insert(Subscription {
-            conn: ConnId(key),
+            conn: key,
             filter: Arc::new(Filter::parse(filter.as_bytes()).expect("filter")),
             ceiling,
             binding,
@@ -69,7 +69,7 @@ impl Setup {
     }
 
     /// Fans `events` out as one unit; returns the connections made dirty and doomed.
-    fn unit(&mut self, events: &[Arc<Event>], max_output: usize) -> (Vec<usize>, Vec<usize>) {
+    fn unit(&mut self, events: &[Arc<Event>], max_output: usize) -> (Vec<ConnId>, Vec<ConnId>) {
         let (mut dirty, mut doomed) = (Vec::new(), Vec::new());
         self.hub.begin_unit();
         for ev in events {
@@ -85,41 +85,42 @@ impl Setup {
             };
             while let Fanned::Paused(_) =
                 self.hub
-                    .fanout(p, Subscribers::of(&mut self.conns), &mut dirty, &mut doomed)
+                    .fanout(p, self.conns.subscribers(), &mut dirty, &mut doomed)
             {
                 for (key, conn) in self.conns.iter_mut() {
-                    if self.written.len() <= key {
-                        self.written.resize(key + 1, Vec::new());
+                    let i = key.index();
+                    if self.written.len() <= i {
+                        self.written.resize(i + 1, Vec::new());
                     }
                     if !self.blocked.contains(&key) {
                         let _ = conn
                             .subscriber
                             .out
-                            .flush(&mut self.written[key], &mut self.hub.chunks);
+                            .flush(&mut self.written[i], &mut self.hub.chunks);
                     }
                     conn.subscriber.offered = conn.subscriber.out.pushed();
                 }
             }
         }
-        self.hub.end_unit(Subscribers::of(&mut self.conns));
+        self.hub.end_unit(self.conns.subscribers());
         (dirty, doomed)
     }
 
     /// The consumer `key` reads everything queued for it (its socket takes it all).
-    fn drain(&mut self, key: usize) {
-        if self.written.len() <= key {
-            self.written.resize(key + 1, Vec::new());
+    fn drain(&mut self, key: ConnId) {
+        if self.written.len() <= key.index() {
+            self.written.resize(key.index() + 1, Vec::new());
         }
         let conn = &mut self.conns[key];
         let _ = conn
             .subscriber
             .out
-            .flush(&mut self.written[key], &mut self.hub.chunks);
+            .flush(&mut self.written[key.index()], &mut self.hub.chunks);
         conn.subscriber.offered = conn.subscriber.out.pushed();
     }
 
     /// Queue entries and queued bytes of `key`.
-    fn queued(&mut self, key: usize) -> (usize, Vec<u8>) {
+    fn queued(&mut self, key: ConnId) -> (usize, Vec<u8>) {
         let q = &self.conns[key].subscriber.out;
         (q.entries(), q.concat())
     }
@@ -297,10 +298,10 @@ fn drops_are_announced_just_before_the_next_event_delivered() {
     let mut want = sse_of(&debug[..4], |_| true);
     want.extend_from_slice(b": dropped 6 debug=6 info=0\n\n");
     want.extend_from_slice(&sse_of(&next, |_| true));
-    assert_eq!(s.written[slow], want);
+    assert_eq!(s.written[slow.index()], want);
     assert!(s.conns[slow].subscriber.unannounced.is_empty());
     // Drops of both severities, then a notice: one comment with both counts.
-    s.written[slow].clear();
+    s.written[slow.index()].clear();
     let info: Vec<_> = (120..128).map(|i| event(i, "info")).collect();
     let debug: Vec<_> = (128..134).map(|i| event(i, "debug")).collect();
     let late: Vec<_> = (134..138).map(|i| event(i, "info")).collect();
@@ -318,7 +319,7 @@ fn drops_are_announced_just_before_the_next_event_delivered() {
     want.extend_from_slice(b": dropped 12 debug=6 info=6\n\n");
     want.extend_from_slice(&sse_of(&[notice], |_| true));
     assert_eq!(
-        String::from_utf8_lossy(&s.written[slow]),
+        String::from_utf8_lossy(&s.written[slow.index()]),
         String::from_utf8_lossy(&want)
     );
 }
@@ -350,10 +351,10 @@ fn a_websocket_that_asked_gets_a_dropped_frame() {
     let mut want = frames(&debug[..4]);
     want.extend_from_slice(&aep::dropped(6, 0));
     want.extend_from_slice(&frames(std::slice::from_ref(&next)));
-    assert_eq!(s.written[asked], want);
+    assert_eq!(s.written[asked.index()], want);
     let mut want = frames(&debug[..4]);
     want.extend_from_slice(&frames(std::slice::from_ref(&next)));
-    assert_eq!(s.written[quiet], want);
+    assert_eq!(s.written[quiet.index()], want);
     assert_eq!(s.conns[quiet].subscriber.dropped.debug, 6);
     assert!(
         s.conns[quiet].subscriber.unannounced.is_empty(),
@@ -409,7 +410,7 @@ fn a_queue_over_its_bound_is_offered_to_the_socket_before_dropping() {
             0,
             "{severity}: a consumer that keeps up loses nothing"
         );
-        let mut got = s.written[fast].clone();
+        let mut got = s.written[fast.index()].clone();
         got.extend_from_slice(&s.queued(fast).1);
         assert_eq!(got, sse_of(&events, |_| true), "{severity}: and no comment");
     }
@@ -430,10 +431,10 @@ fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
     let (_, doomed) = s.unit(&events, one * 4);
     assert!(doomed.is_empty());
     assert_eq!(s.hub.stats.dropped.total(), 0);
-    let mut got_b = s.written[b].clone();
+    let mut got_b = s.written[b.index()].clone();
     got_b.extend_from_slice(&s.queued(b).1);
     assert_eq!(got_b, sse_of(&events, |_| true));
-    let mut got_a = s.written[a].clone();
+    let mut got_a = s.written[a.index()].clone();
     got_a.extend_from_slice(&s.queued(a).1);
     let want_a: Vec<u8> = events
         .iter()
@@ -451,8 +452,8 @@ fn a_fan_out_paused_part_way_delivers_each_event_once_to_everyone() {
 fn compressed_frames_are_built_once_per_event_and_capture_level() {
     let mut s = Setup::new();
     let plain = s.subscribe("{}", None, true);
-    let zipped: Vec<usize> = (0..3).map(|_| s.subscribe("{}", None, true)).collect();
-    let low: Vec<usize> = (0..2)
+    let zipped: Vec<ConnId> = (0..3).map(|_| s.subscribe("{}", None, true)).collect();
+    let low: Vec<ConnId> = (0..2)
         .map(|_| s.subscribe("{}", Some(Capture::Metadata), true))
         .collect();
     let events: Vec<_> = (0..10).map(|i| event(i, "info")).collect();
