@@ -1,10 +1,12 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
+use crate::config::Config;
 use crate::envelope::{Capture, Severity};
 use crate::filter::Filter;
-use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
+use crate::http::{self, ChunkError, ChunkedDecoder, HeadError, RequestHead};
 use crate::ids::{ConnId, SubId};
+use crate::refusal::Code;
 use crate::store::{ReplayFrom, StreamId};
 use bytes::Bytes;
 use slab::Slab;
@@ -13,7 +15,11 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a connection that got its final answer keeps draining input before it is
+/// dropped (so the peer sees the answer rather than a reset).
+const LINGER: Duration = Duration::from_secs(2);
 
 /// The most buffers one `writev` takes on Linux (`IOV_MAX`, `<limits.h>`); the standard
 /// library caps a longer slice to it.
@@ -532,6 +538,35 @@ fn legal(from: &Phase, to: &Phase) -> bool {
     )
 }
 
+/// What one step of a connection's HTTP state machine ([`Conn::step`]) leaves for the
+/// core to do.
+#[derive(Debug)]
+#[must_use]
+pub(crate) enum Step {
+    /// Nothing more until more bytes arrive (or the phase reads none).
+    Wait,
+    /// A body was drained (discarded) and the connection reads heads again: step again.
+    Again,
+    /// A complete request head, taken off the read buffer: route it.
+    Head(RequestHead),
+    /// A complete `POST /events` body, with what its head said (`Connection: close` or
+    /// HTTP/1.0; an NDJSON batch): ingest it.
+    Body {
+        body: Vec<u8>,
+        close: bool,
+        batch: bool,
+    },
+    /// Bytes that are no request: refuse them with this code and detail, then close.
+    Refuse(Code, String),
+    /// Malformed or oversized chunked framing of a body being read.
+    BadChunks(ChunkError),
+    /// A body being discarded after its answer turned out malformed: close after what is
+    /// queued, with no second answer.
+    EndAfterAnswer,
+    /// The connection is a WebSocket: its frames are the WebSocket binding's.
+    Ws,
+}
+
 /// One answer of a connection's pipelined requests in cluster mode (see
 /// [`Conn::answers`]).
 #[derive(Debug)]
@@ -697,6 +732,162 @@ impl Conn {
             next.name()
         );
         std::mem::replace(&mut self.phase, next)
+    }
+
+    /// When this connection must be looked at next, from its phase (see `timer`): the
+    /// SSE heartbeat, the WebSocket ping or idle close, the request, keep-alive or
+    /// linger timeout, or, while a `POST` waits for the stream (cluster mode),
+    /// `post_wait` after it began. `None`: nothing is timed.
+    pub(crate) fn deadline(&self, c: &Config, post_wait: Duration) -> Option<Instant> {
+        let conn = self;
+        if conn.awaiting.is_some() {
+            return Some(conn.since + post_wait);
+        }
+        Some(match &conn.phase {
+            Phase::Sse { .. } => conn.last_write + c.heartbeat,
+            Phase::Ws(ws) => {
+                let idle = ws.last_read + c.ws_idle_timeout;
+                match ws.hello {
+                    Some(_) => idle.min(ws.last_ping + c.heartbeat),
+                    None => idle,
+                }
+            }
+            // No request in flight: nothing yet, or only answers the peer has not read (RFC
+            // 9112 §9.3: a 408 would answer no request), or requests paused behind them.
+            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => conn.since + c.idle_timeout,
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_) => {
+                if conn.close_after_flush {
+                    return None;
+                }
+                conn.since + c.request_timeout
+            }
+            Phase::Closing => {
+                if conn.subscriber.out.is_empty() {
+                    conn.since + LINGER
+                } else {
+                    conn.since + c.request_timeout.max(LINGER)
+                }
+            }
+        })
+    }
+
+    /// Takes the next step of the HTTP state machine over the read buffer, as far as
+    /// the connection alone can (RFC 9112): a complete head parsed (at most `max_head`
+    /// bytes), a body read to its end (at most `max_body` bytes), a discarded body
+    /// drained. Reading a head again only once a line feed arrived keeps a head trickled
+    /// in byte by byte linear work. What needs the relay (routing, ingest, answers) is
+    /// the returned [`Step`]'s, for the core to act on.
+    pub(crate) fn step(&mut self, max_head: usize, max_body: usize, now: Instant) -> Step {
+        if self.close_after_flush {
+            self.rbuf.clear();
+            return Step::Wait;
+        }
+        match &mut self.phase {
+            Phase::Head => {
+                if self.rbuf.is_empty() {
+                    return Step::Wait;
+                }
+                // A head ends with a line feed, so it can only have completed if one
+                // arrived since the last parse. Without this, a head of `max_head`
+                // bytes (192 KiB by default) trickled in a byte at a time would be
+                // parsed from its start once per byte: quadratic work on the reactor.
+                // The first bytes are always parsed, so garbage is refused at once.
+                let fresh = match self.rbuf.get(self.head_scanned..) {
+                    Some(new) => self.head_scanned == 0 || memchr::memchr(b'\n', new).is_some(),
+                    None => true,
+                };
+                let mut head = std::mem::take(&mut self.head);
+                let parsed = if fresh {
+                    http::parse_head_into(&self.rbuf, &mut head)
+                } else {
+                    // No new line feed: still incomplete, as `parse_head` would say.
+                    Ok(None)
+                };
+                let too_large = || {
+                    let d = format!("the request head exceeds {max_head} bytes");
+                    Step::Refuse(Code::HeadTooLarge, d)
+                };
+                if !matches!(parsed, Ok(Some(_))) {
+                    // Its strings are reused by the next parse.
+                    self.head = std::mem::take(&mut head);
+                }
+                match parsed {
+                    Ok(Some(n)) if n > max_head => too_large(),
+                    Ok(Some(n)) => {
+                        self.rbuf.drain(..n);
+                        self.head_scanned = 0;
+                        Step::Head(head)
+                    }
+                    Ok(None) => {
+                        self.head_scanned = self.rbuf.len();
+                        if self.rbuf.len() > max_head {
+                            return too_large();
+                        }
+                        Step::Wait
+                    }
+                    Err(HeadError::TooManyHeaders) => {
+                        let d = format!("more than {} header lines", http::MAX_HEADERS);
+                        Step::Refuse(Code::HeadTooLarge, d)
+                    }
+                    Err(HeadError::Malformed(why)) => {
+                        let d = format!("malformed request head: {why}");
+                        Step::Refuse(Code::BadRequest, d)
+                    }
+                }
+            }
+            Phase::Body { reader, body, .. } => {
+                match reader.take(&mut self.rbuf, body, max_body) {
+                    Ok(true) => {}
+                    Ok(false) => return Step::Wait,
+                    Err(e) => return Step::BadChunks(e),
+                }
+                let Phase::Body {
+                    body, close, batch, ..
+                } = self.enter(Phase::Head)
+                else {
+                    unreachable!("in the body phase")
+                };
+                self.since = now;
+                Step::Body { body, close, batch }
+            }
+            Phase::Discard(reader) => {
+                // The answer went out already: read the body to its end and drop it.
+                // A body that turns out malformed gets no second answer (one request,
+                // one response): the connection just closes after what is queued.
+                match reader.take(&mut self.rbuf, &mut Vec::new(), max_body) {
+                    Ok(true) => {}
+                    Ok(false) => return Step::Wait,
+                    Err(_) => return Step::EndAfterAnswer,
+                }
+                self.enter(Phase::Head);
+                self.since = now;
+                Step::Again
+            }
+            Phase::Sse { .. } | Phase::Closing => {
+                self.rbuf.clear();
+                Step::Wait
+            }
+            Phase::Ws(_) => Step::Ws,
+        }
+    }
+
+    /// Request backpressure: whether the answers queued here have reached `max_output`
+    /// bytes, in which case reading and request processing pause ([`Conn::read_paused`])
+    /// until a flush brings the queue back under the bound; the caller stops reading the
+    /// socket. Without it a peer pipelining requests and never reading the answers grows
+    /// the queue without limit (each ~25-byte `GET /events` queues a ~400-byte answer).
+    /// Only the HTTP request phases pause: streams and closing connections discard their
+    /// input (and must see EOF), and WebSockets bound their replies themselves.
+    pub(crate) fn over_output_bound(&mut self, max_output: usize) -> bool {
+        let request = matches!(
+            self.phase,
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
+        );
+        if !request || self.subscriber.out.len() < max_output {
+            return false;
+        }
+        self.read_paused = true;
+        true
     }
 
     pub(crate) fn new(peer: SocketAddr, now: Instant) -> Conn {

@@ -70,10 +70,6 @@ pub use journal::{Journal, NoJournal, OutboxLog, UnavailableJournal};
 /// refusals (see `Core::status_json`).
 const NOT_FOUND: &str = Code::NotFound.as_str();
 
-/// How long a connection that got its final answer keeps draining input before it is
-/// dropped (so the peer sees the answer rather than a reset).
-const LINGER: Duration = Duration::from_secs(2);
-
 /// Replay rounds one `write_to` runs for one connection before others get a turn.
 const REPLAY_ROUNDS: usize = 4;
 
@@ -509,6 +505,7 @@ impl Core {
         for key in std::mem::take(&mut self.deferred) {
             self.mark_dirty(key);
         }
+        let post_wait = self.post_wait();
         while let Some((key, generation)) = self.timers.pop_due(now) {
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
@@ -517,7 +514,10 @@ impl Core {
                 continue; // an earlier arming, or a connection that closed
             }
             conn.armed = None;
-            if self.deadline(key).is_some_and(|d| d <= now) {
+            if conn
+                .deadline(&self.config, post_wait)
+                .is_some_and(|d| d <= now)
+            {
                 self.expire(key);
             }
             self.rearm(key);
@@ -657,29 +657,28 @@ impl Core {
         let mut had_output = false;
         let mut rounds = 0;
         let written_before = conn.subscriber.out.pushed() - conn.subscriber.out.queued() as u64;
-        let state = loop {
-            let conn = &mut self.conns[key];
-            if !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty() {
+        let mut pump = !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty();
+        let (conn, state) = loop {
+            if pump {
                 self.pump_replay(key);
             }
             let conn = &mut self.conns[key];
             had_output |= !conn.subscriber.out.is_empty();
             let state = conn.subscriber.out.flush(w, &mut self.hub.chunks);
             conn.subscriber.offered = conn.subscriber.out.pushed();
-            let more = !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty();
+            pump = !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty();
             rounds += 1;
-            if state != Flush::Done || !more {
-                break state;
+            if state != Flush::Done || !pump {
+                break (conn, state);
             }
             if rounds == REPLAY_ROUNDS {
                 // The socket keeps up: continue after the others had a turn.
                 if !self.deferred.contains(&key) {
                     self.deferred.push(key);
                 }
-                break state;
+                break (conn, state);
             }
         };
-        let conn = &mut self.conns[key];
         let written = conn.subscriber.out.pushed() - conn.subscriber.out.queued() as u64;
         if let Some((_, at)) = conn.latency_mark.filter(|(end, _)| written >= *end) {
             // The sampled delivery's last byte went to the socket.
@@ -691,11 +690,17 @@ impl Core {
                 _ => {}
             }
         }
-        let conn = &mut self.conns[key];
         if matches!(conn.phase, Phase::Closing) && written > written_before {
             // The linger counts from the last byte the peer took: a consumer still
             // reading its last answer (a long `live=0` replay) is not cut off mid-way.
             conn.since = now;
+        }
+        // Resume a connection paused by `over_output_bound` once its queue is below the
+        // bound: first the requests already read, then the socket (its readiness edge
+        // has passed; the data is waiting).
+        let resume = conn.read_paused && conn.subscriber.out.len() < self.config.max_output_bytes;
+        if resume {
+            conn.read_paused = false;
         }
         match state {
             Flush::Closed => return self.close(key),
@@ -716,11 +721,7 @@ impl Core {
             }
             Flush::Blocked => self.set_interest(key, None, Some(true)),
         }
-        // Resume a connection paused by `over_output_bound`: first the requests already
-        // read, then the socket (its readiness edge has passed; the data is waiting).
-        let conn = &mut self.conns[key];
-        if conn.read_paused && conn.subscriber.out.len() < self.config.max_output_bytes {
-            conn.read_paused = false;
+        if resume {
             self.process(key);
             if self.conns.get(key).is_some_and(|c| !c.read_paused) {
                 self.set_interest(key, Some(true), None);
@@ -867,28 +868,25 @@ impl Core {
         self.enforce();
         let before = self.outputs.len();
         for key in std::mem::take(&mut self.doomed) {
-            match self.conns.get(key).map(|c| &c.phase) {
+            let Some(c) = self.conns.get(key) else {
+                continue;
+            };
+            let (peer, dropped) = (c.peer, c.subscriber.dropped.total());
+            match c.phase {
                 // A WebSocket gets `closing` with its positions, then the close frame.
-                Some(Phase::Ws(_)) => {
-                    log::info!(
-                        "closing WebSocket {} (backpressure, AEP-0003 §8.4)",
-                        self.conns[key].peer
-                    );
+                Phase::Ws(_) => {
+                    log::info!("closing WebSocket {peer} (backpressure, AEP-0003 §8.4)");
                     let reason = "backpressure: the consumer fell behind";
                     let code = crate::ws::rfc6455::close_code::TRY_AGAIN;
                     self.ws_close(key, reason, code);
                     continue;
                 }
-                Some(Phase::Closing) if self.conns[key].close_after_flush => continue,
+                Phase::Closing if c.close_after_flush => continue,
                 _ => {}
             }
-            if let Some(c) = self.conns.get(key) {
-                log::info!(
-                    "disconnecting slow consumer {} (backpressure, AEP-0003 §8.4; {} Events dropped)",
-                    c.peer,
-                    c.subscriber.dropped.total()
-                );
-            }
+            log::info!(
+                "disconnecting slow consumer {peer} (backpressure, AEP-0003 §8.4; {dropped} Events dropped)"
+            );
             self.close(key);
         }
         // The list keeps its capacity from one settle to the next (no allocation per
@@ -1072,61 +1070,34 @@ impl Core {
         }
     }
 
-    /// When `key` must be looked at next, from its phase (see `timer`).
-    fn deadline(&self, key: ConnId) -> Option<Instant> {
-        let c = &self.config;
-        let conn = self.conns.get(key)?;
-        if conn.awaiting.is_some() {
-            let wait = c
-                .cluster
-                .as_ref()
-                .map_or(c.request_timeout, cluster::post_deadline);
-            return Some(conn.since + wait);
-        }
-        Some(match &conn.phase {
-            Phase::Sse { .. } => conn.last_write + c.heartbeat,
-            Phase::Ws(ws) => {
-                let idle = ws.last_read + c.ws_idle_timeout;
-                match ws.hello {
-                    Some(_) => idle.min(ws.last_ping + c.heartbeat),
-                    None => idle,
-                }
-            }
-            // No request in flight: nothing yet, or only answers the peer has not read (RFC
-            // 9112 §9.3: a 408 would answer no request), or requests paused behind them.
-            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => conn.since + c.idle_timeout,
-            Phase::Head | Phase::Body { .. } | Phase::Discard(_) => {
-                if conn.close_after_flush {
-                    return None;
-                }
-                conn.since + c.request_timeout
-            }
-            Phase::Closing => {
-                if conn.subscriber.out.is_empty() {
-                    conn.since + LINGER
-                } else {
-                    conn.since + c.request_timeout.max(LINGER)
-                }
-            }
-        })
-    }
-
     /// Arms `key`'s deadline when it is earlier than the one armed (see `timer`).
     fn rearm(&mut self, key: ConnId) {
-        let Some(at) = self.deadline(key) else {
+        let post_wait = self.post_wait();
+        let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let conn = &mut self.conns[key];
+        let Some(at) = conn.deadline(&self.config, post_wait) else {
+            return;
+        };
         if conn.armed.is_some_and(|(t, _)| t <= at) {
             return;
         }
-        let generation = self.timers.arm(at, key);
-        self.conns[key].armed = Some((at, generation));
+        conn.armed = Some((at, self.timers.arm(at, key)));
+    }
+
+    /// How long a `POST` waits for the stream's acknowledgements (cluster mode).
+    fn post_wait(&self) -> Duration {
+        let c = &self.config;
+        c.cluster
+            .as_ref()
+            .map_or(c.request_timeout, cluster::post_deadline)
     }
 
     /// `key`'s deadline has come: the heartbeat, the ping, or the timeout of its phase.
     fn expire(&mut self, key: ConnId) {
         let now = self.now;
+        // A heartbeat or ping may be queued below: pending fan-out frames go first.
+        self.end_unit();
         let c = &self.config;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -1136,8 +1107,6 @@ impl Core {
         }
         match &mut conn.phase {
             Phase::Sse { .. } => {
-                self.end_unit();
-                let conn = &mut self.conns[key];
                 conn.send(sse::PING);
                 conn.last_write = now;
                 self.mark_dirty(key);
@@ -1157,8 +1126,6 @@ impl Core {
                 ws.last_ping = now;
                 let t = self.started_unix_ms
                     + now.saturating_duration_since(self.started).as_millis() as u64;
-                self.end_unit();
-                let conn = &mut self.conns[key];
                 conn.send(crate::ws::aep::ping(t));
                 conn.last_write = now;
                 self.mark_dirty(key);

@@ -3,13 +3,13 @@
 //! pipelining, request backpressure, and the hand-over to SSE or the WebSocket binding.
 //! Every refusal is answered, counted and logged once (`Core::refused`).
 
-use super::conn::{Answer, BodyReader, Phase, ReplayJob};
+use super::conn::{Answer, BodyReader, Phase, ReplayJob, Step};
 use super::routes::{self, Handler, Lookup};
 use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Core, Origin};
 use crate::auth::{Grant, Scopes};
 use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
-use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::http::{self, ChunkError, Framing, FramingError, RequestHead};
 use crate::refusal::{Code, Refusal};
 use crate::sse;
 use bytes::Bytes;
@@ -114,137 +114,40 @@ impl Core {
         );
     }
 
-    /// Runs the HTTP state machine over the connection's read buffer.
-    /// Request backpressure: whether the answers queued on `key` have reached
-    /// `max_output_bytes`, in which case reading and request processing pause (marked in
-    /// `Conn::read_paused`) until `flush` brings the queue back under the bound. Without
-    /// it a peer pipelining requests and never reading the answers grows the queue
-    /// without limit (each ~25-byte `GET /events` queues a ~400-byte answer). Only the
-    /// HTTP request phases pause: streams and closing connections discard their input
-    /// (and must see EOF), and WebSockets bound their replies themselves.
-    pub(super) fn over_output_bound(&mut self, key: ConnId) -> bool {
-        let max = self.config.max_output_bytes;
-        let Some(conn) = self.conns.get_mut(key) else {
-            return false;
-        };
-        let request = matches!(
-            conn.phase,
-            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
-        );
-        if !request || conn.subscriber.out.len() < max {
-            return false;
-        }
-        conn.read_paused = true;
-        self.set_interest(key, Some(false), None);
-        true
-    }
-
+    /// Runs the HTTP state machine over the connection's read buffer ([`Conn::step`](super::conn::Conn::step)),
+    /// acting on each step: a head is routed, a body ingested, a refusal answered. While
+    /// a group of `POST`s waits for the stream (cluster mode), only a pipelined
+    /// `POST /events` joins it; while the answers queued reach `max_output_bytes`
+    /// ([`Conn::over_output_bound`](super::conn::Conn::over_output_bound)), reading pauses.
     pub(super) fn process(&mut self, key: ConnId) {
-        let max_head = self.config.max_head_bytes;
-        let max_body = self.config.max_body_bytes;
+        let limits = (self.config.max_head_bytes, self.config.max_body_bytes);
         loop {
+            // A request of this turn may open the group the next ones join.
+            let open_group = self.open_group();
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
-            if conn.close_after_flush {
-                conn.rbuf.clear();
-                return;
-            }
-            match &mut conn.phase {
-                Phase::Head => {
-                    if conn.rbuf.is_empty()
-                        || (conn.awaiting.is_some() && !self.may_join_group(key))
-                        || self.over_output_bound(key)
-                    {
-                        return;
-                    }
-                    let Some(conn) = self.conns.get_mut(key) else {
-                        return;
-                    };
-                    // A head ends with a line feed, so it can only have completed if one
-                    // arrived since the last parse. Without this, a head of `max_head`
-                    // bytes (192 KiB by default) trickled in a byte at a time would be
-                    // parsed from its start once per byte: quadratic work on the reactor.
-                    // The first bytes are always parsed, so garbage is refused at once.
-                    let fresh = match conn.rbuf.get(conn.head_scanned..) {
-                        Some(new) => conn.head_scanned == 0 || memchr::memchr(b'\n', new).is_some(),
-                        None => true,
-                    };
-                    // No new line feed: still incomplete, as `parse_head` would say.
-                    let mut head = std::mem::take(&mut conn.head);
-                    let parsed = if fresh {
-                        http::parse_head_into(&conn.rbuf, &mut head)
-                    } else {
-                        Ok(None)
-                    };
-                    if !matches!(parsed, Ok(Some(_))) {
-                        conn.head = head;
-                        head = RequestHead::default();
-                    }
-                    match parsed {
-                        Ok(None) => {
-                            conn.head_scanned = conn.rbuf.len();
-                            if conn.rbuf.len() > max_head {
-                                let d = format!("the request head exceeds {max_head} bytes");
-                                self.reply_error(key, Code::HeadTooLarge, &d, true);
-                            }
-                            return;
-                        }
-                        Ok(Some(n)) => {
-                            if n > max_head {
-                                let d = format!("the request head exceeds {max_head} bytes");
-                                self.reply_error(key, Code::HeadTooLarge, &d, true);
-                                return;
-                            }
-                            conn.rbuf.drain(..n);
-                            conn.head_scanned = 0;
-                            self.on_head(key, &head);
-                            self.keep_head(key, head);
-                        }
-                        Err(HeadError::TooManyHeaders) => {
-                            let d = format!("more than {} header lines", http::MAX_HEADERS);
-                            self.reply_error(key, Code::HeadTooLarge, &d, true);
-                            return;
-                        }
-                        Err(HeadError::Malformed(why)) => {
-                            let d = format!("malformed request head: {why}");
-                            self.reply_error(key, Code::BadRequest, &d, true);
-                            return;
-                        }
-                    }
-                }
-                Phase::Body { reader, body, .. } => {
-                    match reader.take(&mut conn.rbuf, body, max_body) {
-                        Ok(true) => {}
-                        Ok(false) => return,
-                        Err(e) => return self.chunk_error(key, e),
-                    }
-                    let Phase::Body {
-                        body, close, batch, ..
-                    } = conn.enter(Phase::Head)
-                    else {
-                        return;
-                    };
-                    conn.since = self.now;
-                    self.on_request(key, close, batch, body);
-                }
-                Phase::Discard(reader) => {
-                    // The answer went out already: read the body to its end and drop it.
-                    // A body that turns out malformed gets no second answer (one request,
-                    // one response): the connection just closes after what is queued.
-                    match reader.take(&mut conn.rbuf, &mut Vec::new(), max_body) {
-                        Ok(true) => {}
-                        Ok(false) => return,
-                        Err(_) => return self.close_after_answer(key),
-                    }
-                    conn.enter(Phase::Head);
-                    conn.since = self.now;
-                }
-                Phase::Sse { .. } | Phase::Closing => {
-                    conn.rbuf.clear();
+            if matches!(conn.phase, Phase::Head) && !conn.rbuf.is_empty() && !conn.close_after_flush
+            {
+                if conn.awaiting.is_some() && !super::cluster::may_join(open_group, conn) {
                     return;
                 }
-                Phase::Ws(_) => return self.ws_process(key),
+                if conn.over_output_bound(self.config.max_output_bytes) {
+                    return self.set_interest(key, Some(false), None);
+                }
+            }
+            match conn.step(limits.0, limits.1, self.now) {
+                Step::Wait => return,
+                Step::Again => {}
+                Step::Head(head) => {
+                    self.on_head(key, &head);
+                    self.keep_head(key, head);
+                }
+                Step::Body { body, close, batch } => self.on_request(key, close, batch, body),
+                Step::Refuse(code, detail) => return self.reply_error(key, code, &detail, true),
+                Step::BadChunks(e) => return self.chunk_error(key, e),
+                Step::EndAfterAnswer => return self.close_after_answer(key),
+                Step::Ws => return self.ws_process(key),
             }
         }
     }

@@ -69,7 +69,7 @@ mod outbox;
 mod posts;
 mod publish;
 
-pub(super) use posts::post_deadline;
+pub(super) use posts::{may_join, post_deadline};
 
 /// Where the relay stands with the engine (`/healthz` `cluster.state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use super::publish::{Outgoing, Post, Ticket};
 use super::ClusterState;
 use crate::cluster::ClusterConfig;
-use crate::core::conn::Answer;
+use crate::core::conn::{Answer, Conn};
 use crate::core::Core;
 use crate::ids::ConnId;
 use std::time::Duration;
@@ -128,20 +128,10 @@ impl Core {
         }
     }
 
-    /// Whether the next request read on `key`, which waits for the open group of
-    /// `POST`s, may join that group: only a pipelined `POST /events`, read in the same
-    /// turn (its answer then waits in order behind the others, [`Conn::answers`](crate::core::conn::Conn::answers)).
-    pub(in crate::core) fn may_join_group(&self, key: ConnId) -> bool {
-        let (Some(bus), Some(conn)) = (self.bus.as_ref(), self.conns.get(key)) else {
-            return false;
-        };
-        if bus.open_group.is_none() || conn.awaiting != bus.open_group {
-            return false;
-        }
-        matches!(
-            crate::http::parse_head(&conn.rbuf),
-            Ok(Some((head, _))) if head.method == "POST" && head.path == "/events"
-        )
+    /// The serial of the open group of `POST`s (cluster mode), which pipelined
+    /// `POST /events` read in the same turn may still join ([`may_join`]).
+    pub(in crate::core) fn open_group(&self) -> Option<u64> {
+        self.bus.as_ref().and_then(|b| b.open_group)
     }
 
     /// A `POST` that waited too long for the stream (the bridge answers every publish
@@ -180,4 +170,18 @@ impl Core {
 /// How long a `POST` may wait for the stream before the core gives up on the bridge.
 pub(in crate::core) fn post_deadline(config: &ClusterConfig) -> Duration {
     config.ack_timeout * 2 + Duration::from_secs(1)
+}
+
+/// Whether the next request read on `conn`, which waits for the group of `POST`s
+/// `awaiting`, may join that group: only while it is the open group (`open_group`,
+/// [`Core::open_group`]), and only a pipelined `POST /events` read in the same turn (its
+/// answer then waits in order behind the others, [`Conn::answers`]).
+pub(in crate::core) fn may_join(open_group: Option<u64>, conn: &Conn) -> bool {
+    if open_group.is_none() || conn.awaiting != open_group {
+        return false;
+    }
+    matches!(
+        crate::http::parse_head(&conn.rbuf),
+        Ok(Some((head, _))) if head.method == "POST" && head.path == "/events"
+    )
 }
