@@ -17,6 +17,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most heap bytes a connection keeps in its reused request head between requests
+/// ([`Conn::keep_head`]); a larger head is dropped once handled.
+const KEPT_HEAD_BYTES: usize = 4096;
+
 /// How long a connection that got its final answer keeps draining input before it is
 /// dropped (so the peer sees the answer rather than a reset).
 const LINGER: Duration = Duration::from_secs(2);
@@ -649,7 +653,7 @@ pub(crate) struct Conn {
     pub(crate) rbuf: Vec<u8>,
     /// The head of the request being handled, parsed in place (`http::parse_head_into`)
     /// so its strings are reused from one request to the next; emptied when the
-    /// connection leaves HTTP requests or a head was large (`Core::keep_head`).
+    /// connection leaves HTTP requests or a head was large ([`Conn::keep_head`]).
     pub(crate) head: RequestHead,
     /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
     /// without completing the head (`Core::process` parses again only once a line
@@ -869,6 +873,53 @@ impl Conn {
             }
             Phase::Ws(_) => Step::Ws,
         }
+    }
+
+    /// Takes `head`, handled, back for the next request, unless the connection
+    /// no longer reads requests (a stream, a WebSocket, closing) or the head's strings
+    /// grew past [`KEPT_HEAD_BYTES`]: an idle connection keeps no more than that.
+    pub(crate) fn keep_head(&mut self, head: RequestHead) {
+        let conn = self;
+        let reading = matches!(
+            conn.phase,
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
+        );
+        let held = head.method.capacity()
+            + head.path.capacity()
+            + head.query.capacity()
+            + head.headers.capacity() * std::mem::size_of::<(String, String)>()
+            + head
+                .headers
+                .iter()
+                .map(|(n, v)| n.capacity() + v.capacity())
+                .sum::<usize>();
+        if reading && held <= KEPT_HEAD_BYTES {
+            conn.head = head;
+        }
+    }
+
+    /// Queues one answer (its bytes complete, CORS headers in); with `close`, it is the
+    /// last: nothing more is read, and the connection closes once it is flushed. The
+    /// request clock restarts at `now`.
+    pub(crate) fn answer(&mut self, bytes: Vec<u8>, close: bool, now: Instant) {
+        self.send(bytes);
+        if close {
+            self.close_after_flush = true;
+            self.enter(Phase::Closing);
+            self.rbuf.clear();
+        }
+        self.since = now;
+    }
+
+    /// Ends this connection, whose current request already has its answer (a body being
+    /// discarded turned out malformed, too large or too slow): flush, then close, with no
+    /// second answer. HTTP/1.1 gives one final response per request (RFC 9112 §9.3); an
+    /// extra one is paired by a client or a proxy with its next request.
+    pub(crate) fn end_after_answer(&mut self, now: Instant) {
+        self.close_after_flush = true;
+        self.enter(Phase::Closing);
+        self.rbuf.clear();
+        self.since = now;
     }
 
     /// Request backpressure: whether the answers queued here have reached `max_output`

@@ -1133,7 +1133,8 @@ impl Core {
             Phase::Head if conn.rbuf.is_empty() || conn.read_paused => self.close(key),
             Phase::Discard(_) => {
                 // A body still arriving after its request was answered: no 408 for it.
-                self.close_after_answer(key)
+                conn.end_after_answer(now);
+                self.mark_dirty(key);
             }
             Phase::Head | Phase::Body { .. } => {
                 let d = format!(

@@ -13,7 +13,7 @@
 //! gap and no duplicate. If the ring evicts Events ahead of a slow replay, the next page
 //! carries a `replay-exhausted` marker, so even then nothing is lost silently.
 
-use super::conn::{Phase, ReplayJob};
+use super::conn::{Conn, Phase, ReplayJob};
 use super::Core;
 use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
@@ -65,26 +65,7 @@ impl Core {
                 return false;
             };
             let Some((stream, from)) = job.sessions.front().cloned() else {
-                let done = conn.subscriber.replay.pop_front();
-                if let Some(job) = done.filter(|j| j.end_after && conn.subscriber.replay.is_empty())
-                {
-                    // A replay-only SSE stream says it ended by design, not by a cut
-                    // connection (what the AEP SDK and `aep timeline` wait for), unless a
-                    // stream it was replaying was evicted meanwhile: then it ends as a
-                    // cut stream does, and the consumer resumes.
-                    if job.lost {
-                        log::info!(
-                            "replay-only stream {} ends without replay-complete: a session it was replaying was evicted (--max-sessions)",
-                            conn.peer
-                        );
-                    } else {
-                        conn.subscriber
-                            .out
-                            .push(Bytes::from_static(sse::REPLAY_COMPLETE));
-                    }
-                    conn.close_after_flush = true;
-                    conn.enter(Phase::Closing);
-                }
+                end_replay_job(conn);
                 continue;
             };
             let filter = job.filter.clone();
@@ -115,7 +96,6 @@ impl Core {
                 }
                 room > 0
             });
-            let conn = &mut self.conns[key];
             let Some(job) = conn.subscriber.replay.front_mut() else {
                 return false;
             };
@@ -170,4 +150,28 @@ impl Core {
             .get(key)
             .is_some_and(|c| !c.subscriber.replay.is_empty())
     }
+}
+
+/// Ends the front replay job of `conn`, which has nothing left to read. A replay-only
+/// SSE stream (`live=0`) whose last job it was says it ended by design, not by a cut
+/// connection (what the AEP SDK and `aep timeline` wait for), unless a stream it was
+/// replaying was evicted meanwhile: then it ends as a cut stream does, and the consumer
+/// resumes.
+fn end_replay_job(conn: &mut Conn) {
+    let done = conn.subscriber.replay.pop_front();
+    let Some(job) = done.filter(|j| j.end_after && conn.subscriber.replay.is_empty()) else {
+        return;
+    };
+    if job.lost {
+        log::info!(
+            "replay-only stream {} ends without replay-complete: a session it was replaying was evicted (--max-sessions)",
+            conn.peer
+        );
+    } else {
+        conn.subscriber
+            .out
+            .push(Bytes::from_static(sse::REPLAY_COMPLETE));
+    }
+    conn.close_after_flush = true;
+    conn.enter(Phase::Closing);
 }

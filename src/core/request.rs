@@ -19,9 +19,6 @@ use serde_json::json;
 #[cfg(feature = "status-page")]
 const STATUS_PAGE: &str = include_str!("../status.html");
 
-/// Most heap bytes a connection keeps in its reused request head between requests
-/// (`Core::keep_head`); a larger head is dropped once handled.
-const KEPT_HEAD_BYTES: usize = 4096;
 /// The largest body buffer kept for the next body (`Core::spare_body`), in bytes of
 /// capacity: a 64-Event batch of 4 KiB Events fits; a larger body allocates its own.
 pub(super) const SPARE_BODY_MAX: usize = 1 << 20;
@@ -56,20 +53,7 @@ impl Core {
                 }
                 return;
             }
-            self.send_answer(key, bytes, close);
-        }
-    }
-
-    /// Queues one answer, its CORS headers in, on `key`; closes after it if `close`.
-    pub(super) fn send_answer(&mut self, key: ConnId, bytes: Vec<u8>, close: bool) {
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.send(bytes);
-            if close {
-                conn.close_after_flush = true;
-                conn.enter(Phase::Closing);
-                conn.rbuf.clear();
-            }
-            conn.since = self.now;
+            conn.answer(bytes, close, self.now);
             self.mark_dirty(key);
         }
     }
@@ -121,12 +105,17 @@ impl Core {
     /// ([`Conn::over_output_bound`](super::conn::Conn::over_output_bound)), reading pauses.
     pub(super) fn process(&mut self, key: ConnId) {
         let limits = (self.config.max_head_bytes, self.config.max_body_bytes);
+        // The head just handled, given back at the next step for its strings' reuse.
+        let mut handled = None;
         loop {
             // A request of this turn may open the group the next ones join.
             let open_group = self.open_group();
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
+            if let Some(head) = handled.take() {
+                conn.keep_head(head);
+            }
             if matches!(conn.phase, Phase::Head) && !conn.rbuf.is_empty() && !conn.close_after_flush
             {
                 if conn.awaiting.is_some() && !super::cluster::may_join(open_group, conn) {
@@ -141,54 +130,18 @@ impl Core {
                 Step::Again => {}
                 Step::Head(head) => {
                     self.on_head(key, &head);
-                    self.keep_head(key, head);
+                    handled = Some(head);
                 }
                 Step::Body { body, close, batch } => self.on_request(key, close, batch, body),
                 Step::Refuse(code, detail) => return self.reply_error(key, code, &detail, true),
                 Step::BadChunks(e) => return self.chunk_error(key, e),
-                Step::EndAfterAnswer => return self.close_after_answer(key),
+                Step::EndAfterAnswer => {
+                    conn.end_after_answer(self.now);
+                    return self.mark_dirty(key);
+                }
                 Step::Ws => return self.ws_process(key),
             }
         }
-    }
-
-    /// Gives `head`, handled, back to `key` for its next request, unless the connection
-    /// no longer reads requests (a stream, a WebSocket, closing) or the head's strings
-    /// grew past [`KEPT_HEAD_BYTES`]: an idle connection keeps no more than that.
-    fn keep_head(&mut self, key: ConnId, head: RequestHead) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        let reading = matches!(
-            conn.phase,
-            Phase::Head | Phase::Body { .. } | Phase::Discard(_)
-        );
-        let held = head.method.capacity()
-            + head.path.capacity()
-            + head.query.capacity()
-            + head.headers.capacity() * std::mem::size_of::<(String, String)>()
-            + head
-                .headers
-                .iter()
-                .map(|(n, v)| n.capacity() + v.capacity())
-                .sum::<usize>();
-        if reading && held <= KEPT_HEAD_BYTES {
-            conn.head = head;
-        }
-    }
-
-    /// Ends a connection whose current request already has its answer (a body being
-    /// discarded turned out malformed, too large or too slow): flush, then close, with no
-    /// second answer. HTTP/1.1 gives one final response per request (RFC 9112 §9.3); an
-    /// extra one is paired by a client or a proxy with its next request.
-    pub(super) fn close_after_answer(&mut self, key: ConnId) {
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.close_after_flush = true;
-            conn.enter(Phase::Closing);
-            conn.rbuf.clear();
-            conn.since = self.now;
-        }
-        self.mark_dirty(key);
     }
 
     pub(super) fn chunk_error(&mut self, key: ConnId, e: ChunkError) {
@@ -252,6 +205,7 @@ impl Core {
     /// answers or starts what the route serves ([`Core::answer`]).
     pub(super) fn on_head(&mut self, key: ConnId, head: &RequestHead) {
         let cors = self.cors_origin(head);
+        let cross_origin = cors.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
             conn.cors = cors;
         }
@@ -267,10 +221,7 @@ impl Core {
             let d = format!("a {} request carries no body", head.method);
             return self.reply_skipping_body(key, head, Code::BadRequest, &d, &[], &[]);
         }
-        if head.method == "OPTIONS"
-            && self.conns.get(key).is_some_and(|c| c.cors.is_some())
-            && self.preflight(key, head)
-        {
+        if head.method == "OPTIONS" && cross_origin && self.preflight(key, head) {
             return;
         }
         let route = match routes::lookup(&head.method, &head.path) {
@@ -467,26 +418,23 @@ impl Core {
             Framing::Length(n) => BodyReader::Length(n),
             Framing::Chunked => BodyReader::Chunked(Default::default()),
         };
-        if head
-            .header("expect")
-            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
-        {
-            if let Some(conn) = self.conns.get_mut(key) {
-                conn.send(&b"HTTP/1.1 100 Continue\r\n\r\n"[..]);
-            }
-            self.mark_dirty(key);
-        }
         let body = match reader {
             BodyReader::Length(n) => self.body_buffer(n),
             BodyReader::Chunked(_) => Vec::new(),
         };
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.enter(Phase::Body {
-                reader,
-                body,
-                close,
-                batch,
-            });
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.enter(Phase::Body {
+            reader,
+            body,
+            close,
+            batch,
+        });
+        let expects = head.header("expect");
+        if expects.is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+            conn.send(&b"HTTP/1.1 100 Continue\r\n\r\n"[..]);
+            self.mark_dirty(key);
         }
     }
 
@@ -713,7 +661,6 @@ impl Core {
                 binding: Binding::Sse,
             })
         });
-        let conn = &mut self.conns[key];
         conn.enter(match sub {
             Some(sub) => Phase::Sse { sub },
             None => Phase::Closing,

@@ -78,17 +78,7 @@ impl Core {
         // are sized once (in a cluster its Events go to the stream instead, and are
         // fanned out from there).
         self.hub.begin_unit();
-        if let Some(Conn {
-            rbuf,
-            phase: Phase::Ws(ws),
-            ..
-        }) = self.conns.get(key)
-        {
-            if ws.hello.as_ref().is_some_and(|d| d.role.emits()) && !self.clustered() {
-                let (messages, bytes) = ws.decoder.data_ahead(rbuf);
-                self.hub.size_unit(messages, bytes);
-            }
-        }
+        let sized = self.clustered();
         loop {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
@@ -98,9 +88,16 @@ impl Core {
                 // A handler closed the connection (and cleared its input).
                 return;
             };
+            if used == 0 && !sized && ws.hello.as_ref().is_some_and(|d| d.role.emits()) {
+                let (messages, bytes) = ws.decoder.data_ahead(rbuf);
+                self.hub.size_unit(messages, bytes);
+            }
             ws.last_read = now;
             match ws.decoder.next(rbuf, &mut used) {
-                Ok(None) => break,
+                Ok(None) => {
+                    rbuf.drain(..used);
+                    break;
+                }
                 Ok(Some(unit)) => self.ws_unit(key, unit),
                 Err(v) => {
                     // RFC 6455 §7.1.7: fail the connection, with the close code as the
@@ -111,9 +108,6 @@ impl Core {
             }
         }
         self.end_unit();
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.rbuf.drain(..used);
-        }
     }
 
     pub(super) fn ws_unit(&mut self, key: ConnId, unit: Incoming) {
@@ -347,17 +341,19 @@ impl Core {
         };
         let version = decl.version;
         let now = self.now;
-        let Some(ws) = self.ws_state_mut(key) else {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let Phase::Ws(ws) = &mut conn.phase else {
             return;
         };
         let grant = ws.grant;
         // An emitter's messages go into the decoder's text arena (no allocation each).
         ws.decoder.set_arena(decl.role.emits());
-        let announce = decl.dropped;
+        // `dropped` frames only for a peer that asked (`capabilities.experimental`).
+        conn.subscriber.announce_drops = decl.dropped;
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
-        // `dropped` frames only for a peer that asked (`capabilities.experimental`).
-        self.conns[key].subscriber.announce_drops = announce;
         let frame = self.hello_frame(version, grant);
         self.ws_send(key, frame);
     }
@@ -677,11 +673,11 @@ impl Core {
             let d = "unsubscribe needs the string `id` of a subscription (AEP-0003 §6.5)";
             return self.ws_refuse(key, Code::InvalidFrame, Ref::None, d);
         };
-        if let Some(ws) = self.ws_state_mut(key) {
-            if let Some(i) = ws.subs.iter().position(|(s, _)| &**s == id) {
-                let (_, sub) = ws.subs.remove(i);
-                self.hub.remove(sub);
-                if let Some(conn) = self.conns.get_mut(key) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            if let Phase::Ws(ws) = &mut conn.phase {
+                if let Some(i) = ws.subs.iter().position(|(s, _)| &**s == id) {
+                    let (_, sub) = ws.subs.remove(i);
+                    self.hub.remove(sub);
                     conn.subscriber.replay.retain(|j| j.sub != Some(sub));
                 }
             }

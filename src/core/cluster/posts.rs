@@ -95,17 +95,17 @@ impl Core {
             }
         }
         for key in keys {
+            // Answers go out behind the fan-out frames already decided for this peer.
+            self.end_unit();
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
             conn.awaiting = None;
             conn.since = self.now;
-            let answers = std::mem::take(&mut conn.answers);
-            self.end_unit();
-            for a in answers {
+            for a in std::mem::take(&mut conn.answers) {
                 match a {
                     Answer::Ready(bytes, close) => {
-                        self.send_answer(key, bytes, close);
+                        conn.answer(bytes, close, self.now);
                         if close {
                             break;
                         }
@@ -115,6 +115,7 @@ impl Core {
                     }
                 }
             }
+            self.mark_dirty(key);
             // The requests read behind them, then the socket.
             self.process(key);
             if self

@@ -2,10 +2,9 @@
 //! connections whose subscriptions match (AEP-0003 §6, §8.4).
 //!
 //! It decides per connection (its queue's bound, its replay, its `permessage-deflate`
-//! window), so it is the core's; it reaches each connection as a
-//! [`Subscriber`](super::conn::Subscriber), through [`Subscribers`], and never its socket
-//! buffers, request state or phase. The parts that know
-//! no connection are building blocks in [`crate::fanout`]: the subscription model, the
+//! window), so it is the core's; it reaches each connection as a [`Subscriber`], through
+//! [`Subscribers`], and never its socket buffers, request state or phase. The parts that
+//! know no connection are building blocks in [`crate::fanout`]: the subscription model, the
 //! [`SubscriptionIndex`] that finds the subscriptions an Event matches, and the frames
 //! of an ingest unit laid out back to back in shared arenas (`Frames`, `Unit`; see that
 //! module's docs for coalescing and compression). Fan-out never writes to a socket.
