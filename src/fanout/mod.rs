@@ -26,6 +26,7 @@
 //! Event that does not shrink (or is short, `ws::deflate::MIN_COMPRESS`) goes to them as
 //! the plain frame, from the plain arena (RFC 7692 §6: compression is per message).
 
+mod delivered;
 pub mod index;
 
 use crate::capture;
@@ -33,10 +34,12 @@ use crate::envelope::{Capture, Event};
 use crate::filter::Filter;
 use crate::ids::ConnId;
 use crate::sse;
+use crate::ws;
 use crate::ws::deflate::{self, Deflater};
-use crate::ws::{self, Delivered};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
+
+pub use delivered::Delivered;
 
 /// The binding a subscription delivers on.
 #[derive(Debug)]

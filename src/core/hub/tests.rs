@@ -6,8 +6,9 @@
 use super::*;
 use crate::core::conn::{Conn, Conns};
 use crate::envelope::Event;
+use crate::fanout::Delivered;
 use crate::filter::Filter;
-use crate::ws::{self, aep, Delivered};
+use crate::ws::{self, aep};
 use crate::{capture, sse};
 use bytes::Bytes;
 use std::sync::Arc;
