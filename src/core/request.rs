@@ -12,6 +12,7 @@ use crate::fanout::{Binding, Subscription};
 use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::refusal::{Code, Refusal};
 use crate::sse;
+use crate::subscription;
 use bytes::Bytes;
 use serde_json::json;
 
@@ -781,7 +782,7 @@ impl Core {
             let code = Code::ClusterUnavailable;
             return self.reply_skipping_body(key, head, code, d, &[], &[("Retry-After", "1")]);
         }
-        let req = match sse::parse_request(head, self.config.max_from_positions) {
+        let req = match subscription::parse_stream_request(head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {
                 return self.reply_skipping_body(key, head, e.code, &e.detail, &[], &[]);
