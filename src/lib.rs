@@ -120,7 +120,6 @@ pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod core;
-pub mod envelope;
 pub mod fanout;
 pub mod filter;
 pub mod http;
@@ -132,6 +131,7 @@ mod refusal;
 pub mod sse;
 pub mod store;
 pub mod subscription;
+pub mod wire;
 pub mod ws;
 
 pub use crate::core::{Core, Output};

@@ -3,7 +3,7 @@
 //! `Last-Event-ID` into a subscription is the subscription model's
 //! ([`crate::subscription::parse_stream_request`]).
 
-use crate::envelope::{Event, Scope};
+use crate::wire::envelope::{Event, Scope};
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Whether byte `b` of a session (at byte offset `at`) is written `%XX` in an SSE line:
@@ -178,7 +178,7 @@ pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     // The scan knows whether the Event as received holds a line break; a down-leveled
     // payload is other bytes, looked at.
     if ev.has_line_breaks() || !std::ptr::eq(payload, &ev.bytes()[..]) {
-        crate::envelope::line_breaks_to_spaces(&mut b[start..]);
+        crate::wire::envelope::line_breaks_to_spaces(&mut b[start..]);
     }
     b.put_slice(b"\n\n");
 }

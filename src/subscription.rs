@@ -4,11 +4,11 @@
 //! ([`parse_stream_request`], with its `Last-Event-ID`) or a WebSocket `subscribe` frame,
 //! and the refusals of the AEP-0003 §6.5 closed set.
 
-use crate::envelope::Capture;
 use crate::filter::{self, Filter};
 use crate::http::RequestHead;
 use crate::refusal::Code;
 use crate::sse;
+use crate::wire::envelope::Capture;
 use std::sync::Arc;
 
 /// A resume position `(session, epoch, seq)` (AEP-0001 §7 rule 6, AEP-0003 §7).

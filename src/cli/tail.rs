@@ -54,8 +54,8 @@
 //! exactly the certificates of that PEM file (a private CA, or the relay's self-signed
 //! certificate).
 
-use aep_relay::envelope::{Capture, Event, Scope};
 use aep_relay::subscription::{self, Resume};
+use aep_relay::wire::envelope::{Capture, Event, Scope};
 use bytes::Bytes;
 use clap::{ArgAction, Args};
 use std::collections::{HashMap, HashSet, VecDeque};

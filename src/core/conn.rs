@@ -1,11 +1,11 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
-use crate::envelope::{Capture, Severity};
 use crate::filter::Filter;
 use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::ids::{ConnId, SubId};
 use crate::store::{ReplayFrom, StreamId};
+use crate::wire::envelope::{Capture, Severity};
 use bytes::Bytes;
 use slab::Slab;
 use std::collections::HashSet;

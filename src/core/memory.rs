@@ -41,9 +41,9 @@
 
 use super::conn::{Charge, Conn, Phase};
 use super::Core;
-use crate::envelope::Event;
 use crate::ids::ConnId;
 use crate::store::Position;
+use crate::wire::envelope::Event;
 use crate::ws::rfc6455::{self, server_frame};
 use bytes::Bytes;
 use std::collections::HashMap;

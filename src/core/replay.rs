@@ -15,11 +15,11 @@
 
 use super::conn::{Phase, ReplayJob};
 use super::Core;
-use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
 use crate::ids::ConnId;
 use crate::sse;
 use crate::store::ReplayFrom;
+use crate::wire::envelope::{Event, Scope};
 use crate::ws::aep;
 use bytes::Bytes;
 

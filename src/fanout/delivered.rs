@@ -164,8 +164,8 @@ mod delivered_tests {
     /// same-name streams, interleaving and the cap.
     #[test]
     fn noting_with_stream_ids_records_what_noting_without_them_does() {
-        use crate::envelope::Event;
         use crate::store::Store;
+        use crate::wire::envelope::Event;
         use std::sync::Arc;
         let mut store: Store<Event> = Store::new(64, 64);
         let script = [

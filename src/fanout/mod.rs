@@ -30,10 +30,10 @@ mod delivered;
 pub mod index;
 
 use crate::capture;
-use crate::envelope::{Capture, Event};
 use crate::filter::Filter;
 use crate::ids::ConnId;
 use crate::sse;
+use crate::wire::envelope::{Capture, Event};
 use crate::ws;
 use crate::ws::deflate::{self, Deflater};
 use bytes::{Bytes, BytesMut};

@@ -17,8 +17,8 @@
 //! backpressure: a reactor that falls behind (or a history that is failing) stops the
 //! readers instead of growing memory.
 
-use crate::envelope::Event;
 use crate::jsonl::{JsonlConfig, LineSplitter, Piece, Reporter};
+use crate::wire::envelope::Event;
 use bytes::{Bytes, BytesMut};
 use mio::Waker;
 use std::fs::File;

@@ -269,7 +269,7 @@ fn repeated_subscription_parameters_are_refused() {
     // (`sse_hostile::unknown_stream_parameters_are_refused_naming_the_known_ones`).
     let q = "access_token=a&access_token=b&capture=none";
     let ok = subscription::parse_stream_request(&stream_request(q, None), 10).unwrap();
-    assert_eq!(ok.ceiling, Some(aep_relay::envelope::Capture::None));
+    assert_eq!(ok.ceiling, Some(aep_relay::wire::envelope::Capture::None));
     let e = subscription::parse_stream_request(&stream_request("x=1&capture=none", None), 10)
         .unwrap_err();
     assert_eq!(e.code.as_str(), "invalid-filter");

@@ -5,9 +5,9 @@
 use super::publish::Ticket;
 use crate::cluster::ToBus;
 use crate::core::Core;
-use crate::envelope::Event;
 use crate::ids::ConnId;
 use crate::refusal::Code;
+use crate::wire::envelope::Event;
 use crate::ws::aep::Ref;
 use crate::ws::rfc6455;
 use bytes::Bytes;

@@ -11,12 +11,12 @@
 //! module's docs for coalescing and compression). Fan-out never writes to a socket.
 
 use super::conn::{Chunks, Drops, OutQueue, Subscriber, Subscribers, Tag, UNSHARED};
-use crate::envelope::{Capture, Event, Scope, Severity};
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
 use crate::ids::{ConnId, SubId};
 use crate::sse;
 use crate::store::StreamId;
+use crate::wire::envelope::{Capture, Event, Scope, Severity};
 use crate::ws::aep;
 use crate::ws::deflate::Deflater;
 use slab::Slab;

@@ -5,9 +5,9 @@
 
 use super::*;
 use crate::core::conn::{Conn, Conns};
-use crate::envelope::Event;
 use crate::fanout::Delivered;
 use crate::filter::Filter;
+use crate::wire::envelope::Event;
 use crate::ws::{self, aep};
 use crate::{capture, sse};
 use bytes::Bytes;
