@@ -122,7 +122,6 @@ pub mod control;
 pub mod core;
 pub mod fanout;
 pub mod filter;
-pub mod http;
 mod ids;
 mod io;
 pub mod jsonl;

@@ -6,7 +6,7 @@
 //!
 //! [`Refusal`] is the refusal of an ingest (an Event, a batch, a `POST`): one of these
 //! codes with what the answer says about it (the failing line, the limit). Its JSON body,
-//! [`Refusal::body`], is written in [`crate::http`] beside every other answer's, so
+//! [`Refusal::body`], is written in [`crate::wire::http`] beside every other answer's, so
 //! that this module is a leaf the wire formats and the core both use.
 
 /// A refusal's code (AEP-0003 §3.2.3, §3.5, §4, §6.5, §8.1; AEP-0004 §4.2; RFC 6455

@@ -5,10 +5,10 @@
 //! and the refusals of the AEP-0003 §6.5 closed set.
 
 use crate::filter::{self, Filter};
-use crate::http::RequestHead;
 use crate::refusal::Code;
 use crate::sse;
 use crate::wire::envelope::Capture;
+use crate::wire::http::RequestHead;
 use std::sync::Arc;
 
 /// A resume position `(session, epoch, seq)` (AEP-0001 §7 rule 6, AEP-0003 §7).

@@ -2,10 +2,10 @@
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
 use crate::filter::Filter;
-use crate::http::{ChunkError, ChunkedDecoder, RequestHead};
 use crate::ids::{ConnId, SubId};
 use crate::store::{ReplayFrom, StreamId};
 use crate::wire::envelope::{Capture, Severity};
+use crate::wire::http::{ChunkError, ChunkedDecoder, RequestHead};
 use bytes::Bytes;
 use slab::Slab;
 use std::collections::HashSet;

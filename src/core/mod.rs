@@ -29,13 +29,13 @@
 
 use crate::config::Config;
 use crate::control::Claims;
-use crate::http;
 use crate::metrics::Metrics;
 use crate::refusal::{Code, Refusal};
 use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
 use crate::wire::envelope::Event;
+use crate::wire::http;
 use bytes::Bytes;
 use conn::{Conn, Conns, Flush, Phase};
 use hub::{Fanned, Hub};

@@ -8,11 +8,11 @@ use super::routes::{self, Handler, Lookup};
 use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Core, Origin};
 use crate::auth::{Grant, Scopes};
 use crate::fanout::{Binding, Subscription};
-use crate::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use crate::refusal::{Code, Refusal};
 use crate::sse;
 use crate::subscription;
 use crate::wire::envelope::{self, Event};
+use crate::wire::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
 use bytes::Bytes;
 use serde_json::json;
 

@@ -7,3 +7,4 @@
 //! the building blocks and the core above them name these, never the other way.
 
 pub mod envelope;
+pub mod http;
