@@ -124,7 +124,6 @@ pub mod fanout;
 pub mod filter;
 mod ids;
 mod io;
-pub mod jsonl;
 pub mod metrics;
 mod refusal;
 pub mod sse;

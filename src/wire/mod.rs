@@ -8,3 +8,4 @@
 
 pub mod envelope;
 pub mod http;
+pub mod jsonl;

@@ -235,7 +235,7 @@ fn unsupported_version(line: &Bytes) -> Option<String> {
 /// bytes are a slice of `line` (no copy; the store copies what it holds).
 ///
 /// ```
-/// use aep_relay::jsonl::{classify, LineKind};
+/// use aep_relay::wire::jsonl::{classify, LineKind};
 /// use bytes::Bytes;
 /// assert!(matches!(classify(Bytes::from_static(b"  ")), LineKind::Blank));
 /// let v9 = Bytes::from_static(br#"{"aep":"9.0","id":"x"}"#);
