@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 core=(src/core src/wire/envelope src/filter src/capture src/store src/fanout src/ws src/cluster
-      src/control.rs src/wire/http.rs src/sse.rs src/subscription.rs src/auth.rs src/metrics.rs
+      src/control.rs src/wire/http.rs src/wire/sse.rs src/subscription.rs src/auth.rs src/metrics.rs
       src/wire/jsonl.rs)
 pattern='mio::|TcpStream|TcpListener|UdpSocket|Instant::now|SystemTime::now|\.elapsed\(\)|std::fs|std::net::Tcp|std::thread'
 if hits=$(grep -rnE --include='*.rs' --exclude='tests.rs' "$pattern" "${core[@]}"); then

@@ -126,7 +126,6 @@ mod ids;
 mod io;
 pub mod metrics;
 mod refusal;
-pub mod sse;
 pub mod store;
 pub mod subscription;
 pub mod wire;

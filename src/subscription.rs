@@ -6,9 +6,9 @@
 
 use crate::filter::{self, Filter};
 use crate::refusal::Code;
-use crate::sse;
 use crate::wire::envelope::Capture;
 use crate::wire::http::RequestHead;
+use crate::wire::sse;
 use std::sync::Arc;
 
 /// A resume position `(session, epoch, seq)` (AEP-0001 §7 rule 6, AEP-0003 §7).
@@ -167,7 +167,7 @@ fn decimal(s: &str) -> Option<u64> {
 /// two hex digits, bytes that are not UTF-8).
 ///
 /// ```
-/// use aep_relay::sse::event_id;
+/// use aep_relay::wire::sse::event_id;
 /// use aep_relay::subscription::parse_last_event_id;
 /// let p = parse_last_event_id(&event_id("a:\n%", 2, 9)).unwrap();
 /// assert_eq!((p.session.as_str(), p.epoch, p.seq), ("a:\n%", 2, 9));

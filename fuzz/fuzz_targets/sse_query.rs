@@ -27,10 +27,10 @@
 #![no_main]
 
 use aep_relay::filter::Filter;
-use aep_relay::sse;
 use aep_relay::subscription::{self, Position, Resume};
 use aep_relay::wire::envelope::Capture;
 use aep_relay::wire::http::RequestHead;
+use aep_relay::wire::sse;
 use aep_relay_fuzz::strict;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

@@ -341,7 +341,7 @@ impl Core {
                 conn.subscriber
                     .out
                     .discard_unwritten(chunks, sse_frame_end, |_| {});
-                conn.send(crate::sse::MEMORY_BUDGET);
+                conn.send(crate::wire::sse::MEMORY_BUDGET);
                 conn.enter(Phase::Closing);
                 conn.close_after_flush = true;
                 conn.since = self.now;

@@ -17,9 +17,9 @@ use super::conn::{Phase, ReplayJob};
 use super::Core;
 use crate::fanout::{Binding, Frames};
 use crate::ids::ConnId;
-use crate::sse;
 use crate::store::ReplayFrom;
 use crate::wire::envelope::{Event, Scope};
+use crate::wire::sse;
 use crate::ws::aep;
 use bytes::Bytes;
 

@@ -9,10 +9,10 @@ use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Co
 use crate::auth::{Grant, Scopes};
 use crate::fanout::{Binding, Subscription};
 use crate::refusal::{Code, Refusal};
-use crate::sse;
 use crate::subscription;
 use crate::wire::envelope::{self, Event};
 use crate::wire::http::{self, ChunkError, Framing, FramingError, HeadError, RequestHead};
+use crate::wire::sse;
 use bytes::Bytes;
 use serde_json::json;
 

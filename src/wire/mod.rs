@@ -9,3 +9,4 @@
 pub mod envelope;
 pub mod http;
 pub mod jsonl;
+pub mod sse;

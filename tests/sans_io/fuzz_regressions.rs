@@ -7,9 +7,9 @@
 use aep_sim::Sim;
 use std::time::Duration;
 
-use aep_relay::sse;
 use aep_relay::subscription::{self, Position, Resume};
 use aep_relay::wire::http::RequestHead;
+use aep_relay::wire::sse;
 use aep_relay::Config;
 
 fn config() -> Config {

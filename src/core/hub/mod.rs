@@ -14,9 +14,9 @@ use super::conn::{Chunks, Drops, OutQueue, Subscriber, Subscribers, Tag, UNSHARE
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
 use crate::ids::{ConnId, SubId};
-use crate::sse;
 use crate::store::StreamId;
 use crate::wire::envelope::{Capture, Event, Scope, Severity};
+use crate::wire::sse;
 use crate::ws::aep;
 use crate::ws::deflate::Deflater;
 use slab::Slab;

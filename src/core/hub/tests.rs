@@ -9,7 +9,7 @@ use crate::fanout::Delivered;
 use crate::filter::Filter;
 use crate::wire::envelope::Event;
 use crate::ws::{self, aep};
-use crate::{capture, sse};
+use crate::{capture, wire::sse};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;

@@ -30,7 +30,7 @@ fn escaped_byte(b: u8, at: usize) -> bool {
 /// Borrows when nothing needs escaping (no allocation for ordinary sessions).
 ///
 /// ```
-/// use aep_relay::sse::escape;
+/// use aep_relay::wire::sse::escape;
 /// assert_eq!(escape("s_8f2c"), "s_8f2c");
 /// assert_eq!(escape("a%b\nc"), "a%25b%0Ac");
 /// assert_eq!(escape(" é"), "%20%C3%A9");
@@ -61,7 +61,7 @@ pub fn escape(s: &str) -> std::borrow::Cow<'_, str> {
 /// non-ASCII character reads as itself.
 ///
 /// ```
-/// use aep_relay::sse::unescape;
+/// use aep_relay::wire::sse::unescape;
 /// assert_eq!(unescape("a%25b%0ac").as_deref(), Some("a%b\nc"));
 /// assert_eq!(unescape("50%"), None);
 /// ```
@@ -92,7 +92,7 @@ pub fn unescape(s: &str) -> Option<String> {
 /// [`crate::subscription::parse_last_event_id`] reads it back.
 ///
 /// ```
-/// use aep_relay::sse::event_id;
+/// use aep_relay::wire::sse::event_id;
 /// assert_eq!(event_id("s_8f2c", 0, 187), "s_8f2c:0:187");
 /// ```
 pub fn event_id(session: &str, epoch: u64, seq: u64) -> String {
@@ -197,7 +197,7 @@ fn put_decimal(b: &mut BytesMut, v: u64) {
 /// decimal, both severities always named. [`dropped_len`] bytes long.
 ///
 /// ```
-/// assert_eq!(&aep_relay::sse::dropped(10, 2)[..], b": dropped 12 debug=10 info=2\n\n");
+/// assert_eq!(&aep_relay::wire::sse::dropped(10, 2)[..], b": dropped 12 debug=10 info=2\n\n");
 /// ```
 pub fn dropped(debug: u64, info: u64) -> Bytes {
     let mut b = BytesMut::with_capacity(dropped_len(debug, info));
