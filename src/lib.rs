@@ -129,7 +129,6 @@ mod refusal;
 pub mod store;
 pub mod subscription;
 pub mod wire;
-pub mod ws;
 
 pub use crate::core::{Core, Output};
 pub use config::Config;

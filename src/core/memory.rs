@@ -44,7 +44,7 @@ use super::Core;
 use crate::ids::ConnId;
 use crate::store::Position;
 use crate::wire::envelope::Event;
-use crate::ws::rfc6455::{self, server_frame};
+use crate::wire::ws::rfc6455::{self, server_frame};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::mem::size_of;
@@ -166,7 +166,7 @@ fn note_discarded(b: &[u8], lowest: &mut HashMap<(Box<str>, Box<str>), Position>
             continue;
         }
         let text = if b0 & 0x40 != 0 {
-            match crate::ws::deflate::inflate_own(payload, 64 << 20) {
+            match crate::wire::ws::deflate::inflate_own(payload, 64 << 20) {
                 Some(t) => Bytes::from(t),
                 None => continue,
             }

@@ -777,7 +777,7 @@ impl Core {
                     self.mark_dirty(key);
                 }
                 Phase::Ws(_) => {
-                    let going_away = crate::ws::rfc6455::close_code::GOING_AWAY;
+                    let going_away = crate::wire::ws::rfc6455::close_code::GOING_AWAY;
                     self.ws_close(key, "shutting down", going_away);
                 }
                 Phase::Head if conn.rbuf.is_empty() && conn.subscriber.out.is_empty() => {
@@ -875,7 +875,7 @@ impl Core {
                         self.conns[key].peer
                     );
                     let reason = "backpressure: the consumer fell behind";
-                    let code = crate::ws::rfc6455::close_code::TRY_AGAIN;
+                    let code = crate::wire::ws::rfc6455::close_code::TRY_AGAIN;
                     self.ws_close(key, reason, code);
                     continue;
                 }
@@ -1148,7 +1148,7 @@ impl Core {
                         "idle: nothing received for {} s",
                         c.ws_idle_timeout.as_secs_f64()
                     );
-                    let code = crate::ws::rfc6455::close_code::GOING_AWAY;
+                    let code = crate::wire::ws::rfc6455::close_code::GOING_AWAY;
                     return self.ws_close(key, &reason, code);
                 }
                 // A `ping` every `heartbeat` once `hello` is done, whatever else is being
@@ -1159,7 +1159,7 @@ impl Core {
                     + now.saturating_duration_since(self.started).as_millis() as u64;
                 self.end_unit();
                 let conn = &mut self.conns[key];
-                conn.send(crate::ws::aep::ping(t));
+                conn.send(crate::wire::ws::aep::ping(t));
                 conn.last_write = now;
                 self.mark_dirty(key);
             }

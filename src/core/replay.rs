@@ -20,7 +20,7 @@ use crate::ids::ConnId;
 use crate::store::ReplayFrom;
 use crate::wire::envelope::{Event, Scope};
 use crate::wire::sse;
-use crate::ws::aep;
+use crate::wire::ws::aep;
 use bytes::Bytes;
 
 /// Events read from the store per page.

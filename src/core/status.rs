@@ -275,7 +275,7 @@ impl Core {
         {
             return f.clone();
         }
-        let f = crate::ws::aep::hello(version, &self.capabilities(Some(grant)));
+        let f = crate::wire::ws::aep::hello(version, &self.capabilities(Some(grant)));
         self.hellos.push((version, routes, f.clone()));
         f
     }

@@ -34,8 +34,8 @@ use crate::filter::Filter;
 use crate::ids::ConnId;
 use crate::wire::envelope::{Capture, Event};
 use crate::wire::sse;
-use crate::ws;
-use crate::ws::deflate::{self, Deflater};
+use crate::wire::ws;
+use crate::wire::ws::deflate::{self, Deflater};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 

@@ -10,3 +10,4 @@ pub mod envelope;
 pub mod http;
 pub mod jsonl;
 pub mod sse;
+pub mod ws;

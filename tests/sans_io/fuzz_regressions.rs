@@ -485,7 +485,7 @@ fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// shutdown, checked below too) drops its replay and backlog (`Conn::end_streaming`).
 #[test]
 fn nothing_follows_a_close_frame_not_even_a_replay() {
-    use aep_relay::ws::rfc6455::client_frame;
+    use aep_relay::wire::ws::rfc6455::client_frame;
     let mut r = relay();
     for ev in padded_events(8, 16, 0) {
         r.ingest(ev).unwrap(); // 128 KiB held: the replay is paced

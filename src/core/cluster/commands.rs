@@ -8,8 +8,8 @@ use crate::core::Core;
 use crate::ids::ConnId;
 use crate::refusal::Code;
 use crate::wire::envelope::Event;
-use crate::ws::aep::Ref;
-use crate::ws::rfc6455;
+use crate::wire::ws::aep::Ref;
+use crate::wire::ws::rfc6455;
 use bytes::Bytes;
 use serde_json::{json, Value};
 

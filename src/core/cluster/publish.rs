@@ -9,7 +9,7 @@ use crate::core::Core;
 use crate::ids::ConnId;
 use crate::refusal::Refusal;
 use crate::wire::envelope::{Attr, Event, Scope};
-use crate::ws::aep::Ref;
+use crate::wire::ws::aep::Ref;
 use bytes::Bytes;
 use std::collections::HashMap;
 

@@ -17,8 +17,8 @@ use crate::ids::{ConnId, SubId};
 use crate::store::StreamId;
 use crate::wire::envelope::{Capture, Event, Scope, Severity};
 use crate::wire::sse;
-use crate::ws::aep;
-use crate::ws::deflate::Deflater;
+use crate::wire::ws::aep;
+use crate::wire::ws::deflate::Deflater;
 use slab::Slab;
 
 /// Queues the pending runs of `unit` on their connections, in order, as slices of its

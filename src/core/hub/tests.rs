@@ -8,7 +8,7 @@ use crate::core::conn::{Conn, Conns};
 use crate::fanout::Delivered;
 use crate::filter::Filter;
 use crate::wire::envelope::Event;
-use crate::ws::{self, aep};
+use crate::wire::ws::{self, aep};
 use crate::{capture, wire::sse};
 use bytes::Bytes;
 use std::sync::Arc;
