@@ -6,9 +6,8 @@
 # `Instant` to start from; they are not the core's code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-core=(src/core src/envelope src/filter src/capture src/store src/fanout src/ws src/cluster
-      src/control.rs src/http.rs src/sse.rs src/subscription.rs src/auth.rs src/metrics.rs
-      src/jsonl.rs)
+core=(src/core src/wire src/filter src/capture src/store src/fanout src/cluster src/control.rs
+      src/subscription.rs src/auth.rs src/metrics.rs)
 pattern='mio::|TcpStream|TcpListener|UdpSocket|Instant::now|SystemTime::now|\.elapsed\(\)|std::fs|std::net::Tcp|std::thread'
 if hits=$(grep -rnE --include='*.rs' --exclude='tests.rs' "$pattern" "${core[@]}"); then
   echo "sans-io: the core names I/O it must not do:" >&2

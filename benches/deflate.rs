@@ -22,8 +22,8 @@
 //! - `deflate/shared_once`: the relay's one compression of that Event (per Event, not
 //!   per delivery).
 
-use aep_relay::ws::deflate::{self, Deflater};
-use aep_relay::ws::rfc6455::{self, client_frame};
+use aep_relay::wire::ws::deflate::{self, Deflater};
+use aep_relay::wire::ws::rfc6455::{self, client_frame};
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use bytes::{Bytes, BytesMut};

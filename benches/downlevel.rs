@@ -9,7 +9,7 @@
 //! Events at or below the ceiling (no parse: it reads the scanned `capture`).
 
 use aep_relay::capture;
-use aep_relay::envelope::{Capture, Event};
+use aep_relay::wire::envelope::{Capture, Event};
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 

@@ -11,9 +11,9 @@
 
 use std::sync::Arc;
 
-use aep_relay::envelope::Event;
 use aep_relay::fanout::index::SubscriptionIndex;
 use aep_relay::filter::Filter;
+use aep_relay::wire::envelope::Event;
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 

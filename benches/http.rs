@@ -23,7 +23,7 @@ use aep_relay::ConnId;
 use aep_sim::Sim;
 use std::time::Duration;
 
-use aep_relay::http;
+use aep_relay::wire::http;
 use aep_relay::Config;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 

@@ -44,7 +44,7 @@
 //! - `buffered/sum`: `aep_buffered_bytes` of `GET /metrics` divided by the sum of the
 //!   Events' lengths (1.000 when the metric counts exactly the Events' own bytes).
 
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use criterion::black_box;

@@ -16,7 +16,7 @@
 //! Each line is a pre-split `Bytes` slice (as the NDJSON ingest path hands it over), so
 //! line splitting is not measured.
 
-use aep_relay::envelope::Event;
+use aep_relay::wire::envelope::Event;
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 

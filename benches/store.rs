@@ -21,8 +21,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aep_relay::envelope::Event;
 use aep_relay::store::{Admission, Store};
+use aep_relay::wire::envelope::Event;
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 

@@ -11,9 +11,9 @@
 //! depend on the disk more than on the relay: `never` measures the relay's own cost
 //! (one `writev` per Event), `batch` and `always` add the device's `fdatasync` latency.
 
-use aep_relay::envelope::Event;
 use aep_relay::history::{Fsync, History, HistoryConfig};
 use aep_relay::store::Store;
+use aep_relay::wire::envelope::Event;
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 

@@ -20,7 +20,7 @@
 //! otherwise) and refuses all control (AEP-0004 §4.1: control needs authentication
 //! unconditionally).
 
-use crate::http::RequestHead;
+use crate::wire::http::RequestHead;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::path::Path;

@@ -81,12 +81,14 @@
 //!
 //! # Building blocks
 //!
-//! The parts are usable on their own: [`envelope`] (the scanner and envelope validation),
-//! [`filter`] (attr-match), [`capture`] (capture ceilings and down-leveling),
-//! [`store`] (replay rings), [`fanout`] (subscriptions and their index), [`sse`],
-//! [`ws`] (the WebSocket codec, handshake and AEP frames), [`control`] (session claims
-//! and command routing), [`http`], [`auth`], [`metrics`]. The live conformance
-//! checker behind `aep-relay check` is a crate of its own in the workspace, `aep-check`.
+//! The parts are usable on their own: [`filter`] (attr-match), [`capture`] (capture
+//! ceilings and down-leveling), [`store`] (replay rings), [`fanout`] (subscriptions and
+//! their index), [`subscription`] (what a consumer asks for), [`control`] (session claims
+//! and command routing), [`auth`], [`metrics`]; and under [`wire`] the byte formats:
+//! [`wire::envelope`] (the scanner and envelope validation), [`wire::http`],
+//! [`wire::sse`], [`wire::ws`] (the WebSocket codec, handshake and AEP frames),
+//! [`wire::jsonl`]. The live conformance checker behind `aep-relay check` is a crate of
+//! its own in the workspace, `aep-check`.
 //!
 //! # Features
 //!
@@ -120,19 +122,15 @@ pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod core;
-pub mod envelope;
 pub mod fanout;
 pub mod filter;
-pub mod http;
 mod ids;
 mod io;
-pub mod jsonl;
 pub mod metrics;
 mod refusal;
-pub mod sse;
 pub mod store;
 pub mod subscription;
-pub mod ws;
+pub mod wire;
 
 pub use crate::core::{Core, Output};
 pub use config::Config;

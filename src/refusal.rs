@@ -5,10 +5,9 @@
 //! three here, in one `match` each.
 //!
 //! [`Refusal`] is the refusal of an ingest (an Event, a batch, a `POST`): one of these
-//! codes with what the answer says about it (the failing line, the limit).
-
-use crate::http;
-use serde_json::json;
+//! codes with what the answer says about it (the failing line, the limit). Its JSON body,
+//! [`Refusal::body`], is written in [`crate::wire::http`] beside every other answer's, so
+//! that this module is a leaf the wire formats and the core both use.
 
 /// A refusal's code (AEP-0003 §3.2.3, §3.5, §4, §6.5, §8.1; AEP-0004 §4.2; RFC 6455
 /// §7.4.1 for the WebSocket protocol violations).
@@ -274,21 +273,6 @@ impl Refusal {
             Refusal::HistoryUnavailable { .. } => Code::HistoryUnavailable,
             Refusal::ClusterUnavailable { .. } => Code::ClusterUnavailable,
             Refusal::EventTooLarge { .. } => Code::EventTooLarge,
-        }
-    }
-
-    /// The full JSON error body.
-    pub fn body(&self) -> Vec<u8> {
-        match self {
-            Refusal::InvalidEvent { line, detail } => {
-                http::error_body(self.code().as_str(), detail, &[("line", json!(line))])
-            }
-            Refusal::Command { line, .. } => http::error_body(
-                self.code().as_str(),
-                &self.to_string(),
-                &[("line", json!(line))],
-            ),
-            _ => http::error_body(self.code().as_str(), &self.to_string(), &[]),
         }
     }
 }

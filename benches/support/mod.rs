@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::Criterion;
 
 /// The AEP-0001 §5.3 worked example, verbatim (spec text, non-normative).
-pub const WORKED_EXAMPLE: &str = aep_relay::envelope::WORKED_EXAMPLE;
+pub const WORKED_EXAMPLE: &str = aep_relay::wire::envelope::WORKED_EXAMPLE;
 
 /// Short warm-up and measurement so the whole `cargo bench` stays within a few minutes
 /// on a 2-core machine; pass `--measurement-time` on the command line for tighter

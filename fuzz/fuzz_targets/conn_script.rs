@@ -69,8 +69,8 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use aep_relay::envelope::Event;
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::envelope::Event;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_relay_fuzz::harness;
 use aep_sim::Sim;

@@ -23,7 +23,7 @@
 #![no_main]
 
 use aep_relay::capture::{downlevel, schema, target_level, Field, Gate, Shape};
-use aep_relay::envelope::{Attr, Capture, Event};
+use aep_relay::wire::envelope::{Attr, Capture, Event};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};

@@ -22,7 +22,7 @@
 //!    (AEP-0001 §5.1 #12, #15, #16).
 #![no_main]
 
-use aep_relay::envelope::{
+use aep_relay::wire::envelope::{
     is_command_type, Attr, Capture, Event, Scalar, Scope, Severity, CORE_NAMES,
 };
 use aep_relay_fuzz::{is_integer, legal_extension_name, members};

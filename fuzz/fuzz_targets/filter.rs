@@ -19,9 +19,9 @@
 
 use std::sync::Arc;
 
-use aep_relay::envelope::Event;
 use aep_relay::fanout::index::SubscriptionIndex;
 use aep_relay::filter::Filter;
+use aep_relay::wire::envelope::Event;
 use aep_relay_fuzz::{is_integer, legal_extension_name, lines, strict};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
@@ -195,8 +195,8 @@ fuzz_target!(|data: &[u8]| {
                 let pins = f.pins();
                 for (pinned, value) in [
                     (pins.session, ev.session()),
-                    (pins.agent, ev.attr(aep_relay::envelope::Attr::Agent)),
-                    (pins.types, ev.attr(aep_relay::envelope::Attr::Type)),
+                    (pins.agent, ev.attr(aep_relay::wire::envelope::Attr::Agent)),
+                    (pins.types, ev.attr(aep_relay::wire::envelope::Attr::Type)),
                 ] {
                     if let Some(values) = pinned {
                         let v = value.expect("a pinned attribute is present on a match");

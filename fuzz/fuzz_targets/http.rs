@@ -105,7 +105,7 @@ fn reference_requests(mut input: &[u8]) -> usize {
     let mut count = 0;
     while !input.is_empty() {
         count += 1;
-        let mut headers = [httparse::EMPTY_HEADER; aep_relay::http::MAX_HEADERS];
+        let mut headers = [httparse::EMPTY_HEADER; aep_relay::wire::http::MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
         let Ok(httparse::Status::Complete(head)) = req.parse(input) else {
             return count;

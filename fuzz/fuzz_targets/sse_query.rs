@@ -1,4 +1,4 @@
-//! The SSE subscription request (`sse::parse_request`): query parameters `filter`,
+//! The SSE subscription request (`subscription::parse_stream_request`): query parameters `filter`,
 //! `capture`, `from`, `live`, and the `Last-Event-ID` header (AEP-0003 §3.3, §5, §6, §7).
 //!
 //! Input: the raw query string (what follows `?`), then optionally `\n` and a
@@ -6,13 +6,13 @@
 //! target; header values are read lossily).
 //!
 //! Invariants asserted:
-//! 1. `parse_request`, `parse_last_event_id`, `parse_from_value` never panic.
+//! 1. `parse_stream_request`, `parse_last_event_id`, `parse_from_value` never panic.
 //! 2. `parse_last_event_id` accepts exactly `{session}:{epoch}:{seq}` with a non-empty
 //!    session (which may itself hold `:`, and `%XX` escapes: each `%` followed by two hex
 //!    digits, the unescaped bytes UTF-8) and two decimal integers in `u64` (AEP-0003
 //!    §3.3.2, the form the relay itself writes in `id:`), and round-trips what it accepts
 //!    through `sse::event_id`, whose output holds no CR, LF, NUL or other control.
-//! 3. `parse_request` agrees with a reference reading of the parameters, in order, each
+//! 3. `parse_stream_request` agrees with a reference reading of the parameters, in order, each
 //!    at most once (a repeated `filter`, `capture`, `from` or `live` is refused, like a
 //!    duplicated JSON member, rather than resolved first- or last-wins): `filter` is a
 //!    valid attr-match filter
@@ -26,11 +26,11 @@
 //!    set of §6.5.
 #![no_main]
 
-use aep_relay::envelope::Capture;
 use aep_relay::filter::Filter;
-use aep_relay::http::RequestHead;
-use aep_relay::sse;
-use aep_relay::subscription::{Position, Resume};
+use aep_relay::subscription::{self, Position, Resume};
+use aep_relay::wire::envelope::Capture;
+use aep_relay::wire::http::RequestHead;
+use aep_relay::wire::sse;
 use aep_relay_fuzz::strict;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -183,7 +183,7 @@ fuzz_target!(|data: &[u8]| {
     };
 
     if let Some(id) = lei {
-        let got = sse::parse_last_event_id(id);
+        let got = subscription::parse_last_event_id(id);
         assert_eq!(got, reference_last_event_id(id), "Last-Event-ID {id:?}");
         if let Some(p) = got {
             let again = sse::event_id(&p.session, p.epoch, p.seq);
@@ -191,7 +191,7 @@ fuzz_target!(|data: &[u8]| {
                 again.bytes().all(|b| (0x20..0x7f).contains(&b)) && !again.starts_with(' '),
                 "{again:?}"
             );
-            assert_eq!(sse::parse_last_event_id(&again), Some(p));
+            assert_eq!(subscription::parse_last_event_id(&again), Some(p));
         }
     }
 
@@ -205,7 +205,7 @@ fuzz_target!(|data: &[u8]| {
     if let Some(id) = lei {
         head.headers.push(("last-event-id".into(), id.to_owned()));
     }
-    let got = sse::parse_request(&head, MAX_FROM);
+    let got = subscription::parse_stream_request(&head, MAX_FROM);
     match (got, reference(&head)) {
         (Ok(r), Ok(w)) => {
             assert_eq!(*r.filter, w.filter, "filter for {query:?}");

@@ -54,7 +54,7 @@
 
 use std::time::Duration;
 
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_relay_fuzz::harness;
 use aep_sim::Sim;

@@ -7,7 +7,7 @@
 //! and costs a handful of deadlines, not the hours of heartbeats a default
 //! configuration would step through.
 
-use aep_relay::envelope::Event;
+use aep_relay::wire::envelope::Event;
 use aep_relay::Config;
 use aep_sim::Sim;
 use bytes::Bytes;

@@ -33,7 +33,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::envelope::{Attr, Capture, Event, Scalar};
+use crate::wire::envelope::{Attr, Capture, Event, Scalar};
 
 #[rustfmt::skip]
 mod table;
@@ -147,7 +147,7 @@ const fn array(name: &'static str, level: Capture, fields: &'static [Field]) -> 
 /// # Examples
 /// ```
 /// use aep_relay::capture::{schema, Gate, Shape};
-/// use aep_relay::envelope::Capture;
+/// use aep_relay::wire::envelope::Capture;
 ///
 /// let tool_failed = schema("tool.failed").unwrap();
 /// let error = tool_failed.iter().find(|f| f.name == "error").unwrap();
@@ -175,7 +175,7 @@ pub fn schema(event_type: &str) -> Option<&'static [Field]> {
 /// # Examples
 /// ```
 /// use aep_relay::capture::target_level;
-/// use aep_relay::envelope::Capture;
+/// use aep_relay::wire::envelope::Capture;
 ///
 /// assert_eq!(target_level(Capture::Full, Capture::Redacted), Some(Capture::Metadata));
 /// assert_eq!(target_level(Capture::Redacted, Capture::Redacted), None);
@@ -239,7 +239,7 @@ fn declared_capture(event: &Map<String, Value>) -> Capture {
 /// # Examples
 /// ```
 /// use aep_relay::capture::downlevel_value;
-/// use aep_relay::envelope::Capture;
+/// use aep_relay::wire::envelope::Capture;
 /// use serde_json::json;
 ///
 /// let mut ev = json!({"aep": "0.1", "id": "e1", "type": "tool.failed", "agent": "a",

@@ -9,7 +9,7 @@
 //! and the `[metadata*]` exceptions (AEP-0002 §5.2, §5.3; AEP-0006). See [`super::Field`].
 
 use super::{Field, array, leaf, object};
-use crate::envelope::Capture::{Metadata, Redacted, Full};
+use crate::wire::envelope::Capture::{Metadata, Redacted, Full};
 use super::Gate::{Placeholder, StructuralEntries, Synthesize};
 
 /// The table of `event_type`, or `None` for a type without a registered schema.

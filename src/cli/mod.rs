@@ -3,7 +3,7 @@
 //! workspace's `aep-check` crate). Plain `aep-relay [FLAGS]` still runs the relay.
 
 use aep_relay::history::{self, Fsync, HistoryConfig};
-use aep_relay::jsonl::{self, JsonlConfig};
+use aep_relay::wire::jsonl::{self, JsonlConfig};
 use clap::builder::TypedValueParser;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;

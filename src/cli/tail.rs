@@ -6,7 +6,7 @@
 //! `tail` remembers, per owning stream `(source, session)` (AEP-0001 §5.2: two emitters
 //! that send one `session` string are two sessions sharing a name), the highest
 //! `(epoch, seq)` it printed: the position from the SSE `id:`, its session
-//! `%XX`-unescaped by `sse::parse_last_event_id` (so a resume names exactly the session
+//! `%XX`-unescaped by `subscription::parse_last_event_id` (so a resume names exactly the session
 //! the Event carried, whatever its bytes), and `source` from the Event's bytes
 //! (`Event::scan`). When the stream ends or fails (relay restart, network, no byte for
 //! `--idle-timeout-secs` although the relay sends a heartbeat every 15 s), it reconnects
@@ -54,9 +54,8 @@
 //! exactly the certificates of that PEM file (a private CA, or the relay's self-signed
 //! certificate).
 
-use aep_relay::envelope::{Capture, Event, Scope};
-use aep_relay::sse;
 use aep_relay::subscription::{self, Resume};
+use aep_relay::wire::envelope::{Capture, Event, Scope};
 use bytes::Bytes;
 use clap::{ArgAction, Args};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -154,7 +153,7 @@ impl Progress {
     /// session; it is skipped when at or below its own stream's `skip_upto`.
     fn admit(&mut self, id: Option<&str>, data: &[u8]) -> bool {
         let ev = Event::scan(Bytes::copy_from_slice(data)).ok();
-        if let Some(p) = id.and_then(sse::parse_last_event_id) {
+        if let Some(p) = id.and_then(subscription::parse_last_event_id) {
             let source = ev.as_ref().map_or("", |e| e.source());
             let pos = (p.epoch, p.seq);
             self.clock += 1;

@@ -17,8 +17,8 @@
 //! summary adds `; N warnings` when there are any.
 
 use aep_relay::config::DEFAULT_MAX_BODY;
-use aep_relay::envelope::{is_category, vendor_token, Event};
-use aep_relay::jsonl::{LineSplitter, Piece};
+use aep_relay::wire::envelope::{is_category, vendor_token, Event};
+use aep_relay::wire::jsonl::{LineSplitter, Piece};
 use bytes::Bytes;
 use clap::Args;
 use std::collections::HashSet;

@@ -137,7 +137,7 @@ pub struct Config {
     /// AEP-0003 §8.1 requires TLS and a bearer token for any off-host binding.
     pub allow_insecure_off_host: bool,
     /// JSONL ingest sources (`--stdin`, `--ingest-file`; AEP-0003 §3.1). None by default.
-    pub jsonl: crate::jsonl::JsonlConfig,
+    pub jsonl: crate::wire::jsonl::JsonlConfig,
     /// Durable session history (`--history DIR`; AEP-0003 §3.1.1–2). Off by default.
     pub history: Option<HistoryConfig>,
     /// The memory budget (`--max-memory SIZE`, `AEP_MAX_MEMORY`): what the relay may

@@ -2,12 +2,12 @@
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
 use crate::config::Config;
-use crate::envelope::{Capture, Severity};
 use crate::filter::Filter;
-use crate::http::{self, ChunkError, ChunkedDecoder, HeadError, RequestHead};
 use crate::ids::{ConnId, SubId};
 use crate::refusal::Code;
 use crate::store::{ReplayFrom, StreamId};
+use crate::wire::envelope::{Capture, Severity};
+use crate::wire::http::{self, ChunkError, ChunkedDecoder, HeadError, RequestHead};
 use bytes::Bytes;
 use slab::Slab;
 use std::collections::HashSet;

@@ -6,8 +6,8 @@
 //! HTTP, an `error` frame over WebSocket) and nothing of it is published. The files
 //! themselves (`aep_relay::history::History`) live outside the core.
 
-use crate::envelope::Event;
 use crate::store::Store;
+use crate::wire::envelope::Event;
 
 /// Keeps accepted Events durably.
 pub trait Journal: std::fmt::Debug + Send {

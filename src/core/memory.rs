@@ -41,10 +41,10 @@
 
 use super::conn::{Charge, Conn, Phase};
 use super::Core;
-use crate::envelope::Event;
 use crate::ids::ConnId;
 use crate::store::Position;
-use crate::ws::rfc6455::{self, server_frame};
+use crate::wire::envelope::Event;
+use crate::wire::ws::rfc6455::{self, server_frame};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::mem::size_of;
@@ -166,7 +166,7 @@ fn note_discarded(b: &[u8], lowest: &mut HashMap<(Box<str>, Box<str>), Position>
             continue;
         }
         let text = if b0 & 0x40 != 0 {
-            match crate::ws::deflate::inflate_own(payload, 64 << 20) {
+            match crate::wire::ws::deflate::inflate_own(payload, 64 << 20) {
                 Some(t) => Bytes::from(t),
                 None => continue,
             }
@@ -341,7 +341,7 @@ impl Core {
                 conn.subscriber
                     .out
                     .discard_unwritten(chunks, sse_frame_end, |_| {});
-                conn.send(crate::sse::MEMORY_BUDGET);
+                conn.send(crate::wire::sse::MEMORY_BUDGET);
                 conn.enter(Phase::Closing);
                 conn.close_after_flush = true;
                 conn.since = self.now;

@@ -29,13 +29,13 @@
 
 use crate::config::Config;
 use crate::control::Claims;
-use crate::envelope::Event;
-use crate::http;
 use crate::metrics::Metrics;
 use crate::refusal::{Code, Refusal};
-use crate::sse;
 use crate::store::{Admission, ReplayFrom, Store, StreamId};
 use crate::subscription;
+use crate::wire::envelope::Event;
+use crate::wire::http;
+use crate::wire::sse;
 use bytes::Bytes;
 use conn::{Conn, Conns, Flush, Phase};
 use hub::{Fanned, Hub};
@@ -778,7 +778,7 @@ impl Core {
                     self.mark_dirty(key);
                 }
                 Phase::Ws(_) => {
-                    let going_away = crate::ws::rfc6455::close_code::GOING_AWAY;
+                    let going_away = crate::wire::ws::rfc6455::close_code::GOING_AWAY;
                     self.ws_close(key, "shutting down", going_away);
                 }
                 Phase::Head if conn.rbuf.is_empty() && conn.subscriber.out.is_empty() => {
@@ -877,7 +877,7 @@ impl Core {
                 Phase::Ws(_) => {
                     log::info!("closing WebSocket {peer} (backpressure, AEP-0003 §8.4)");
                     let reason = "backpressure: the consumer fell behind";
-                    let code = crate::ws::rfc6455::close_code::TRY_AGAIN;
+                    let code = crate::wire::ws::rfc6455::close_code::TRY_AGAIN;
                     self.ws_close(key, reason, code);
                     continue;
                 }
@@ -1117,7 +1117,7 @@ impl Core {
                         "idle: nothing received for {} s",
                         c.ws_idle_timeout.as_secs_f64()
                     );
-                    let code = crate::ws::rfc6455::close_code::GOING_AWAY;
+                    let code = crate::wire::ws::rfc6455::close_code::GOING_AWAY;
                     return self.ws_close(key, &reason, code);
                 }
                 // A `ping` every `heartbeat` once `hello` is done, whatever else is being
@@ -1126,7 +1126,7 @@ impl Core {
                 ws.last_ping = now;
                 let t = self.started_unix_ms
                     + now.saturating_duration_since(self.started).as_millis() as u64;
-                conn.send(crate::ws::aep::ping(t));
+                conn.send(crate::wire::ws::aep::ping(t));
                 conn.last_write = now;
                 self.mark_dirty(key);
             }

@@ -15,12 +15,12 @@
 
 use super::conn::{Conn, Phase, ReplayJob};
 use super::Core;
-use crate::envelope::{Event, Scope};
 use crate::fanout::{Binding, Frames};
 use crate::ids::ConnId;
-use crate::sse;
 use crate::store::ReplayFrom;
-use crate::ws::aep;
+use crate::wire::envelope::{Event, Scope};
+use crate::wire::sse;
+use crate::wire::ws::aep;
 use bytes::Bytes;
 
 /// Events read from the store per page.

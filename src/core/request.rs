@@ -7,11 +7,12 @@ use super::conn::{Answer, BodyReader, Phase, ReplayJob, Step};
 use super::routes::{self, Handler, Lookup};
 use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Core, Origin};
 use crate::auth::{Grant, Scopes};
-use crate::envelope::{self, Event};
 use crate::fanout::{Binding, Subscription};
-use crate::http::{self, ChunkError, Framing, FramingError, RequestHead};
 use crate::refusal::{Code, Refusal};
-use crate::sse;
+use crate::subscription;
+use crate::wire::envelope::{self, Event};
+use crate::wire::http::{self, ChunkError, Framing, FramingError, RequestHead};
+use crate::wire::sse;
 use bytes::Bytes;
 use serde_json::json;
 
@@ -632,7 +633,7 @@ impl Core {
             let code = Code::ClusterUnavailable;
             return self.reply_skipping_body(key, head, code, d, &[], &[("Retry-After", "1")]);
         }
-        let req = match sse::parse_request(head, self.config.max_from_positions) {
+        let req = match subscription::parse_stream_request(head, self.config.max_from_positions) {
             Ok(r) => r,
             Err(e) => {
                 return self.reply_skipping_body(key, head, e.code, &e.detail, &[], &[]);

@@ -5,8 +5,8 @@
 use super::conn::Phase;
 use super::{ClusterState, Core, NOT_FOUND};
 use crate::auth::{Grant, Scopes};
-use crate::envelope;
 use crate::metrics::{self, Samples};
+use crate::wire::envelope;
 use bytes::Bytes;
 use serde::Serialize;
 use serde_json::json;
@@ -275,7 +275,7 @@ impl Core {
         {
             return f.clone();
         }
-        let f = crate::ws::aep::hello(version, &self.capabilities(Some(grant)));
+        let f = crate::wire::ws::aep::hello(version, &self.capabilities(Some(grant)));
         self.hellos.push((version, routes, f.clone()));
         f
     }

@@ -16,15 +16,15 @@ use super::conn::{Conn, Phase, ReplayJob};
 use super::ws_state::WsState;
 use super::{ConnId, Core};
 use crate::auth::{Grant, Scopes};
-use crate::envelope::{Event, Scope};
-use crate::fanout::{Binding, Subscription};
+use crate::fanout::{Binding, Delivered, Subscription};
 use crate::filter::{self, Filter};
-use crate::http::RequestHead;
 use crate::refusal::Code;
 use crate::subscription;
-use crate::ws::aep::{self, Ref};
-use crate::ws::rfc6455::{self, close_code, Incoming};
-use crate::ws::{handshake, Delivered};
+use crate::wire::envelope::{Event, Scope};
+use crate::wire::http::RequestHead;
+use crate::wire::ws::aep::{self, Ref};
+use crate::wire::ws::handshake;
+use crate::wire::ws::rfc6455::{self, close_code, Incoming};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -330,7 +330,7 @@ impl Core {
         let decl = match aep::parse_hello(&obj) {
             Ok(d) => d,
             Err(e) => {
-                let more = [("versions", json!(crate::envelope::SUPPORTED_VERSIONS))];
+                let more = [("versions", json!(crate::wire::envelope::SUPPORTED_VERSIONS))];
                 let more: &[(&str, Value)] = if e.code == Code::VersionUnsupported {
                     &more
                 } else {

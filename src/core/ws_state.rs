@@ -5,8 +5,8 @@
 
 use crate::auth::Grant;
 use crate::ids::SubId;
-use crate::ws::aep::Declaration;
-use crate::ws::{deflate, rfc6455};
+use crate::wire::ws::aep::Declaration;
+use crate::wire::ws::{deflate, rfc6455};
 use std::time::Instant;
 
 /// One live WebSocket connection's binding state (the `Phase::Ws` of its `Conn`).

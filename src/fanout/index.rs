@@ -20,8 +20,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::envelope::Attr;
 use crate::filter::{Attributes, Filter};
+use crate::wire::envelope::Attr;
 
 /// A caller-chosen subscription key (a slab key).
 pub type SubKey = usize;

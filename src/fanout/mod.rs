@@ -26,17 +26,20 @@
 //! Event that does not shrink (or is short, `ws::deflate::MIN_COMPRESS`) goes to them as
 //! the plain frame, from the plain arena (RFC 7692 §6: compression is per message).
 
+mod delivered;
 pub mod index;
 
 use crate::capture;
-use crate::envelope::{Capture, Event};
 use crate::filter::Filter;
 use crate::ids::ConnId;
-use crate::sse;
-use crate::ws::deflate::{self, Deflater};
-use crate::ws::{self, Delivered};
+use crate::wire::envelope::{Capture, Event};
+use crate::wire::sse;
+use crate::wire::ws;
+use crate::wire::ws::deflate::{self, Deflater};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
+
+pub use delivered::Delivered;
 
 /// The binding a subscription delivers on.
 #[derive(Debug)]

@@ -40,7 +40,7 @@
 
 use std::fmt;
 
-use crate::envelope::{is_valid_extension_name, Attr, Capture, Event, Scalar, Severity};
+use crate::wire::envelope::{is_valid_extension_name, Attr, Capture, Event, Scalar, Severity};
 use serde_json::Value;
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! tests do not depend on the envelope scanner. Defaults follow AEP-0001 §5.1.
 
 use super::Attributes;
-use crate::envelope::{is_valid_extension_name, Attr, Capture, Scalar, Severity};
+use crate::wire::envelope::{is_valid_extension_name, Attr, Capture, Scalar, Severity};
 use serde_json::{Map, Value};
 
 /// A partial Event held as its JSON object.

@@ -1,6 +1,6 @@
 //! The bridge thread (feature `cluster`): async-nats on one thread, `aep-cluster`, with a
 //! current-thread tokio runtime, talking to the reactor over two bounded channels and the
-//! reactor's `mio::Waker` (as the JSONL sources do, [`crate::jsonl`]). The reactor stays
+//! reactor's `mio::Waker` (as the JSONL sources do, [`crate::wire::jsonl`]). The reactor stays
 //! single-threaded and free of any async runtime; it owns a [`Bridge`], hands it
 //! [`ToBus`] values with [`Bridge::send`] and takes [`FromBus`] values with
 //! [`Bridge::try_recv`] when woken.

@@ -1,5 +1,5 @@
 //! The JSONL sources' threads (`--stdin`, `--ingest-file`) and the reactor's end of their
-//! channel; what a source reads and how its lines are judged is [`crate::jsonl`].
+//! channel; what a source reads and how its lines are judged is [`crate::wire::jsonl`].
 //!
 //! ```text
 //! stdin ──► reader thread ─┐                         ┌─► Core: journal append, then
@@ -17,8 +17,8 @@
 //! backpressure: a reactor that falls behind (or a history that is failing) stops the
 //! readers instead of growing memory.
 
-use crate::envelope::Event;
-use crate::jsonl::{JsonlConfig, LineSplitter, Piece, Reporter};
+use crate::wire::envelope::Event;
+use crate::wire::jsonl::{JsonlConfig, LineSplitter, Piece, Reporter};
 use bytes::{Bytes, BytesMut};
 use mio::Waker;
 use std::fs::File;

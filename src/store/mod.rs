@@ -133,7 +133,7 @@ use bytes::Bytes;
 use slab::Slab;
 use smallvec::{smallvec, SmallVec};
 
-use crate::envelope::{Event, Scope};
+use crate::wire::envelope::{Event, Scope};
 
 #[cfg(test)]
 mod check;
@@ -212,13 +212,13 @@ impl Stored for Event {
         Event::source(self)
     }
     fn agent(&self) -> Option<&str> {
-        self.attr(crate::envelope::Attr::Agent)
+        self.attr(crate::wire::envelope::Attr::Agent)
     }
     fn scope(&self) -> Scope {
         Event::scope(self)
     }
     fn delta(&self) -> bool {
-        self.severity() == crate::envelope::Severity::Debug
+        self.severity() == crate::wire::envelope::Severity::Debug
     }
     fn bytes(&self) -> &[u8] {
         Event::bytes(self)

@@ -21,8 +21,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use aep_relay::envelope::Scope;
 use aep_relay::store::{Admission, Position, Shed, Store};
+use aep_relay::wire::envelope::Scope;
 
 use super::stand_in::{sealed, T};
 

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use aep_relay::envelope::Scope;
 use aep_relay::store::{Position, Stored};
+use aep_relay::wire::envelope::Scope;
 use bytes::Bytes;
 
 /// A stand-in for `envelope::Event` (whose scanner is written elsewhere). Its bytes

@@ -198,7 +198,7 @@ fn hostile_ev(tag: usize, session: &str, seq: u64) -> String {
 /// `tail` reads each position from the SSE `id:` the relay escaped (`%XX`) and resumes
 /// with exactly that session, whatever its bytes: an injected `data:` in a session is
 /// not printed as an Event, and the Events posted while `tail` was away arrive once
-/// (AEP-0003 §3.3.2, §7; `sse::parse_last_event_id`).
+/// (AEP-0003 §3.3.2, §7; `subscription::parse_last_event_id`).
 #[test]
 fn tail_resumes_hostile_sessions_exactly() {
     let sessions: Vec<String> = [

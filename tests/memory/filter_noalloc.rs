@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use aep_relay::envelope::{Attr, Capture, Scalar, Severity};
 use aep_relay::fanout::index::SubscriptionIndex;
 use aep_relay::filter::{Attributes, Filter};
+use aep_relay::wire::envelope::{Attr, Capture, Scalar, Severity};
 
 use crate::counting::{allocs_here as allocs, one_at_a_time};
 

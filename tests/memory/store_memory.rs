@@ -6,8 +6,8 @@
 //! Measured with the counting global allocator of `tests/counting`, under its lock, so no
 //! other test allocates concurrently.
 
-use aep_relay::envelope::Scope;
 use aep_relay::store::{Admission, Position, Store, Stored};
+use aep_relay::wire::envelope::Scope;
 use bytes::Bytes;
 
 use crate::counting;

@@ -2,7 +2,7 @@
 //! §4) are serialized from typed parts: pinned here byte for byte (member order
 //! included) for the default configuration, so a change to either shows as a diff.
 
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use aep_relay::Config;
 use aep_sim::Sim;
 

@@ -2,8 +2,8 @@
 //! independent of `../shared` (AEP-0001 §8.2, AEP-0002 §5.1, AEP-0003 §6.4).
 
 use aep_relay::capture::{downlevel, downlevel_value};
-use aep_relay::envelope::Capture::{self, Full, Metadata, Redacted};
-use aep_relay::envelope::Event;
+use aep_relay::wire::envelope::Capture::{self, Full, Metadata, Redacted};
+use aep_relay::wire::envelope::Event;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 

@@ -15,7 +15,7 @@ use crate::support;
 use support::{fixture_json, shared};
 
 use aep_relay::capture::{downlevel, downlevel_value, schema, target_level, Field, Gate, Shape};
-use aep_relay::envelope::{Capture, Event};
+use aep_relay::wire::envelope::{Capture, Event};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 

@@ -344,7 +344,7 @@ fn render(tables: &[(String, Vec<Node>)]) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "use crate::envelope::Capture::{{{}}};",
+        "use crate::wire::envelope::Capture::{{{}}};",
         levels.join(", ")
     );
     used.gates.sort_unstable();
@@ -459,7 +459,7 @@ fn metadata_star_exceptions_match_spec() {
 #[test]
 fn table_agrees_with_spec_text() {
     use aep_relay::capture::{schema, Field, Gate, Shape};
-    use aep_relay::envelope::Capture::{self, *};
+    use aep_relay::wire::envelope::Capture::{self, *};
 
     fn at(fields: &'static [Field], path: &[&str]) -> (Capture, Gate) {
         let (first, rest) = path.split_first().unwrap();

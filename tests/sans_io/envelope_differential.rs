@@ -20,7 +20,7 @@
 use crate::support;
 use support::fixture;
 
-use aep_relay::envelope::{is_valid_extension_name, Attr, Capture, Event, Scalar, Severity};
+use aep_relay::wire::envelope::{is_valid_extension_name, Attr, Capture, Event, Scalar, Severity};
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;

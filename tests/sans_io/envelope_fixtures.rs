@@ -10,7 +10,7 @@
 use crate::support;
 use support::shared;
 
-use aep_relay::envelope::{Attr, Capture, Event, Scalar, Severity};
+use aep_relay::wire::envelope::{Attr, Capture, Event, Scalar, Severity};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -77,7 +77,7 @@ fn assert_same_as_serde(ev: &Event, v: &Value, what: &str) {
         (None, None) => {}
         (got, want) => panic!("{what}: data {got:?} vs {want:?}"),
     }
-    let core = aep_relay::envelope::CORE_NAMES;
+    let core = aep_relay::wire::envelope::CORE_NAMES;
     let want: Vec<(&str, Value)> = obj
         .iter()
         .filter(|(k, _)| !core.contains(&k.as_str()))
@@ -254,7 +254,7 @@ const CASES: &[(&str, Class)] = &[
     ),
 ];
 
-fn parse_value(v: &Value) -> Result<Event, aep_relay::envelope::InvalidEvent> {
+fn parse_value(v: &Value) -> Result<Event, aep_relay::wire::envelope::InvalidEvent> {
     Event::parse(Bytes::from(serde_json::to_vec(v).unwrap()))
 }
 

@@ -9,8 +9,8 @@
 use crate::support;
 use support::fixture_json;
 
-use aep_relay::envelope::Event;
 use aep_relay::filter::Filter;
+use aep_relay::wire::envelope::Event;
 use bytes::Bytes;
 use serde_json::Value;
 

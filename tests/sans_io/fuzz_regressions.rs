@@ -7,9 +7,9 @@
 use aep_sim::Sim;
 use std::time::Duration;
 
-use aep_relay::http::RequestHead;
-use aep_relay::sse;
-use aep_relay::subscription::{Position, Resume};
+use aep_relay::subscription::{self, Position, Resume};
+use aep_relay::wire::http::RequestHead;
+use aep_relay::wire::sse;
 use aep_relay::Config;
 
 fn config() -> Config {
@@ -44,18 +44,21 @@ fn last_event_id_numbers_are_decimal_digits_only() {
     for bad in [
         "t:3:+5", "t:+3:5", "t:3: 5", "t:3:5 ", "t:-0:5", "t::5", "t:3:", "t:0x1:2",
     ] {
-        assert_eq!(sse::parse_last_event_id(bad), None, "{bad:?}");
-        assert!(sse::parse_request(&stream_request("", Some(bad)), 10).is_err());
+        assert_eq!(subscription::parse_last_event_id(bad), None, "{bad:?}");
+        assert!(subscription::parse_stream_request(&stream_request("", Some(bad)), 10).is_err());
     }
     assert_eq!(
-        sse::parse_last_event_id("a:b:007:18446744073709551615"),
+        subscription::parse_last_event_id("a:b:007:18446744073709551615"),
         Some(Position {
             session: "a:b".into(),
             epoch: 7,
             seq: u64::MAX
         })
     );
-    assert_eq!(sse::parse_last_event_id("t:0:18446744073709551616"), None);
+    assert_eq!(
+        subscription::parse_last_event_id("t:0:18446744073709551616"),
+        None
+    );
 }
 
 /// `sse_query`: `from=[{"session":"s","session":"s","seq":3}]` must not be read
@@ -69,11 +72,11 @@ fn from_refuses_duplicate_members() {
         r#"from=[{"session":"s","seq":1,"seq":2}]"#,
         r#"from=[{"session":"s","epoch":0,"epoch":1,"seq":2}]"#,
     ] {
-        let e = sse::parse_request(&stream_request(q, None), 10).unwrap_err();
+        let e = subscription::parse_stream_request(&stream_request(q, None), 10).unwrap_err();
         assert_eq!(e.code.as_str(), "invalid-filter", "{q}");
         assert!(e.detail.contains("duplicate"), "{q}: {}", e.detail);
     }
-    let ok = sse::parse_request(
+    let ok = subscription::parse_stream_request(
         &stream_request(
             r#"from=[{"session":"s","seq":3},{"session":"s","seq":4}]"#,
             None,
@@ -258,16 +261,17 @@ fn repeated_subscription_parameters_are_refused() {
         "live=0&live=1",
         "filter=%7B%7D&live=1&filter=%7B%7D",
     ] {
-        let e = sse::parse_request(&stream_request(q, None), 10).unwrap_err();
+        let e = subscription::parse_stream_request(&stream_request(q, None), 10).unwrap_err();
         assert_eq!(e.code.as_str(), "invalid-filter", "{q}");
         assert!(e.detail.contains("more than once"), "{q}: {}", e.detail);
     }
     // `access_token` is read by auth, not here; any other parameter is refused
     // (`sse_hostile::unknown_stream_parameters_are_refused_naming_the_known_ones`).
     let q = "access_token=a&access_token=b&capture=none";
-    let ok = sse::parse_request(&stream_request(q, None), 10).unwrap();
-    assert_eq!(ok.ceiling, Some(aep_relay::envelope::Capture::None));
-    let e = sse::parse_request(&stream_request("x=1&capture=none", None), 10).unwrap_err();
+    let ok = subscription::parse_stream_request(&stream_request(q, None), 10).unwrap();
+    assert_eq!(ok.ceiling, Some(aep_relay::wire::envelope::Capture::None));
+    let e = subscription::parse_stream_request(&stream_request("x=1&capture=none", None), 10)
+        .unwrap_err();
     assert_eq!(e.code.as_str(), "invalid-filter");
 }
 
@@ -481,7 +485,7 @@ fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// shutdown, checked below too) drops its replay and backlog (`Conn::end_streaming`).
 #[test]
 fn nothing_follows_a_close_frame_not_even_a_replay() {
-    use aep_relay::ws::rfc6455::client_frame;
+    use aep_relay::wire::ws::rfc6455::client_frame;
     let mut r = relay();
     for ev in padded_events(8, 16, 0) {
         r.ingest(ev).unwrap(); // 128 KiB held: the replay is paced

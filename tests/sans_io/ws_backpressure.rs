@@ -4,7 +4,7 @@
 //! in-memory connection (a pipe that stops taking output), so the stall is exact and
 //! needs no timing.
 
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use aep_relay::{Config, ConnId};
 use aep_sim::Sim;
 use bytes::Bytes;

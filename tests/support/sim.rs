@@ -3,7 +3,7 @@
 //! tests of timers (heartbeats, pings, timeouts, linger), which must not depend on a real
 //! clock.
 
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use aep_relay::ConnId;
 use aep_sim::Sim;
 use serde_json::Value;

@@ -4,7 +4,7 @@
 //! frame (bounded by [`WAIT`]); nothing sleeps.
 
 use super::{read_head, Endpoint, WAIT};
-use aep_relay::ws::rfc6455::client_frame;
+use aep_relay::wire::ws::rfc6455::client_frame;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;

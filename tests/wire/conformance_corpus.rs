@@ -21,9 +21,9 @@ use crate::support;
 use std::path::Path;
 
 use aep_relay::capture::{downlevel, downlevel_value, target_level};
-use aep_relay::envelope::{is_command_type, Attr, Capture, Event, Scalar};
 use aep_relay::filter::Filter;
 use aep_relay::store::Store;
+use aep_relay::wire::envelope::{is_command_type, Attr, Capture, Event, Scalar};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 use support::{enc, fixture_json, shared, Endpoint, TestRelay};
@@ -794,7 +794,7 @@ fn upstream_mapping_types_over_http() {
     );
     let offcategory = vendor
         .iter()
-        .filter(|t| !aep_relay::envelope::is_category(t.split('.').nth(2).unwrap()))
+        .filter(|t| !aep_relay::wire::envelope::is_category(t.split('.').nth(2).unwrap()))
         .count();
     assert_eq!(
         offcategory, 78,
@@ -894,7 +894,7 @@ fn project_corpus_shape() {
     // envelope corpus, bare and vendored.
     let doc = project("envelope.json");
     let text = doc.to_string();
-    for c in aep_relay::envelope::CATEGORIES {
+    for c in aep_relay::wire::envelope::CATEGORIES {
         assert!(text.contains(&format!("\"{c}.")), "no bare {c}.* case");
         assert!(
             text.contains(&format!(".{c}.")),

@@ -340,7 +340,7 @@ fn golden_events_post_202_and_commands_403() {
     for line in golden.lines().filter(|l| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(line).unwrap();
         let ty = v["type"].as_str().unwrap();
-        let is_command = aep_relay::envelope::is_command_type(ty);
+        let is_command = aep_relay::wire::envelope::is_command_type(ty);
         let (status, json) = relay.post("application/json", line);
         let want = if is_command { 403 } else { 202 };
         assert_eq!(status, want, "{ty}: {json}");

@@ -308,7 +308,7 @@ fn golden_events_stream_back_byte_identical() {
         let (status, body) = relay.post("application/json", line);
         // Every golden Event is valid; only commands are refused over HTTP, 403
         // (AEP-0004 §4.1: control needs an authenticated duplex binding).
-        if aep_relay::envelope::is_command_type(ty) {
+        if aep_relay::wire::envelope::is_command_type(ty) {
             assert_eq!(status, 403, "{ty}: {body}");
         } else {
             assert_eq!(status, 202, "{ty}: {body}");

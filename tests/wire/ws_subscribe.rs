@@ -237,7 +237,7 @@ fn the_golden_events_arrive_byte_identical_in_ws_frames() {
         .filter(|l| !l.trim().is_empty())
         .filter(|l| {
             let v: Value = serde_json::from_str(l).unwrap();
-            !aep_relay::envelope::is_command_type(v["type"].as_str().unwrap())
+            !aep_relay::wire::envelope::is_command_type(v["type"].as_str().unwrap())
         })
         .collect();
     relay.post_ok(&lines);

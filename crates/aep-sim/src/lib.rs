@@ -20,7 +20,7 @@
 
 use aep_relay::config::ConfigError;
 use aep_relay::core::{ConnId, Core, Interest, Journal, NoJournal, Origin, Output, Stop};
-use aep_relay::envelope::Event;
+use aep_relay::wire::envelope::Event;
 use aep_relay::Config;
 use aep_relay::Refusal;
 use bytes::Bytes;

@@ -5,7 +5,7 @@
 use super::Bus;
 use crate::cluster::{self, ToBus};
 use crate::core::Core;
-use crate::ws::aep;
+use crate::wire::ws::aep;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::time::Instant;

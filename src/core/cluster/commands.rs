@@ -5,11 +5,11 @@
 use super::publish::Ticket;
 use crate::cluster::ToBus;
 use crate::core::Core;
-use crate::envelope::Event;
 use crate::ids::ConnId;
 use crate::refusal::Code;
-use crate::ws::aep::Ref;
-use crate::ws::rfc6455;
+use crate::wire::envelope::Event;
+use crate::wire::ws::aep::Ref;
+use crate::wire::ws::rfc6455;
 use bytes::Bytes;
 use serde_json::{json, Value};
 

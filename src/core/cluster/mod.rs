@@ -53,8 +53,8 @@
 
 use super::Core;
 use crate::cluster::{ClusterConfig, FromBus, ToBus};
-use crate::envelope::Event;
 use crate::ids::ConnId;
+use crate::wire::envelope::Event;
 use claims::RemoteClaim;
 use posts::Group;
 use publish::{Held, Outgoing, Ticket};

@@ -6,8 +6,8 @@ use super::publish::{split_message, Outgoing, Ticket};
 use super::{Bus, ClusterState};
 use crate::cluster::Degrade;
 use crate::core::Core;
-use crate::envelope::Event;
 use crate::refusal::Refusal;
+use crate::wire::envelope::Event;
 use bytes::Bytes;
 
 impl Bus {

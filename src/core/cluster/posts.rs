@@ -83,9 +83,10 @@ impl Core {
                     unreachable!("matched")
                 };
                 let resp = match cors {
-                    Some(origin) => {
-                        crate::http::insert_headers(&resp, &crate::http::cors_lines(origin))
-                    }
+                    Some(origin) => crate::wire::http::insert_headers(
+                        &resp,
+                        &crate::wire::http::cors_lines(origin),
+                    ),
                     None => resp,
                 };
                 *slot = Answer::Ready(resp, close);
@@ -182,7 +183,7 @@ pub(in crate::core) fn may_join(open_group: Option<u64>, conn: &Conn) -> bool {
         return false;
     }
     matches!(
-        crate::http::parse_head(&conn.rbuf),
+        crate::wire::http::parse_head(&conn.rbuf),
         Ok(Some((head, _))) if head.method == "POST" && head.path == "/events"
     )
 }

@@ -6,10 +6,10 @@ use super::{Bus, ClusterState, Submitted, Waiter};
 use crate::cluster::{self, ToBus};
 use crate::core::conn::Answer;
 use crate::core::Core;
-use crate::envelope::{Attr, Event, Scope};
 use crate::ids::ConnId;
 use crate::refusal::Refusal;
-use crate::ws::aep::Ref;
+use crate::wire::envelope::{Attr, Event, Scope};
+use crate::wire::ws::aep::Ref;
 use bytes::Bytes;
 use std::collections::HashMap;
 

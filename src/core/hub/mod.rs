@@ -10,14 +10,14 @@
 //! module's docs for coalescing and compression). Fan-out never writes to a socket.
 
 use super::conn::{Chunks, Drops, OutQueue, Subscriber, Subscribers, Tag, UNSHARED};
-use crate::envelope::{Capture, Event, Scope, Severity};
 use crate::fanout::index::SubscriptionIndex;
 use crate::fanout::{Binding, Frames, Run, Subscription, Unit};
 use crate::ids::{ConnId, SubId};
-use crate::sse;
 use crate::store::StreamId;
-use crate::ws::aep;
-use crate::ws::deflate::Deflater;
+use crate::wire::envelope::{Capture, Event, Scope, Severity};
+use crate::wire::sse;
+use crate::wire::ws::aep;
+use crate::wire::ws::deflate::Deflater;
 use slab::Slab;
 
 /// Queues the pending runs of `unit` on their connections, in order, as slices of its

@@ -5,10 +5,11 @@
 
 use super::*;
 use crate::core::conn::{Conn, Conns};
-use crate::envelope::Event;
+use crate::fanout::Delivered;
 use crate::filter::Filter;
-use crate::ws::{self, aep, Delivered};
-use crate::{capture, sse};
+use crate::wire::envelope::Event;
+use crate::wire::ws::{self, aep};
+use crate::{capture, wire::sse};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;

@@ -5,8 +5,8 @@
 use super::naming::relative_key;
 use super::rebuild::{last_newline_end, rebuild, RebuildStats};
 use super::{create_dirs, io_at, Fsync, HistoryConfig, HistoryError, LOCK_FILE};
-use crate::envelope::{Event, Scope};
 use crate::store::Store;
+use crate::wire::envelope::{Event, Scope};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -176,7 +176,7 @@ impl History {
                     continue;
                 }
                 let (Some(agent), Some(session)) =
-                    (ev.attr(crate::envelope::Attr::Agent), ev.session())
+                    (ev.attr(crate::wire::envelope::Attr::Agent), ev.session())
                 else {
                     continue;
                 };
@@ -198,7 +198,7 @@ impl History {
                 let mut flat;
                 let line = if ev.has_line_breaks() {
                     flat = bytes.to_vec();
-                    crate::envelope::line_breaks_to_spaces(&mut flat);
+                    crate::wire::envelope::line_breaks_to_spaces(&mut flat);
                     &flat[..]
                 } else {
                     bytes

@@ -3,8 +3,8 @@
 
 use super::naming::SUFFIX;
 use super::{io_at, HistoryError};
-use crate::envelope::{Event, Scope};
 use crate::store::Store;
+use crate::wire::envelope::{Event, Scope};
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};

@@ -1,8 +1,8 @@
 //! The history's unit tests: naming, appending, rebuilding.
 
 use super::*;
-use crate::envelope::Event;
 use crate::store::Store;
+use crate::wire::envelope::Event;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};

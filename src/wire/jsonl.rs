@@ -11,7 +11,7 @@
 //! skipped. An invalid line is reported (`log::warn`, with the source and the 1-based line
 //! number) and skipped; it never stops ingest. A line whose `aep` names a version this
 //! relay does not speak (well-formed `MAJOR.MINOR`, not in
-//! [`SUPPORTED_VERSIONS`](crate::envelope::SUPPORTED_VERSIONS); below 1.0 every minor
+//! [`SUPPORTED_VERSIONS`](crate::wire::envelope::SUPPORTED_VERSIONS); below 1.0 every minor
 //! version is its own contract) is skipped and reported once per source and version
 //! (AEP-0003 §3.1.3). A line longer than the relay's `max_body_bytes` is reported and
 //! skipped without being held in memory.
@@ -42,7 +42,7 @@
 //! [`JsonlConfig::exit_on_stdin_eof`] is set, in which case it stops once every line before
 //! the end has been ingested. At end of input an unterminated last line counts as a line.
 
-use crate::envelope::{self, Event};
+use crate::wire::envelope::{self, Event};
 use bytes::{Bytes, BytesMut};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -235,7 +235,7 @@ fn unsupported_version(line: &Bytes) -> Option<String> {
 /// bytes are a slice of `line` (no copy; the store copies what it holds).
 ///
 /// ```
-/// use aep_relay::jsonl::{classify, LineKind};
+/// use aep_relay::wire::jsonl::{classify, LineKind};
 /// use bytes::Bytes;
 /// assert!(matches!(classify(Bytes::from_static(b"  ")), LineKind::Blank));
 /// let v9 = Bytes::from_static(br#"{"aep":"9.0","id":"x"}"#);

@@ -8,8 +8,8 @@
 //! the handshake succeeds without the extension (RFC 7692 §5). No subprotocol.
 
 use super::deflate::{self, Agreed};
-use crate::http::RequestHead;
 use crate::refusal::Code;
+use crate::wire::http::RequestHead;
 
 /// Why an upgrade request was refused, with the HTTP answer to give.
 #[derive(Debug, Clone, PartialEq, Eq)]

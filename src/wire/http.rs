@@ -3,6 +3,8 @@
 //!
 //! Everything here is sans-IO: it takes bytes and returns decisions or bytes to send.
 
+use crate::refusal::Refusal;
+use serde_json::json;
 use std::io::Write as _;
 
 /// Most header lines in one request head.
@@ -513,6 +515,25 @@ pub fn error_response(
         &error_body(code, detail, more),
         close,
     )
+}
+
+// A refusal's body is written here, beside `error_body`, so that `refusal` names no
+// other module of the crate.
+impl Refusal {
+    /// The full JSON error body.
+    pub fn body(&self) -> Vec<u8> {
+        match self {
+            Refusal::InvalidEvent { line, detail } => {
+                error_body(self.code().as_str(), detail, &[("line", json!(line))])
+            }
+            Refusal::Command { line, .. } => error_body(
+                self.code().as_str(),
+                &self.to_string(),
+                &[("line", json!(line))],
+            ),
+            _ => error_body(self.code().as_str(), &self.to_string(), &[]),
+        }
+    }
 }
 
 #[cfg(test)]

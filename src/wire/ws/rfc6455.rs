@@ -463,7 +463,7 @@ pub fn write_text(payload: &[u8], out: &mut BytesMut) {
 /// shares between subscribers.
 ///
 /// ```
-/// let f = aep_relay::ws::rfc6455::text(b"{}");
+/// let f = aep_relay::wire::ws::rfc6455::text(b"{}");
 /// assert_eq!(&f[..], b"\x81\x02{}");
 /// ```
 pub fn text(payload: &[u8]) -> Bytes {
@@ -501,7 +501,7 @@ pub fn close(code: u16, reason: &str) -> Bytes {
 /// with 1002). `out` grows by 2 to 14 header bytes plus `payload.len()`.
 ///
 /// ```
-/// use aep_relay::ws::rfc6455::{client_frame, Decoder, Incoming};
+/// use aep_relay::wire::ws::rfc6455::{client_frame, Decoder, Incoming};
 ///
 /// let mut buf = Vec::new();
 /// client_frame(0x81, br#"{"type":"ping","t":1}"#, Some([1, 2, 3, 4]), &mut buf);

@@ -3,11 +3,11 @@
 //! every frame the relay sends, each already wrapped as a WebSocket text frame.
 //!
 //! Frames are small and rare next to Events, so they go through `serde_json`; Events
-//! never do (they are scanned, see [`crate::envelope`]).
+//! never do (they are scanned, see [`crate::wire::envelope`]).
 
 use super::rfc6455;
-use crate::envelope::SUPPORTED_VERSIONS;
 use crate::refusal::Code;
+use crate::wire::envelope::SUPPORTED_VERSIONS;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 

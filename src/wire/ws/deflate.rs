@@ -186,7 +186,7 @@ fn accept_offer(params: &str) -> Option<Agreed> {
 /// without the extension (RFC 7692 §5: the server declines by not answering it).
 ///
 /// ```
-/// use aep_relay::ws::deflate::negotiate;
+/// use aep_relay::wire::ws::deflate::negotiate;
 /// let a = negotiate(["permessage-deflate; client_max_window_bits"]).unwrap();
 /// assert_eq!(a.response(), "permessage-deflate; server_no_context_takeover");
 /// assert!(negotiate(["permessage-deflate; client_max_window_bits=7"]).is_none());

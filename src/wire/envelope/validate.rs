@@ -65,7 +65,7 @@ macro_rules! categories {
         /// Whether `c` is one of the [`CATEGORIES`] (AEP-0002 §3).
         ///
         /// ```
-        /// use aep_relay::envelope::is_category;
+        /// use aep_relay::wire::envelope::is_category;
         /// assert!(is_category("tool"));
         /// assert!(!is_category("otel"));
         /// assert!(!is_category("x"));
@@ -122,7 +122,7 @@ fn parse_version(v: &str) -> Option<(u32, u32)> {
 /// `MAJOR.MINOR` and listed in [`SUPPORTED_VERSIONS`] (AEP-0001 §5.1 #1).
 ///
 /// ```
-/// use aep_relay::envelope::version_supported;
+/// use aep_relay::wire::envelope::version_supported;
 /// assert!(version_supported("0.1"));
 /// assert!(!version_supported("0.2"));
 /// assert!(!version_supported("0.1.0"));
@@ -139,7 +139,7 @@ pub fn version_supported(aep: &str) -> bool {
 /// its own wire contract, so `0.2` is as unsupported as `1.0`.
 ///
 /// ```
-/// use aep_relay::envelope::header_version_supported;
+/// use aep_relay::wire::envelope::header_version_supported;
 /// assert!(header_version_supported(" 0.1 "));
 /// assert!(!header_version_supported("1.0"));
 /// assert!(!header_version_supported("0.2"));
@@ -190,7 +190,7 @@ fn is_vendor(v: &[u8]) -> bool {
 /// Registration is not checked (unknown types are tolerated, AEP-0001 §6).
 ///
 /// ```
-/// use aep_relay::envelope::is_valid_type;
+/// use aep_relay::wire::envelope::is_valid_type;
 /// assert!(is_valid_type("run.step.started"));
 /// assert!(is_valid_type("x.claude-code.session.config_change"));
 /// assert!(is_valid_type("x.codex.otel.api_request"));
@@ -221,7 +221,7 @@ pub fn is_valid_type(t: &str) -> bool {
 /// [`is_valid_type`]) but departs from the prose.
 ///
 /// ```
-/// use aep_relay::envelope::vendor_token;
+/// use aep_relay::wire::envelope::vendor_token;
 /// assert_eq!(vendor_token("x.codex.otel.api_request"), Some("otel"));
 /// assert_eq!(vendor_token("x.claude-code.session.config_change"), Some("session"));
 /// assert_eq!(vendor_token("tool.completed"), None);
@@ -917,7 +917,7 @@ mod tests {
     #[test]
     fn worked_example_of_section_5_3_is_valid() {
         // AEP-0001 §5.3, verbatim.
-        let json = crate::envelope::WORKED_EXAMPLE;
+        let json = crate::wire::envelope::WORKED_EXAMPLE;
         let ev = parse(json).unwrap();
         assert_eq!(ev.seq(), Some(187));
         assert_eq!(ev.attr(Attr::Step), Some("turn-3"));

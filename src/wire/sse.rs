@@ -1,26 +1,10 @@
-//! The SSE consuming binding (AEP-0003 §3.3): the `GET /stream` query and
-//! `Last-Event-ID` read into a [`SubscriptionRequest`], the `id:` escape, and the wire
-//! form of each message. The subscription model itself is [`crate::subscription`].
+//! The SSE consuming binding's wire form (AEP-0003 §3.3): the `id:` escape and each
+//! message and comment of a stream. Reading a `GET /stream` request and its
+//! `Last-Event-ID` into a subscription is the subscription model's
+//! ([`crate::subscription::parse_stream_request`]).
 
-use crate::envelope::{Event, Scope};
-use crate::filter::Filter;
-use crate::http::RequestHead;
+use crate::wire::envelope::{Event, Scope};
 use bytes::{BufMut, Bytes, BytesMut};
-use std::sync::Arc;
-
-use crate::subscription::invalid;
-use crate::subscription::{
-    parse_capture, parse_from_value, Position, RequestError, Resume, SubscriptionRequest,
-};
-
-/// A `u64` written as ASCII decimal digits only, the form the relay writes in `id:`
-/// (`str::parse` alone would also take a leading `+`).
-fn decimal(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
 
 /// Whether byte `b` of a session (at byte offset `at`) is written `%XX` in an SSE line:
 /// `%` (the escape itself), every C0 control and DEL (CR and LF end an SSE line, a NUL
@@ -46,7 +30,7 @@ fn escaped_byte(b: u8, at: usize) -> bool {
 /// Borrows when nothing needs escaping (no allocation for ordinary sessions).
 ///
 /// ```
-/// use aep_relay::sse::escape;
+/// use aep_relay::wire::sse::escape;
 /// assert_eq!(escape("s_8f2c"), "s_8f2c");
 /// assert_eq!(escape("a%b\nc"), "a%25b%0Ac");
 /// assert_eq!(escape(" é"), "%20%C3%A9");
@@ -77,7 +61,7 @@ pub fn escape(s: &str) -> std::borrow::Cow<'_, str> {
 /// non-ASCII character reads as itself.
 ///
 /// ```
-/// use aep_relay::sse::unescape;
+/// use aep_relay::wire::sse::unescape;
 /// assert_eq!(unescape("a%25b%0ac").as_deref(), Some("a%b\nc"));
 /// assert_eq!(unescape("50%"), None);
 /// ```
@@ -104,152 +88,15 @@ pub fn unescape(s: &str) -> Option<String> {
 }
 
 /// The SSE `id:` value of a position: `{escaped session}:{epoch}:{seq}` (AEP-0003
-/// §3.3.2; the session as [`escape`] writes it). [`parse_last_event_id`] reads it back.
+/// §3.3.2; the session as [`escape`] writes it).
+/// [`crate::subscription::parse_last_event_id`] reads it back.
 ///
 /// ```
-/// use aep_relay::sse::{event_id, parse_last_event_id};
+/// use aep_relay::wire::sse::event_id;
 /// assert_eq!(event_id("s_8f2c", 0, 187), "s_8f2c:0:187");
-/// let p = parse_last_event_id(&event_id("a:\n%", 2, 9)).unwrap();
-/// assert_eq!((p.session.as_str(), p.epoch, p.seq), ("a:\n%", 2, 9));
 /// ```
 pub fn event_id(session: &str, epoch: u64, seq: u64) -> String {
     format!("{}:{epoch}:{seq}", escape(session))
-}
-
-/// Parses a `Last-Event-ID` value `{session}:{epoch}:{seq}` (AEP-0003 §3.3.2), the form
-/// [`event_id`] writes. The session may itself contain `:`, so the two numbers are taken
-/// from the right; each is decimal digits only, within `u64`. The session is then
-/// [`unescape`]d. `None` for anything else (an empty session, a `%` not followed by two
-/// hex digits, bytes that are not UTF-8).
-pub fn parse_last_event_id(v: &str) -> Option<Position> {
-    let mut it = v.rsplitn(3, ':');
-    let seq = decimal(it.next()?)?;
-    let epoch = decimal(it.next()?)?;
-    let session = unescape(it.next()?)?;
-    if session.is_empty() {
-        return None;
-    }
-    Some(Position {
-        session,
-        epoch,
-        seq,
-    })
-}
-
-/// What `GET /stream` takes, for the refusal of anything else.
-const STREAM_PARAMS: &str =
-    "/stream takes filter, capture, from, live (0 or 1) and access_token (AEP-0003 §3.3)";
-
-/// Reads the SSE subscription out of a `GET /stream` request (AEP-0003 §3.3): query
-/// `filter`, `capture`, `from`, `live` (`0` or `1`), and the `Last-Event-ID` header
-/// (`from` takes precedence). `access_token` is left to auth.
-///
-/// # Errors
-/// [`RequestError`] (`invalid-filter`, or `limit-exceeded` for a long `from`); the HTTP
-/// layer answers it with 400 before any stream header. Any other query parameter is
-/// `invalid-filter` naming the known ones: a misspelled `filter` must not widen the
-/// stream (fail closed, AEP-0003 §6.2, §11). A `Last-Event-ID` that
-/// [`parse_last_event_id`] does not read is `invalid-filter` too; an empty (or
-/// all-whitespace) one is no position, as if absent.
-pub fn parse_request(
-    head: &RequestHead,
-    max_from: usize,
-) -> Result<SubscriptionRequest, RequestError> {
-    let mut filter = None;
-    let mut ceiling = None;
-    let mut from = None;
-    let mut live = true;
-    let mut seen = [false; 4];
-    for (k, v) in head.query_pairs() {
-        // A repeated subscription parameter is refused, like a duplicated JSON member:
-        // `filter={"session":"a"}&filter={}` would be a session filter to a reader that
-        // keeps the first and match-all to one that keeps the last (fail closed,
-        // AEP-0003 §6.5, §11).
-        if let Some(i) = ["filter", "capture", "from", "live"]
-            .iter()
-            .position(|p| *p == k)
-        {
-            if std::mem::replace(&mut seen[i], true) {
-                return Err(invalid(format!("`{k}` is given more than once")));
-            }
-        }
-        match k.as_str() {
-            "filter" => {
-                let f =
-                    Filter::parse(v.as_bytes()).map_err(|e| invalid(format!("`filter`: {e}")))?;
-                filter = Some(f);
-            }
-            "capture" => ceiling = Some(parse_capture(&v)?),
-            "from" => {
-                // Duplicate member names are refused, as in `filter`: a reader that keeps
-                // the first `session` and one that keeps the last would resume different
-                // sessions (AEP-0003 §6.5: a malformed `from` is `invalid-filter`).
-                let value = if v == "all" {
-                    serde_json::Value::String(v)
-                } else {
-                    crate::filter::strict_json(v.as_bytes())
-                        .map_err(|e| invalid(format!("`from` is not JSON: {e}")))?
-                };
-                from = Some(parse_from_value(&value, max_from)?);
-            }
-            "live" => {
-                live = match v.as_str() {
-                    "0" => false,
-                    "1" => true,
-                    _ => return Err(invalid(format!("`live` must be 0 or 1, got {v:?}"))),
-                }
-            }
-            // Read by auth (AEP-0003 §8.1, the EventSource fallback).
-            "access_token" => {}
-            // A misspelled parameter (`fliter=`) must not leave the consumer with an
-            // unfiltered stream: refuse it, fail closed (AEP-0003 §6.2, §11).
-            _ => {
-                return Err(invalid(format!(
-                    "unknown subscription parameter {k:?}; {STREAM_PARAMS}"
-                )))
-            }
-        }
-    }
-    let from = match from {
-        Some(f) => f,
-        // An empty `Last-Event-ID` names no session, so it is no position: WHATWG SSE
-        // treats an empty last event ID as none, and AEP-0003 §3.3 #3 resumes "the
-        // session it names". A client that sends it empty on a first connect gets a
-        // live stream, not a 400.
-        None => match head
-            .header("last-event-id")
-            .filter(|v| !v.trim().is_empty())
-        {
-            Some(id) => Resume::Positions(vec![parse_last_event_id(id).ok_or_else(|| {
-                invalid(
-                    "`Last-Event-ID` must be {session}:{epoch}:{seq}, the session with `%XX` escapes as the relay writes it in `id:` (AEP-0003 §3.3.2)",
-                )
-            })?]),
-            None => Resume::Live,
-        },
-    };
-    let filter = match filter {
-        Some(f) => f,
-        None => Filter::parse(b"{}").map_err(|e| invalid(e.to_string()))?,
-    };
-    let req = SubscriptionRequest {
-        filter: Arc::new(filter),
-        ceiling,
-        from,
-        live,
-    };
-    // The sessions a history read replays are as many positions as `from` would name:
-    // the same bound applies (AEP-0003 §6.5 `limit-exceeded`).
-    if let Some(names) = req.history_sessions().filter(|n| n.len() > max_from) {
-        return Err(RequestError {
-            code: crate::refusal::Code::LimitExceeded,
-            detail: format!(
-                "with live=0 the filter's `session` names {} sessions to replay; this relay replays at most {max_from} (AEP_MAX_FROM)",
-                names.len()
-            ),
-        });
-    }
-    Ok(req)
 }
 
 /// An SSE response head with the given `Connection` value, and the opening comment.
@@ -331,7 +178,7 @@ pub fn write_message(ev: &Event, payload: &[u8], b: &mut BytesMut) {
     // The scan knows whether the Event as received holds a line break; a down-leveled
     // payload is other bytes, looked at.
     if ev.has_line_breaks() || !std::ptr::eq(payload, &ev.bytes()[..]) {
-        crate::envelope::line_breaks_to_spaces(&mut b[start..]);
+        crate::wire::envelope::line_breaks_to_spaces(&mut b[start..]);
     }
     b.put_slice(b"\n\n");
 }
@@ -350,7 +197,7 @@ fn put_decimal(b: &mut BytesMut, v: u64) {
 /// decimal, both severities always named. [`dropped_len`] bytes long.
 ///
 /// ```
-/// assert_eq!(&aep_relay::sse::dropped(10, 2)[..], b": dropped 12 debug=10 info=2\n\n");
+/// assert_eq!(&aep_relay::wire::sse::dropped(10, 2)[..], b": dropped 12 debug=10 info=2\n\n");
 /// ```
 pub fn dropped(debug: u64, info: u64) -> Bytes {
     let mut b = BytesMut::with_capacity(dropped_len(debug, info));
@@ -402,15 +249,6 @@ mod tests {
     }
 
     #[test]
-    fn last_event_id_takes_numbers_from_the_right() {
-        let p = parse_last_event_id("a:b:3:17").unwrap();
-        assert_eq!((p.session.as_str(), p.epoch, p.seq), ("a:b", 3, 17));
-        assert!(parse_last_event_id("s:x:1").is_none());
-        assert!(parse_last_event_id(":1:2").is_none());
-        assert!(parse_last_event_id("12").is_none());
-    }
-
-    #[test]
     fn escape_round_trips_and_keeps_ordinary_sessions() {
         for s in ["s_8f2c", "a:b", "run 7", "x-y.z~!*'()", "a\\b"] {
             assert_eq!(escape(s), s);
@@ -442,59 +280,16 @@ mod tests {
             );
             assert!(!e.starts_with(' '), "{e:?}");
             assert_eq!(unescape(&e).as_deref(), Some(s), "{e:?}");
-            let p = parse_last_event_id(&event_id(s, 3, 17)).unwrap();
-            assert_eq!((p.session.as_str(), p.epoch, p.seq), (s, 3, 17));
         }
         assert_eq!(escape("a%b"), "a%25b");
         assert_eq!(escape("\r\n\0"), "%0D%0A%00");
         for bad in ["%", "a%2", "%zz", "50%", "%g0", "%C3"] {
             assert_eq!(unescape(bad), None, "{bad}");
-            assert_eq!(parse_last_event_id(&format!("{bad}:0:1")), None, "{bad}");
         }
         assert_eq!(
             unescape("%41%c3%a9").as_deref(),
             Some("Aé"),
             "lenient: any hex case"
         );
-    }
-
-    #[test]
-    fn from_limits_and_shapes() {
-        let v: serde_json::Value =
-            serde_json::from_str(r#"[{"session":"s","seq":3},{"session":"t","epoch":1,"seq":0}]"#)
-                .unwrap();
-        assert_eq!(
-            parse_from_value(&v, 5).unwrap(),
-            Resume::Positions(vec![
-                Position {
-                    session: "s".into(),
-                    epoch: 0,
-                    seq: 3
-                },
-                Position {
-                    session: "t".into(),
-                    epoch: 1,
-                    seq: 0
-                }
-            ])
-        );
-        assert_eq!(
-            parse_from_value(&v, 1).unwrap_err().code,
-            crate::refusal::Code::LimitExceeded
-        );
-        for bad in [
-            r#"[{"session":"s","seq":-1}]"#,
-            r#"[{"seq":1}]"#,
-            r#"{"a":1}"#,
-            r#""some""#,
-            r#"[{"session":"s","seq":1,"x":2}]"#,
-        ] {
-            let v: serde_json::Value = serde_json::from_str(bad).unwrap();
-            assert_eq!(
-                parse_from_value(&v, 5).unwrap_err().code,
-                crate::refusal::Code::InvalidFilter,
-                "{bad}"
-            );
-        }
     }
 }
