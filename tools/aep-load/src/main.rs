@@ -3,7 +3,7 @@
 //!
 //! N subscribers connect and subscribe (SSE `GET /stream`, WebSocket `GET /socket` with
 //! `hello` and `subscribe`, Redis `SUBSCRIBE`, NATS `SUB`, MQTT `SUBSCRIBE`); one
-//! publisher then sends M Events (HTTP `POST /events` NDJSON, WebSocket text frames,
+//! publisher (over `--publishers` connections, one by default) then sends M Events (HTTP `POST /events` NDJSON, WebSocket text frames,
 //! Redis `PUBLISH`, NATS `PUB`, MQTT `PUBLISH` QoS 0), `--batch` per write, paced by
 //! `--rate` and/or a window of Events in flight. Every Event is the same valid AEP Event of `--size`
 //! bytes carrying its send time in the integer extension attribute `loadts` (AEP-0001
