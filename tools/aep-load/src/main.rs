@@ -3,7 +3,7 @@
 //!
 //! N subscribers connect and subscribe (SSE `GET /stream`, WebSocket `GET /socket` with
 //! `hello` and `subscribe`, Redis `SUBSCRIBE`, NATS `SUB`, MQTT `SUBSCRIBE`); one
-//! publisher then sends M Events (HTTP `POST /events` NDJSON, WebSocket text frames,
+//! publisher (over `--publishers` connections, one by default) then sends M Events (HTTP `POST /events` NDJSON, WebSocket text frames,
 //! Redis `PUBLISH`, NATS `PUB`, MQTT `PUBLISH` QoS 0), `--batch` per write, paced by
 //! `--rate` and/or a window of Events in flight. Every Event is the same valid AEP Event of `--size`
 //! bytes carrying its send time in the integer extension attribute `loadts` (AEP-0001
@@ -113,6 +113,13 @@ struct Args {
     /// the publisher waits; 0 for open loop.
     #[arg(long, default_value_t = 256)]
     window: u64,
+    /// Publisher connections (1..=64): each `--batch` goes to the next in turn, all
+    /// under the one window. A server that reads a bounded amount per connection per
+    /// loop turn (Redis: 16 KiB) handles this many reads' PUBLISH before it writes to
+    /// its subscribers. Not for the `sse` publisher (its answer latencies pair POSTs
+    /// with answers on one connection).
+    #[arg(long, default_value_t = 1)]
+    publishers: usize,
     /// Give up after this many seconds in total (1..=600).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
@@ -233,6 +240,12 @@ fn check(args: &Args) {
         .is_some_and(|p| !relay(p) || !relay(args.target))
     {
         fail("--publisher mixes the relay's bindings only (sse, ws)");
+    }
+    if !(1..=64).contains(&args.publishers) {
+        fail("--publishers must be 1..=64");
+    }
+    if args.publishers > 1 && args.publisher.unwrap_or(args.target) == Target::Sse {
+        fail("--publishers above 1 is not for the sse publisher");
     }
     if args.window != 0 && args.window < args.batch as u64 {
         fail("--window must be 0 or at least --batch");
@@ -1178,20 +1191,26 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     let via = args.publisher.unwrap_or(args.target);
     let addr = args.publish_addr.unwrap_or(args.addr);
     let tls = tls_client().map(|c| c.config.clone());
-    let mut c = open(addr, via, tls.as_ref());
-    match via {
-        Target::Mqtt => mqtt_connect(&mut c, "aepload-pub"),
-        Target::Ws => ws_open(&mut c, addr, "emitter"),
-        Target::Ceiling => c
-            .write_all(b"PUB\n")
-            .unwrap_or_else(|e| fail(format!("ceiling publisher: {e}"))),
-        Target::Sse | Target::Redis | Target::Nats => {}
-    }
-    c.tcp().set_read_timeout(None).ok();
-    let s = PubConn::new(c);
     let stop = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Answers::default());
-    let reader = answers(s.try_clone(), via, state.clone(), stop.clone());
+    let mut conns = Vec::with_capacity(args.publishers);
+    let mut readers = Vec::with_capacity(args.publishers);
+    for k in 0..args.publishers {
+        let mut c = open(addr, via, tls.as_ref());
+        match via {
+            Target::Mqtt => mqtt_connect(&mut c, &format!("aepload-pub{k}")),
+            Target::Ws => ws_open(&mut c, addr, "emitter"),
+            Target::Ceiling => c
+                .write_all(b"PUB\n")
+                .unwrap_or_else(|e| fail(format!("ceiling publisher: {e}"))),
+            Target::Sse | Target::Redis | Target::Nats => {}
+        }
+        c.tcp().set_read_timeout(None).ok();
+        let s = PubConn::new(c);
+        readers.push(answers(s.try_clone(), via, state.clone(), stop.clone()));
+        conns.push(s);
+    }
+    let markers = conns.len() as u64;
     let tpl = Template::new(args.size);
     let topic = args.topic.as_bytes();
     let subject = nats_subject(&args.topic);
@@ -1265,35 +1284,35 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
             out.extend_from_slice(&body);
             state.sent_at.lock().unwrap().push_back(clock());
         }
-        if let Err(e) = s.write_all(&out) {
+        if let Err(e) = conns[requests as usize % conns.len()].write_all(&out) {
             fail(format!("publish: {e}"));
         }
         sent += n;
         requests += 1;
     }
     let written = clock();
-    let want = match via {
-        Target::Sse => requests,
-        Target::Redis => sent,
-        Target::Mqtt => {
-            let _ = s.write_all(&[0xC0, 0x00]); // PINGREQ
-            1
-        }
+    // One end marker per connection: each answer stands for that connection's Events.
+    let marker: Vec<u8> = match via {
+        Target::Sse | Target::Redis => Vec::new(),
+        Target::Mqtt => vec![0xC0, 0x00], // PINGREQ
         Target::Ws => {
             // Frames are handled in order: the pong stands for every Event before it.
             let mut p = Vec::new();
             ws_frame(br#"{"type":"ping","t":1}"#, &mut p);
-            let _ = s.write_all(&p);
-            1
+            p
         }
-        Target::Nats => {
-            // Likewise the PONG: NATS handles a connection's commands in order.
-            let _ = s.write_all(b"PING\r\n");
-            1
-        }
-        Target::Ceiling => {
-            let _ = s.write_all(b"PING\n");
-            1
+        // Likewise the PONG: NATS handles a connection's commands in order.
+        Target::Nats => b"PING\r\n".to_vec(),
+        Target::Ceiling => b"PING\n".to_vec(),
+    };
+    let want = match via {
+        Target::Sse => requests,
+        Target::Redis => sent,
+        _ => {
+            for s in &conns {
+                let _ = s.write_all(&marker);
+            }
+            markers
         }
     };
     // Wait for every answer (or until they stop coming).
@@ -1312,12 +1331,18 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     } else {
         written
     };
-    if via == Target::Mqtt {
-        let _ = s.write_all(&[0xE0, 0x00]); // DISCONNECT
+    for s in &conns {
+        if via == Target::Mqtt {
+            let _ = s.write_all(&[0xE0, 0x00]); // DISCONNECT
+        }
     }
     stop.store(true, Ordering::Relaxed);
-    s.shutdown_write();
-    let _ = reader.join();
+    for s in &conns {
+        s.shutdown_write();
+    }
+    for r in readers {
+        let _ = r.join();
+    }
     let (mut ok, bad) = (
         state.ok.load(Ordering::Relaxed),
         state.bad.load(Ordering::Relaxed),
@@ -1325,9 +1350,9 @@ fn publish(args: &Args, shared: &Shared, subscribers: u64, deadline: Instant) ->
     match via {
         // One 202 answers a whole batch.
         Target::Sse => ok = (ok * args.batch as u64).min(sent),
-        // The PINGRESP (pong) stands for every PUBLISH (Event) before it.
+        // Each connection's PINGRESP (pong) stands for every PUBLISH (Event) before it.
         Target::Mqtt | Target::Ws | Target::Nats | Target::Ceiling => {
-            ok = if ok > 0 { sent } else { 0 }
+            ok = if ok >= markers { sent } else { 0 }
         }
         Target::Redis => {}
     }
@@ -2065,7 +2090,7 @@ fn main() {
     let write_s = (published.written - published.started) as f64 / 1e9;
     if args.json {
         println!(
-            "{{\"target\":\"{}\",\"tls\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\
+            "{{\"target\":\"{}\",\"tls\":\"{}\",\"subscribers\":{},\"events\":{},\"size\":{},\"batch\":{},\"rate\":{},\"window\":{},\"publishers\":{},\
              \"expected\":{expected},\"deliveries\":{received},\"loss\":{loss},\"min_per_subscriber\":{min_sub},\
              \"connect_s\":{connect_s:.3},\"seconds\":{secs:.3},\"publish_seconds\":{publish_s:.3},\"write_seconds\":{write_s:.3},\"deliveries_per_s\":{rate:.0},\"events_per_s\":{events_rate:.0},\
              \"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"publish_ok\":{},\"publish_errors\":{},\"post_p50_us\":{:.1},\"post_p99_us\":{:.1},\
@@ -2079,6 +2104,7 @@ fn main() {
             args.batch,
             args.rate,
             args.window,
+            args.publishers,
             published.ok,
             published.bad,
             published.answer_p50_ns as f64 / 1e3,
@@ -2086,7 +2112,7 @@ fn main() {
         );
     } else {
         println!(
-            "{}{}: {} subscribers, {} Events of {} bytes (batch {}, rate {}, window {})",
+            "{}{}: {} subscribers, {} Events of {} bytes (batch {}, rate {}, window {}, {} publisher connections)",
             args.target.name(),
             if args.tls {
                 format!(" over {}", tls_seen())
@@ -2098,7 +2124,8 @@ fn main() {
             args.size,
             args.batch,
             args.rate,
-            args.window
+            args.window,
+            args.publishers
         );
         println!(
             "  deliveries {received}/{expected} (loss {loss}, {dropped} subscribers dropped) in {secs:.3} s: {rate:.0} deliveries/s, {events_rate:.0} Events/s"
