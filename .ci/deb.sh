@@ -110,7 +110,7 @@ echo "deb: installed $bin, $unit, /etc/default/$pkg (conffile, mode 600)"
 
 # The man pages (contrib/man/, generated from the clap definitions), gzipped by cargo-deb:
 # one per command, and `man` renders the relay's without a warning.
-for page in aep-relay aep-relay-tail aep-relay-validate aep-relay-check; do
+for page in aep-relay aep-relay-tail aep-relay-top aep-relay-validate aep-relay-check; do
   dpkg-query -L "$pkg" | grep -qE "^/usr/share/man/man1/$page\.1(\.gz)?$" ||
     fail "the package does not list the man page $page.1"
 done

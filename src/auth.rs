@@ -8,6 +8,7 @@
 //! s3cr3t-dashboard   watch
 //! s3cr3t-agent       emit,watch
 //! s3cr3t-operator    emit watch control
+//! s3cr3t-oncall      watch admin
 //! ```
 //!
 //! A request presents its token as `Authorization: Bearer <token>`, or as the query
@@ -15,8 +16,9 @@
 //! cannot set headers. Tokens are compared in constant time (SHA-256 digests compared
 //! with `subtle`), and never logged: use [`scrub_query`] before logging a request target.
 //!
-//! With no token configured the relay grants `emit` and `watch` to every peer that can
-//! reach it (the start-up gate keeps such a relay on loopback unless the operator says
+//! `admin` lets a token see every connection (`GET /connections`). With no token
+//! configured the relay grants `emit`, `watch` and `admin` to every peer that can reach
+//! it (the start-up gate keeps such a relay on loopback unless the operator says
 //! otherwise) and refuses all control (AEP-0004 §4.1: control needs authentication
 //! unconditionally).
 
@@ -39,8 +41,11 @@ impl Scopes {
     pub const WATCH: Scopes = Scopes(2);
     /// May send commands (AEP-0004).
     pub const CONTROL: Scopes = Scopes(4);
+    /// May see every connection (`GET /connections`, the status page's most lagging
+    /// consumers): peers, filters and the holders of other tokens.
+    pub const ADMIN: Scopes = Scopes(8);
     /// Every scope.
-    pub const ALL: Scopes = Scopes(7);
+    pub const ALL: Scopes = Scopes(15);
 
     /// Whether every scope of `other` is in `self`.
     pub fn contains(self, other: Scopes) -> bool {
@@ -58,6 +63,7 @@ impl Scopes {
             Scopes::EMIT => "emit",
             Scopes::WATCH => "watch",
             Scopes::CONTROL => "control",
+            Scopes::ADMIN => "admin",
             _ => "scopes",
         }
     }
@@ -67,6 +73,7 @@ impl Scopes {
             "emit" => Scopes::EMIT,
             "watch" => Scopes::WATCH,
             "control" => Scopes::CONTROL,
+            "admin" => Scopes::ADMIN,
             _ => return None,
         })
     }
@@ -74,7 +81,7 @@ impl Scopes {
 
 impl fmt::Debug for Scopes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL]
+        let names: Vec<&str> = [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL, Scopes::ADMIN]
             .into_iter()
             .filter(|s| self.contains(*s))
             .map(|s| s.name())
@@ -183,7 +190,7 @@ impl Auth {
             for p in parts {
                 let s = Scopes::parse_one(p).ok_or_else(|| {
                     err(format!(
-                        "line {}: unknown scope {p:?} (use emit, watch, control)",
+                        "line {}: unknown scope {p:?} (use emit, watch, control, admin)",
                         i + 1
                     ))
                 })?;
@@ -226,7 +233,7 @@ impl Auth {
     pub fn check(&self, head: &RequestHead) -> Result<Grant, AuthError> {
         if !self.enabled() {
             return Ok(Grant {
-                scopes: Scopes::EMIT.with(Scopes::WATCH),
+                scopes: Scopes::EMIT.with(Scopes::WATCH).with(Scopes::ADMIN),
                 authenticated: false,
             });
         }

@@ -1,5 +1,5 @@
 //! The binary's JSONL flags and its commands for people: `aep-relay tail`,
-//! `aep-relay validate` and `aep-relay check` (the live conformance checker, the
+//! `aep-relay top`, `aep-relay validate` and `aep-relay check` (the live conformance checker, the
 //! workspace's `aep-check` crate). Plain `aep-relay [FLAGS]` still runs the relay.
 
 use aep_relay::history::{self, Fsync, HistoryConfig};
@@ -14,6 +14,7 @@ use std::time::Duration;
 #[cfg(all(test, feature = "tls"))]
 mod docgen;
 pub mod tail;
+pub mod top;
 pub mod validate;
 
 /// The `--help` epilogue of the relay and of every command: the environment variables
@@ -27,6 +28,11 @@ pub enum Command {
     /// was ingested; reconnect and resume after a disconnect (no duplicate, no gap).
     #[command(after_help = LOG_ENV_HELP)]
     Tail(tail::TailArgs),
+    /// Show the relay's connections live, the most lagging consumer first: how far
+    /// behind, what is queued, what was dropped, on what filter (`GET /connections`,
+    /// scope `admin`).
+    #[command(after_help = LOG_ENV_HELP)]
+    Top(top::TopArgs),
     /// Check the envelope of every line of JSONL files (standard input when none) with
     /// the relay's own validator; `file:line: detail` per invalid line, exit 1 if any.
     #[command(after_help = LOG_ENV_HELP)]
@@ -38,10 +44,44 @@ pub enum Command {
     Check(aep_check::CheckArgs),
 }
 
+/// The HTTP client of a command that talks to the relay at `url` (`http://` or
+/// `https://`; over TLS with rustls, trusting the system's roots or, with `cacert`,
+/// exactly the certificates of that PEM file), reads timing out after `read_timeout`,
+/// with the rest of `url` after its scheme.
+///
+/// # Errors
+/// What is wrong with the URL or `cacert`, for the command to report.
+pub fn client<'a>(
+    url: &'a str,
+    cacert: Option<&std::path::Path>,
+    read_timeout: Duration,
+) -> Result<(ureq::Agent, &'a str), String> {
+    let (rest, https) = if let Some(r) = url.strip_prefix("http://") {
+        (r, false)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        (r, true)
+    } else {
+        return Err(format!("{url}: expected an http:// or https:// URL"));
+    };
+    let mut agent = ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(10))
+        .timeout_read(read_timeout);
+    match (https, cacert) {
+        (true, cacert) => {
+            let c = aep_check::tls::Client::new(cacert).map_err(|e| e.to_string())?;
+            agent = agent.tls_connector(std::sync::Arc::new(aep_check::tls::UreqConnector(c)));
+        }
+        (false, Some(_)) => return Err("--cacert is for https:// URLs".into()),
+        (false, None) => {}
+    }
+    Ok((agent.build(), rest))
+}
+
 /// Runs a command.
 pub fn run(cmd: Command) -> ExitCode {
     match cmd {
         Command::Tail(a) => tail::run(a),
+        Command::Top(a) => top::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Check(a) => aep_check::main(a),
     }

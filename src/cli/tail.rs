@@ -411,24 +411,17 @@ pub fn run(args: TailArgs) -> ExitCode {
 
 /// The follower `args` describe, or the exit code of a usage error (said on stderr).
 fn tail_of(args: TailArgs) -> Result<Tail, ExitCode> {
-    let (rest, https) = if let Some(r) = args.url.strip_prefix("http://") {
-        (r, false)
-    } else if let Some(r) = args.url.strip_prefix("https://") {
-        (r, true)
-    } else {
-        return Err(fail(format!(
-            "{}: expected an http:// or https:// URL",
-            args.url
-        )));
+    let Ok(idle) = Duration::try_from_secs_f64(args.idle_timeout_secs) else {
+        return Err(fail(
+            "--idle-timeout-secs must be a positive number of seconds",
+        ));
     };
-    let tls = match (https, &args.cacert) {
-        (true, cacert) => match aep_check::tls::Client::new(cacert.as_deref()) {
-            Ok(c) => Some(c),
-            Err(e) => return Err(fail(e)),
-        },
-        (false, Some(_)) => return Err(fail("--cacert is for https:// URLs")),
-        (false, None) => None,
-    };
+    let (agent, rest) = super::client(
+        &args.url,
+        args.cacert.as_deref(),
+        idle.max(Duration::from_millis(100)),
+    )
+    .map_err(fail)?;
     let stream_url = match rest.find('/') {
         None => format!("{}/stream", args.url),
         Some(i) if rest[i..] == *"/" => format!("{}stream", args.url),
@@ -460,18 +453,6 @@ fn tail_of(args: TailArgs) -> Result<Tail, ExitCode> {
             }
         }
     };
-    let Ok(idle) = Duration::try_from_secs_f64(args.idle_timeout_secs) else {
-        return Err(fail(
-            "--idle-timeout-secs must be a positive number of seconds",
-        ));
-    };
-    let mut agent = ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(10))
-        .timeout_read(idle.max(Duration::from_millis(100)));
-    if let Some(c) = tls {
-        agent = agent.tls_connector(std::sync::Arc::new(aep_check::tls::UreqConnector(c)));
-    }
-    let agent = agent.build();
     Ok(Tail {
         stream_url,
         filter: args.filter,

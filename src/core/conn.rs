@@ -703,6 +703,15 @@ pub(crate) struct Conn {
     pub(crate) post_since: Option<Instant>,
     /// This connection's share of the memory used, as last counted (`Core::account`).
     pub(crate) charged: Charge,
+    /// When the connection was accepted (its age in `GET /connections`).
+    pub(crate) opened: Instant,
+    /// The publication number (`Subscriber::decided`) of the last Event known written
+    /// to the socket, and the mark that moves it: `out.pushed()` just past what fan-out
+    /// had queued in one settle, with the `decided` of then. Moved per write, never per
+    /// Event; `GET /connections` reports `decided - written_publication` as how far
+    /// behind the consumer is.
+    pub(crate) written_publication: u64,
+    pub(crate) lag_mark: Option<(u64, u64)>,
 }
 
 impl Conn {
@@ -983,6 +992,9 @@ impl Conn {
             sampled: 0,
             post_since: None,
             charged: Default::default(),
+            opened: now,
+            written_publication: 0,
+            lag_mark: None,
         }
     }
 

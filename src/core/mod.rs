@@ -52,6 +52,7 @@ use timer::Timers;
 
 mod cluster;
 pub(crate) mod conn;
+mod connections;
 mod hub;
 mod journal;
 mod memory;
@@ -690,6 +691,11 @@ impl Core {
                 _ => {}
             }
         }
+        if let Some((_, decided)) = conn.lag_mark.filter(|(end, _)| written >= *end) {
+            // What fan-out had queued by then is written.
+            conn.lag_mark = None;
+            conn.written_publication = decided;
+        }
         if matches!(conn.phase, Phase::Closing) && written > written_before {
             // The linger counts from the last byte the peer took: a consumer still
             // reading its last answer (a long `live=0` replay) is not cut off mid-way.
@@ -904,6 +910,9 @@ impl Core {
                 {
                     c.sampled = c.subscriber.decided;
                     c.latency_mark = Some((c.subscriber.out.pushed(), self.now));
+                }
+                if c.lag_mark.is_none() {
+                    c.lag_mark = Some((c.subscriber.out.pushed(), c.subscriber.decided));
                 }
                 self.outputs.push_back(Output::Writable(key));
                 self.rearm(key);

@@ -314,7 +314,18 @@ impl Core {
             Handler::Stream => return self.begin_sse(key, head),
             Handler::Socket => return self.begin_ws(key, head, grant),
             Handler::Discovery => json(200, &self.discovery()),
-            Handler::Status => json(200, &self.status_json()),
+            Handler::Status => json(200, &self.status_json(grant.scopes.contains(Scopes::ADMIN))),
+            Handler::Connections => {
+                let limit = head.query_pairs().into_iter().find(|(k, _)| k == "limit");
+                match limit.map(|(_, v)| v.parse::<usize>()) {
+                    None => json(200, &self.connections_json(None)),
+                    Some(Ok(n)) => json(200, &self.connections_json(Some(n))),
+                    Some(Err(_)) => {
+                        let d = "`limit` must be a number of rows";
+                        return self.reply_skipping_body(key, head, Code::BadRequest, d, &[], &[]);
+                    }
+                }
+            }
             Handler::Health => {
                 // The counts only to an authenticated caller.
                 json(200, &self.health(grant.authenticated || !self.config.auth.enabled()))

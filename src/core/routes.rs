@@ -17,6 +17,8 @@ pub(crate) enum Handler {
     Socket,
     /// `GET /status`: the status page's JSON.
     Status,
+    /// `GET /connections`: one row per connection, most lagging first (scope `admin`).
+    Connections,
     /// `GET /`: the status page.
     #[cfg(feature = "status-page")]
     StatusPage,
@@ -56,6 +58,7 @@ pub(crate) const ROUTES: &[Route] = &[
     route("GET", "/stream", Scopes::WATCH, Handler::Stream),
     route("GET", "/socket", Scopes::NONE, Handler::Socket),
     route("GET", "/status", Scopes::WATCH, Handler::Status),
+    route("GET", "/connections", Scopes::ADMIN, Handler::Connections),
     #[cfg(feature = "status-page")]
     route("GET", "/", Scopes::WATCH, Handler::StatusPage),
     route("GET", "/metrics", Scopes::WATCH, Handler::Metrics),

@@ -14,8 +14,9 @@ use serde_json::json;
 impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
     /// the client's deltas), and the 100 most recently written sessions with their
-    /// positions.
-    pub(super) fn status_json(&self) -> Vec<u8> {
+    /// positions; for a caller with the `admin` scope, also the ten most lagging
+    /// consumers (`lagging`, rows of `GET /connections` that have something queued).
+    pub(super) fn status_json(&self, admin: bool) -> Vec<u8> {
         let (http_n, sse_n, ws_n) = self.connection_counts();
         let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
         let count = self.store.session_count();
@@ -74,6 +75,11 @@ impl Core {
             // Cluster mode: this relay's state and every relay it knows.
             "cluster": self.cluster_status(),
         });
+        let mut doc = doc;
+        if admin {
+            let rows = self.lagging(10, |r| r.queued_bytes > 0);
+            doc["lagging"] = serde_json::to_value(rows).unwrap_or_default();
+        }
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 

@@ -181,6 +181,56 @@ impl Pred {
         }
     }
 
+    /// This predicate as one attr-match member: its key and operands ([`Filter::to_json`]).
+    fn to_json(&self) -> (&str, Value) {
+        let strs = |set: &StrSet| set.0.iter().map(|s| Value::from(&**s)).collect::<Vec<_>>();
+        let levels = |mask: u8, names: &[&'static str]| -> Value {
+            let on = names
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0);
+            Value::Array(on.map(|(_, n)| Value::from(*n)).collect())
+        };
+        match self {
+            Pred::Text { attr, values } => (attr.name(), Value::Array(strs(values))),
+            Pred::Type { exact, prefixes } => {
+                let mut v = strs(exact);
+                v.extend(prefixes.iter().map(|p| Value::from(format!("{p}*"))));
+                ("type", Value::Array(v))
+            }
+            Pred::Epoch(e) => ("epoch", e.iter().map(|&x| Value::from(x)).collect()),
+            Pred::Severity(mask) => {
+                let names = Severity::ALL.map(Severity::as_str);
+                ("severity", levels(*mask, &names))
+            }
+            Pred::Capture(mask) => ("capture", levels(*mask, &Capture::ALL.map(Capture::as_str))),
+            Pred::Ext {
+                name,
+                strs: s,
+                ints,
+                bools,
+            } => {
+                let mut v = strs(s);
+                v.extend(
+                    ints.iter()
+                        .map(|&i| match (i64::try_from(i), u64::try_from(i)) {
+                            (Ok(i), _) => Value::from(i),
+                            (_, Ok(u)) => Value::from(u),
+                            // Past JSON's integers: shown as its digits.
+                            _ => Value::from(i.to_string()),
+                        }),
+                );
+                v.extend(
+                    [false, true]
+                        .into_iter()
+                        .filter(|b| bools & (1 << *b as u8) != 0)
+                        .map(Value::from),
+                );
+                (name, Value::Array(v))
+            }
+        }
+    }
+
     #[inline]
     fn matches<A: Attributes + ?Sized>(&self, ev: &A) -> bool {
         match self {
@@ -295,6 +345,29 @@ impl Filter {
     /// Whether this is the empty filter (matches every Event).
     pub fn is_match_all(&self) -> bool {
         self.preds.is_empty()
+    }
+
+    /// The filter in attr-match form (AEP-0003 §6.1), for display (`GET /connections`):
+    /// an object with one member per predicate, its operands as an inclusion array
+    /// (`type` prefixes as `prefix.*`, levels by name). It matches the same Events as
+    /// the filter it was compiled from, though it may spell them differently. Should two
+    /// predicates share a key (filters combined), the object becomes an array of
+    /// one-member objects, all of which must hold.
+    pub fn to_json(&self) -> Value {
+        let members: Vec<(&str, Value)> = self.preds.iter().map(Pred::to_json).collect();
+        let mut keys: Vec<&str> = members.iter().map(|(k, _)| *k).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() == members.len() {
+            let m = members.into_iter().map(|(k, v)| (k.to_string(), v));
+            return Value::Object(m.collect());
+        }
+        let one = |(k, v): (&str, Value)| {
+            let mut m = serde_json::Map::new();
+            m.insert(k.to_string(), v);
+            Value::Object(m)
+        };
+        Value::Array(members.into_iter().map(one).collect())
     }
 
     /// The exact `session`, `agent` and `type` values this filter requires, for the

@@ -580,3 +580,24 @@ fn json_event_helper_applies_defaults() {
     assert_eq!(e.text(Attr::Type), None);
     assert_eq!(e.extension("acme"), None);
 }
+
+/// A filter shown in attr-match form (`GET /connections`) compiles back to the same
+/// filter, for every kind of member.
+#[test]
+fn to_json_compiles_back_to_the_same_filter() {
+    for v in [
+        json!({}),
+        json!({"session": "s1"}),
+        json!({"agent": ["a", "b"], "type": ["tool.completed", "attention.*"]}),
+        json!({"severity": {"gte": "notice"}, "capture": ["full", "redacted"]}),
+        json!({"epoch": [0, 3], "team": ["x", 7, true], "run": "r"}),
+    ] {
+        let filter = f(v.clone());
+        let shown = filter.to_json();
+        assert_eq!(f(shown.clone()), filter, "{v} shown as {shown}");
+    }
+    assert_eq!(
+        f(json!({"type": "tool.*", "severity": "error"})).to_json(),
+        json!({"type": ["tool.*"], "severity": ["error"]})
+    );
+}

@@ -10,6 +10,7 @@ mod support;
 
 mod cli_help;
 mod conformance_check;
+mod connections;
 mod history_restart;
 mod jsonl_ingest;
 mod memory_cgroup;
