@@ -230,6 +230,29 @@ pub fn replay_exhausted(session: &str, earliest: (u64, u64)) -> Bytes {
     ))
 }
 
+/// Session names an SSE `id:` line must carry safely (escaped, then read back
+/// exactly): the escape character itself, line breaks, NUL, controls, leading blanks,
+/// non-ASCII, a forged field and the separator. For the tests of the escape and of
+/// reading `Last-Event-ID` back (`subscription`).
+#[cfg(test)]
+pub(crate) const HOSTILE_SESSIONS: &[&str] = &[
+    "%",
+    "%25",
+    "a%b",
+    "\r",
+    "\n",
+    "\0",
+    "a\r\nb",
+    " lead",
+    "  ",
+    "\t\u{1b}[31m\u{7f}",
+    "é",
+    "会话",
+    "𝄞",
+    "s1\ndata: {\"fake\":true}\n\nid: x",
+    "a:0:1",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,25 +276,8 @@ mod tests {
         for s in ["s_8f2c", "a:b", "run 7", "x-y.z~!*'()", "a\\b"] {
             assert_eq!(escape(s), s);
         }
-        let hostile = [
-            "%",
-            "%25",
-            "a%b",
-            "\r",
-            "\n",
-            "\0",
-            "a\r\nb",
-            " lead",
-            "  ",
-            "\t\u{1b}[31m\u{7f}",
-            "é",
-            "会话",
-            "𝄞",
-            "s1\ndata: {\"fake\":true}\n\nid: x",
-            "a:0:1",
-        ];
         let long = "é%\n:".repeat(256);
-        for s in hostile.iter().copied().chain([long.as_str()]) {
+        for s in HOSTILE_SESSIONS.iter().copied().chain([long.as_str()]) {
             let e = escape(s);
             assert!(
                 e.bytes()
