@@ -229,31 +229,7 @@ impl Core {
         self.ledger.conns.sub(old);
         self.ledger.conns.add(now);
         #[cfg(debug_assertions)]
-        self.check_conn(key);
-    }
-
-    /// Panics when connection `key` breaks what the comments promise of it: its queues'
-    /// counts (`OutQueue`), its SSE subscription naming it back, its armed deadline's
-    /// generation not ahead of the timer's. Debug builds run it from [`Core::account`],
-    /// after each input, body read, write and budget drop of the connection (one that
-    /// fan-out alone reached is checked at its next write); O(its queue length).
-    #[cfg(debug_assertions)]
-    fn check_conn(&self, key: ConnId) {
-        let Some(conn) = self.conns.get(key) else {
-            return;
-        };
-        conn.subscriber.out.check();
-        conn.subscriber.backlog.check();
-        if let Phase::Sse { sub } = conn.phase {
-            let back = self.hub.get(sub).map(|s| s.conn);
-            assert_eq!(back, Some(key), "an SSE connection's subscription names it");
-        }
-        if let Some((_, generation)) = conn.armed {
-            assert!(
-                generation <= self.timers.generation(),
-                "an armed deadline's generation"
-            );
-        }
+        check_conn(conn, key, &self.hub, &self.timers);
     }
 
     /// Forgets a closed connection's share: its queued slices and its charge.
@@ -366,6 +342,27 @@ impl Core {
         }
         self.ledger.dropped_consumers += 1;
         self.account(key);
+    }
+}
+
+/// Panics when connection `key` (`conn`) breaks what the comments promise of it: its queues'
+/// counts (`OutQueue`), its SSE subscription naming it back, its armed deadline's
+/// generation not ahead of the timer's. Debug builds run it from [`Core::account`],
+/// after each input, body read, write and budget drop of the connection (one that
+/// fan-out alone reached is checked at its next write); O(its queue length).
+#[cfg(debug_assertions)]
+fn check_conn(conn: &Conn, key: ConnId, hub: &super::hub::Hub, timers: &super::timer::Timers) {
+    conn.subscriber.out.check();
+    conn.subscriber.backlog.check();
+    if let Phase::Sse { sub } = conn.phase {
+        let back = hub.get(sub).map(|s| s.conn);
+        assert_eq!(back, Some(key), "an SSE connection's subscription names it");
+    }
+    if let Some((_, generation)) = conn.armed {
+        assert!(
+            generation <= timers.generation(),
+            "an armed deadline's generation"
+        );
     }
 }
 
