@@ -61,6 +61,25 @@ struct Cli {
     /// Most simultaneous connections (503 with Retry-After above).
     #[arg(long, env = "AEP_MAX_CONNECTIONS", default_value_t = config::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Most open connections from one peer address (503 with Retry-After above, the
+    /// request unread); 0: no limit. Loopback peers are not exempt: behind a reverse
+    /// proxy every client has the proxy's address, so leave it 0 there.
+    #[arg(long, env = "AEP_MAX_CONNECTIONS_PER_IP", default_value_t = 0)]
+    max_connections_per_ip: usize,
+    /// Accepts served per second, a token bucket (503 with a Retry-After that spreads
+    /// the refused peers' return, the request unread); 0: no limit.
+    #[arg(long, env = "AEP_ACCEPT_RATE", default_value_t = config::DEFAULT_ACCEPT_RATE)]
+    accept_rate: u32,
+    /// Accepts the bucket holds: how many are served at once after a quiet spell.
+    #[arg(long, env = "AEP_ACCEPT_BURST", default_value_t = config::DEFAULT_ACCEPT_BURST)]
+    accept_burst: u32,
+    /// Least SSE reconnection delay in ms, sent in each stream's `retry:` field.
+    #[arg(long, env = "AEP_SSE_RETRY_MS", default_value_t = config::DEFAULT_SSE_RETRY.as_millis() as u64)]
+    sse_retry_ms: u64,
+    /// Most ms added to --sse-retry-ms, drawn uniformly per stream, so consumers dropped
+    /// together reconnect spread out.
+    #[arg(long, env = "AEP_SSE_RETRY_JITTER_MS", default_value_t = config::DEFAULT_SSE_RETRY_JITTER.as_millis() as u64)]
+    sse_retry_jitter_ms: u64,
     /// Memory budget: bytes, or with a KiB, MiB or GiB suffix. Held Events are evicted
     /// and the consumers holding the most output dropped to stay under it; ingest is
     /// never refused for it. Default: half the cgroup memory limit, else half the
@@ -87,7 +106,8 @@ struct Cli {
     /// Seconds a WebSocket peer may stay silent (not even a `pong`) before it is closed.
     #[arg(long, env = "AEP_WS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_WS_IDLE_TIMEOUT.as_secs_f64())]
     ws_idle_timeout_secs: f64,
-    /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection.
+    /// Seconds a graceful shutdown (SIGTERM, SIGINT) may take to flush every connection;
+    /// the streams are ended spread over its first half.
     #[arg(long, env = "AEP_SHUTDOWN_DEADLINE_SECS", default_value_t = config::DEFAULT_SHUTDOWN_DEADLINE.as_secs_f64())]
     shutdown_deadline_secs: f64,
     /// Browser origins allowed cross-origin (comma-separated, `*` for any).
@@ -141,6 +161,11 @@ impl Cli {
             request_timeout: secs(self.request_timeout_secs, "--request-timeout-secs")?,
             idle_timeout: secs(self.idle_timeout_secs, "--idle-timeout-secs")?,
             max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            accept_rate: self.accept_rate,
+            accept_burst: self.accept_burst,
+            sse_retry: Duration::from_millis(self.sse_retry_ms),
+            sse_retry_jitter: Duration::from_millis(self.sse_retry_jitter_ms),
             max_output_bytes: self.max_output,
             max_ws_message_bytes: self.max_ws_message,
             ws_deflate: self.ws_deflate,

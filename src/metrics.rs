@@ -23,7 +23,8 @@ pub const DISCONNECTS: &str = "aep_backpressure_disconnects_total";
 pub const CONN_DROPPED: &str = "aep_connection_dropped_events_total";
 /// Open connections, by binding.
 pub const CONNECTIONS: &str = "aep_connections";
-/// Connections refused at the connection limit.
+/// Connections refused before their request was read, by reason (`max-connections`,
+/// `per-ip`, `accept-rate`).
 pub const REFUSED_CONNECTIONS: &str = "aep_connections_refused_total";
 /// Live subscriptions.
 pub const SUBSCRIPTIONS: &str = "aep_subscriptions";
@@ -125,7 +126,7 @@ pub const FAMILIES: &[Family] = &[
     family(DELIVERIES, Kind::Counter, "Frames delivered to subscribers, by binding."),
     family(DROPPED, Kind::Counter, "Events not delivered to slow consumers, by severity (AEP-0003 §8.4: debug past half of --max-output, info past three quarters)."),
     family(DISCONNECTS, Kind::Counter, "Consumers disconnected because a notice-or-above Event could not be queued."),
-    family(REFUSED_CONNECTIONS, Kind::Counter, "Connections refused at the connection limit."),
+    family(REFUSED_CONNECTIONS, Kind::Counter, "Connections refused with 503 before their request was read, by reason: max-connections (--max-connections), per-ip (--max-connections-per-ip), accept-rate (--accept-rate, --accept-burst)."),
     family(CONN_DROPPED, Kind::Counter, "Events dropped toward each live connection that had drops (the series ends with the connection)."),
     family(CONNECTIONS, Kind::Gauge, "Open connections, by binding."),
     family(SUBSCRIPTIONS, Kind::Gauge, "Live subscriptions."),
@@ -274,8 +275,12 @@ pub struct Metrics {
     pub ingested_jsonl: u64,
     /// Refusals by error code (`invalid-event`, `too-many-events`, …).
     pub rejected: Vec<(&'static str, u64)>,
-    /// Connections refused at the limit.
+    /// Connections refused at `max_connections`.
     pub refused_connections: u64,
+    /// Connections refused at `max_connections_per_ip`.
+    pub refused_per_ip: u64,
+    /// Connections refused by the accept bucket (`accept_rate`).
+    pub refused_accept_rate: u64,
     /// [`DELIVERY_LATENCY`] of SSE consumers.
     pub latency_sse: Histogram<14>,
     /// [`DELIVERY_LATENCY`] of WebSocket consumers.
@@ -292,6 +297,8 @@ impl Default for Metrics {
             ingested_jsonl: 0,
             rejected: Vec::new(),
             refused_connections: 0,
+            refused_per_ip: 0,
+            refused_accept_rate: 0,
             latency_sse: Histogram::new(&DELIVERY_LATENCY_BUCKETS),
             latency_ws: Histogram::new(&DELIVERY_LATENCY_BUCKETS),
             post_duration: Histogram::new(&POST_DURATION_BUCKETS),

@@ -41,6 +41,12 @@ pub enum Code {
     UpgradeRequired,
     /// At `max_connections` (503 with `Retry-After`).
     TooManyConnections,
+    /// The peer's address has `max_connections_per_ip` open (503 with `Retry-After`,
+    /// the request unread).
+    TooManyConnectionsPerIp,
+    /// The accept bucket (`accept_rate`, `accept_burst`) is empty (503 with a
+    /// `Retry-After` that spreads the refused peers' return, the request unread).
+    AcceptRateLimited,
     /// Not a valid Event (400; AEP-0001 §5).
     InvalidEvent,
     /// A batch over `max_batch_events` (413).
@@ -98,6 +104,8 @@ impl Code {
             Code::UnsupportedMediaType => "unsupported-media-type",
             Code::UpgradeRequired => "upgrade-required",
             Code::TooManyConnections => "too-many-connections",
+            Code::TooManyConnectionsPerIp => "too-many-connections-per-ip",
+            Code::AcceptRateLimited => "accept-rate-limited",
             Code::InvalidEvent => "invalid-event",
             Code::TooManyEvents => "too-many-events",
             Code::HistoryUnavailable => "history-unavailable",
@@ -148,7 +156,11 @@ impl Code {
             Code::UnsupportedMediaType => 415,
             Code::VersionUnsupported | Code::UpgradeRequired => 426,
             Code::HeadTooLarge => 431,
-            Code::TooManyConnections | Code::HistoryUnavailable | Code::ClusterUnavailable => 503,
+            Code::TooManyConnections
+            | Code::TooManyConnectionsPerIp
+            | Code::AcceptRateLimited
+            | Code::HistoryUnavailable
+            | Code::ClusterUnavailable => 503,
             Code::NoRoute | Code::Ambiguous | Code::Unsupported => 409,
         }
     }

@@ -52,6 +52,18 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
 /// Default time a graceful shutdown may take to flush every connection
 /// (`AEP_SHUTDOWN_DEADLINE_SECS`): 10 seconds; past it the process exits non-zero.
 pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+/// Default accepts served per second (`AEP_ACCEPT_RATE`), a token bucket: a storm of
+/// reconnections is taken at this pace, the rest answered 503 with `Retry-After`
+/// spread over the seconds the bucket needs for them.
+pub const DEFAULT_ACCEPT_RATE: u32 = 2000;
+/// Default accepts the bucket holds (`AEP_ACCEPT_BURST`): how many are served at once
+/// after a quiet spell.
+pub const DEFAULT_ACCEPT_BURST: u32 = 2000;
+/// Default least SSE reconnection delay sent in `retry:` (`AEP_SSE_RETRY_MS`).
+pub const DEFAULT_SSE_RETRY: Duration = Duration::from_millis(1000);
+/// Default spread added to it, uniformly at random per stream
+/// (`AEP_SSE_RETRY_JITTER_MS`): consumers dropped together come back over this span.
+pub const DEFAULT_SSE_RETRY_JITTER: Duration = Duration::from_millis(4000);
 /// Default bound of one connection's output queue in bytes (`AEP_MAX_OUTPUT`): 8 MiB.
 pub const DEFAULT_MAX_OUTPUT: usize = 8 * 1024 * 1024;
 /// Default largest WebSocket message a peer may send, in bytes, after reassembling its
@@ -120,8 +132,28 @@ pub struct Config {
     /// AEP-0003 §3.5 #5). Must exceed `heartbeat`, or a peer that only answers pings
     /// would be closed.
     pub ws_idle_timeout: Duration,
-    /// How long a graceful shutdown may take to flush every connection.
+    /// How long a graceful shutdown may take to flush every connection. Streams are
+    /// ended spread over its first half, in a random order, so that their consumers do
+    /// not reconnect (to the next relay) all at once.
     pub shutdown_deadline: Duration,
+    /// Most open connections from one peer address (`AEP_MAX_CONNECTIONS_PER_IP`); more
+    /// are answered 503 `too-many-connections-per-ip` with `Retry-After`, before their
+    /// request is read. 0 (the default): no limit, since behind a reverse proxy every
+    /// client has the proxy's address. Loopback peers are not exempt.
+    pub max_connections_per_ip: usize,
+    /// Accepts served per second, a token bucket holding `accept_burst`
+    /// (`AEP_ACCEPT_RATE`); more are answered 503 `accept-rate-limited` with a
+    /// `Retry-After` that spreads their return, before their request is read. 0: no
+    /// limit.
+    pub accept_rate: u32,
+    /// Accepts the bucket holds (`AEP_ACCEPT_BURST`, at least 1 with a rate).
+    pub accept_burst: u32,
+    /// Least SSE reconnection delay sent in each stream's `retry:` field (WHATWG HTML,
+    /// server-sent events; `AEP_SSE_RETRY_MS`).
+    pub sse_retry: Duration,
+    /// Spread added to `sse_retry`, uniformly at random per stream
+    /// (`AEP_SSE_RETRY_JITTER_MS`).
+    pub sse_retry_jitter: Duration,
     /// Browser origins allowed to read responses cross-origin (`--cors-origin`,
     /// `AEP_CORS_ORIGIN`, comma-separated; `*` for any). Empty: no CORS headers, so
     /// only same-origin pages (the status page) can read the relay from a browser.
@@ -176,6 +208,11 @@ impl Default for Config {
             max_subscriptions_per_conn: DEFAULT_MAX_SUBSCRIPTIONS,
             ws_idle_timeout: DEFAULT_WS_IDLE_TIMEOUT,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
+            max_connections_per_ip: 0,
+            accept_rate: DEFAULT_ACCEPT_RATE,
+            accept_burst: DEFAULT_ACCEPT_BURST,
+            sse_retry: DEFAULT_SSE_RETRY,
+            sse_retry_jitter: DEFAULT_SSE_RETRY_JITTER,
             cors_origins: Vec::new(),
             auth: Auth::default(),
             #[cfg(feature = "tls")]
@@ -239,6 +276,12 @@ impl Config {
             return Err(ConfigError {
                 field: "max_head_bytes (AEP_MAX_HEAD)",
                 reason: "must be at least 512 bytes".into(),
+            });
+        }
+        if self.accept_rate > 0 && self.accept_burst == 0 {
+            return Err(ConfigError {
+                field: "accept_burst (AEP_ACCEPT_BURST)",
+                reason: "must be at least 1 with an accept rate".into(),
             });
         }
         if self.max_output_bytes < 64 * 1024 {

@@ -59,7 +59,9 @@ mod memory;
 mod replay;
 mod request;
 mod routes;
+mod shutdown;
 mod status;
+mod storm;
 mod timer;
 mod ws;
 mod ws_state;
@@ -268,6 +270,13 @@ pub struct Core {
     publication: u64,
     /// Set once a graceful shutdown began: the deadline for flushing.
     shutdown_deadline: Option<Instant>,
+    /// During a graceful shutdown, the streams still to end and when, earliest first
+    /// (spread over the first half of the deadline, `shutdown`).
+    shutdown_closes: VecDeque<(Instant, ConnId)>,
+    /// Which accepted connections are served (per address, accept rate: `storm`).
+    gate: storm::Gate,
+    /// The SSE `retry:` jitter and the order of shutdown closes ([`Core::seed`]).
+    rng: storm::Rng,
     stopped: bool,
     /// Events accepted since start.
     ingested: u64,
@@ -312,6 +321,14 @@ impl Core {
             front_placed: None,
             publication: 0,
             shutdown_deadline: None,
+            shutdown_closes: VecDeque::new(),
+            gate: storm::Gate::new(
+                config.max_connections_per_ip,
+                config.accept_rate,
+                config.accept_burst,
+                now,
+            ),
+            rng: storm::Rng::new(unix_ms),
             stopped: false,
             ingested: 0,
             discovery: std::cell::OnceCell::new(),
@@ -362,9 +379,12 @@ impl Core {
     /// A new connection from `peer`.
     ///
     /// # Errors
-    /// At `max_connections`, the answer the peer gets instead (a complete 503
-    /// `too-many-connections` response with `Retry-After`, to write as is before closing);
-    /// counted and logged like every refusal.
+    /// At `max_connections`, at `max_connections_per_ip` for `peer`'s address, or with
+    /// the accept bucket empty (`accept_rate`), the answer the peer gets instead, before
+    /// its request is read: a complete 503 response (`too-many-connections`,
+    /// `too-many-connections-per-ip`, `accept-rate-limited`) with `Retry-After`, to
+    /// write as is before closing; counted (`aep_connections_refused_total{reason}`)
+    /// and logged like every refusal.
     pub fn open(&mut self, peer: SocketAddr, now: Instant) -> Result<ConnId, Vec<u8>> {
         self.now = now;
         if self.conns.len() >= self.config.max_connections {
@@ -384,6 +404,9 @@ impl Core {
                 &[("Retry-After", "1")],
                 true,
             ));
+        }
+        if let Err(why) = self.gate.admit(peer.ip(), now) {
+            return Err(self.refuse_at_gate(peer, why));
         }
         let key = self.conns.insert(Conn::new(peer, now));
         self.rearm(key);
@@ -503,6 +526,7 @@ impl Core {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
         self.bus_timeout(now);
+        self.end_streams_due(now);
         for key in std::mem::take(&mut self.deferred) {
             self.mark_dirty(key);
         }
@@ -549,6 +573,7 @@ impl Core {
         [
             self.timers.next(),
             self.shutdown_deadline.filter(|_| !self.stopped),
+            self.shutdown_closes.front().map(|(at, _)| *at),
             self.bus_deadline(),
         ]
         .into_iter()
@@ -748,68 +773,6 @@ impl Core {
         }
     }
 
-    /// Starts a graceful shutdown: no new connection; every SSE stream ends with
-    /// `: shutting-down`; WebSockets get `closing` and a close 1001; idle connections
-    /// close; requests in flight finish with `Connection: close`. [`Output::Stop`] comes
-    /// once every connection is gone, or when `shutdown_deadline` passes.
-    pub fn begin_shutdown(&mut self, now: Instant) {
-        self.now = now;
-        if self.shutdown_deadline.is_some() {
-            return;
-        }
-        log::info!(
-            "shutting down: {} connections to drain within {:?}",
-            self.conns.len(),
-            self.config.shutdown_deadline
-        );
-        self.shutdown_deadline = Some(now + self.config.shutdown_deadline);
-        let outbox = self.outbox_len();
-        if outbox > 0 {
-            log::info!(
-                "shutting down: waiting up to {:?} for the {outbox} Events of the cluster outbox to reach the stream",
-                self.config.shutdown_deadline
-            );
-        }
-        let keys: Vec<ConnId> = self.conns.ids();
-        for key in keys {
-            let conn = &mut self.conns[key];
-            match conn.phase {
-                Phase::Sse { sub } => {
-                    self.hub.remove(sub);
-                    conn.subscriber.end_streaming();
-                    conn.send(sse::SHUTTING_DOWN);
-                    conn.enter(Phase::Closing);
-                    conn.close_after_flush = true;
-                    conn.since = now;
-                    self.mark_dirty(key);
-                }
-                Phase::Ws(_) => {
-                    let going_away = crate::wire::ws::rfc6455::close_code::GOING_AWAY;
-                    self.ws_close(key, "shutting down", going_away);
-                }
-                Phase::Head if conn.rbuf.is_empty() && conn.subscriber.out.is_empty() => {
-                    self.close(key)
-                }
-                // A replay-only stream (`live=0`) still replaying: it ends now, like a
-                // live one, with what it has queued and `: shutting-down` (never
-                // `: replay-complete`: the replay did not complete).
-                Phase::Closing if conn.subscriber.replay.front().is_some_and(|j| j.end_after) => {
-                    conn.subscriber.end_streaming();
-                    conn.send(sse::SHUTTING_DOWN);
-                    conn.close_after_flush = true;
-                    conn.since = now;
-                    self.mark_dirty(key);
-                }
-                Phase::Closing => {}
-                _ => {
-                    // Answered with Connection: close when it completes (see `reply`).
-                }
-            }
-            self.rearm(key);
-        }
-        self.check_drained();
-    }
-
     /// Probe (feature `test-probes`, for the tests, benches and fuzz targets; not for
     /// driving the core): bytes queued for output on `id` (`None`: no such
     /// connection). Each connection
@@ -935,6 +898,7 @@ impl Core {
         }
         self.end_unit();
         let mut conn = self.conns.remove(key);
+        self.gate.release(conn.peer.ip());
         self.unaccount(&mut conn);
         match &conn.phase {
             Phase::Sse { sub } => self.hub.remove(*sub),

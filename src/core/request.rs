@@ -650,6 +650,8 @@ impl Core {
                 return self.reply_skipping_body(key, head, e.code, &e.detail, &[], &[]);
             }
         };
+        // A live stream's consumer reconnects when it ends: when, with jitter.
+        let retry = req.live.then(|| self.sse_retry_ms());
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -661,6 +663,9 @@ impl Core {
         match &conn.cors {
             Some(origin) => conn.send(http::insert_headers(head, &http::cors_lines(origin))),
             None => conn.send(head),
+        }
+        if let Some(ms) = retry {
+            conn.send(sse::retry(ms));
         }
         conn.last_write = self.now;
         // Replay precedes live delivery (AEP-0003 §5, §7), paced by the consumer's reading

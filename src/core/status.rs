@@ -122,7 +122,14 @@ impl Core {
                 ],
             ),
             metrics::DISCONNECTS => Samples::one(st.backpressure_disconnects as f64),
-            metrics::REFUSED_CONNECTIONS => Samples::one(m.refused_connections as f64),
+            metrics::REFUSED_CONNECTIONS => Samples::by(
+                "reason",
+                [
+                    ("max-connections", m.refused_connections as f64),
+                    ("per-ip", m.refused_per_ip as f64),
+                    ("accept-rate", m.refused_accept_rate as f64),
+                ],
+            ),
             metrics::CONN_DROPPED => Samples::Values(
                 self.conns
                     .iter()

@@ -119,6 +119,19 @@ pub const STREAM_HEAD: &[u8] = stream_head!("keep-alive");
 /// pipelining a request behind it knows it will not be answered there.
 pub const REPLAY_HEAD: &[u8] = stream_head!("close");
 
+/// The `retry:` field that sets a consumer's reconnection delay to `ms` milliseconds
+/// (WHATWG HTML, "Server-sent events", interpreting an event stream: a `retry` field of
+/// ASCII digits), as a message of its own: with no `data` field it dispatches nothing.
+/// Sent once per stream, after the head, with a per-stream jitter so that consumers
+/// dropped together reconnect spread out.
+///
+/// ```
+/// assert_eq!(&aep_relay::wire::sse::retry(2500)[..], b"retry: 2500\n\n");
+/// ```
+pub fn retry(ms: u64) -> Bytes {
+    Bytes::from(format!("retry: {ms}\n\n"))
+}
+
 /// The heartbeat comment (AEP-0003 §3.3.4).
 pub const PING: &[u8] = b": ping\n\n";
 

@@ -21,6 +21,7 @@ mod shedding;
 mod sse_hostile;
 mod sse_stream;
 mod status_page;
+mod storms;
 mod tls;
 mod ws_control;
 mod ws_deflate;

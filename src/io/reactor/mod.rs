@@ -41,6 +41,15 @@ const SCRATCH: usize = 64 * 1024;
 mod handles;
 pub use handles::{StartError, StopHandle};
 
+/// A seed for the core's jitter from the operating system's randomness (the keys of
+/// std's `RandomState`), so that relays started in the same millisecond draw apart.
+fn os_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish()
+}
+
 fn conn_token(id: ConnId) -> Token {
     Token(id.index() + FIRST_CONN)
 }
@@ -141,6 +150,7 @@ impl Relay {
             super::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
                 .map_err(StartError::Jsonl)?;
         let mut core = Core::new(config, Box::new(NoJournal), now, unix_ms);
+        core.seed(os_seed());
         // The durable history: rebuild the replay buffers, then keep appending.
         if let Some(h) = history {
             let (dir, sync) = (h.dir.clone(), h.fsync != super::history::Fsync::Never);

@@ -37,6 +37,12 @@
 //! the time until every subscriber is subscribed again, handshakes per second, how many
 //! handshakes were resumptions, and the server's CPU seconds.
 //!
+//! `--reconnect-storm --resume` (SSE, plain) measures resumption instead: N subscribers
+//! caught up on one session, all dropped and reconnecting with `Last-Event-ID` while one
+//! Event is POSTed every 1/`--rate` s; it reports the time until all are subscribed and
+//! caught up again, whether each resumed exactly, and the POST latency during the storm
+//! (`resume.rs`).
+//!
 //! Targets are loopback addresses only; counts and durations are bounded and the tool
 //! always stops by itself (`--timeout`).
 
@@ -49,6 +55,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+
+mod resume;
 use memchr::memmem;
 use mio::{Events, Interest, Poll, Token};
 
@@ -182,6 +190,16 @@ struct Args {
     /// With --reconnect-storm: subscribers connecting at the same time (threads).
     #[arg(long, default_value_t = 64)]
     storm_threads: usize,
+    /// With --reconnect-storm (SSE, plain): the subscribers resume after their last
+    /// Event (`Last-Event-ID`) while one Event is POSTed every 1/--rate s (default 200
+    /// a second); reports the time to all resumed, whether each resumed exactly, and
+    /// the POST latency during the storm.
+    #[arg(long)]
+    resume: bool,
+    /// With --reconnect-storm --resume: each subscriber first waits the `retry:` its
+    /// stream was sent, as an `EventSource` does (else all reconnect at once).
+    #[arg(long)]
+    storm_honor_retry: bool,
 }
 
 /// `"loadts":` followed by exactly this many digits.
@@ -1878,7 +1896,11 @@ fn main() {
                 "--reconnect-storm: not done within --timeout {limit} s"
             ))
         });
-        storm(&args);
+        if args.resume {
+            resume::storm_resume(&args);
+        } else {
+            storm(&args);
+        }
         return;
     }
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
