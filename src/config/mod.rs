@@ -57,8 +57,10 @@ pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// spread over the seconds the bucket needs for them.
 pub const DEFAULT_ACCEPT_RATE: u32 = 2000;
 /// Default accepts the bucket holds (`AEP_ACCEPT_BURST`): how many are served at once
-/// after a quiet spell.
-pub const DEFAULT_ACCEPT_BURST: u32 = 2000;
+/// after a quiet spell. As many as a relay's worth of consumers coming back together:
+/// a browser's `EventSource` does not retry after a 503, so the bucket only refuses a
+/// flood past what a restart brings back.
+pub const DEFAULT_ACCEPT_BURST: u32 = 10_000;
 /// Default least SSE reconnection delay sent in `retry:` (`AEP_SSE_RETRY_MS`).
 pub const DEFAULT_SSE_RETRY: Duration = Duration::from_millis(1000);
 /// Default spread added to it, uniformly at random per stream
