@@ -182,7 +182,7 @@ impl Cli {
         if self.token.as_deref() == Some("") {
             return Err("--token / AEP_TOKEN must not be empty".into());
         }
-        Ok(Auth::new(self.token.as_deref(), &scoped))
+        Ok(Auth::with_tokens(self.token.as_deref(), &scoped))
     }
 }
 

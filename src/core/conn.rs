@@ -1,6 +1,7 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
+use crate::auth::Grant;
 use crate::config::Config;
 use crate::filter::Filter;
 use crate::ids::{ConnId, SubId};
@@ -507,8 +508,9 @@ pub(crate) enum Phase {
     },
     /// Discarding a body whose request was already answered, then back to `Head`.
     Discard(BodyReader),
-    /// Streaming SSE for the subscription with this key.
-    Sse { sub: SubId },
+    /// Streaming SSE for the subscription with this key, under the request's grant
+    /// (kept for its holder and its expiry).
+    Sse { sub: SubId, grant: Box<Grant> },
     /// Upgraded to the WebSocket binding (`GET /socket`).
     Ws(Box<super::ws_state::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
@@ -719,6 +721,17 @@ impl Conn {
                 let at = body.len().checked_sub(*rem)?;
                 Some((body.get_mut(at..)?, rem))
             }
+            _ => None,
+        }
+    }
+
+    /// The grant a streaming connection was admitted with (an SSE stream, a WebSocket):
+    /// its holder, scopes, restrictions and expiry (AEP-0003 §8.1). `None` in any other
+    /// phase.
+    pub(crate) fn grant(&self) -> Option<&Grant> {
+        match &self.phase {
+            Phase::Sse { grant, .. } => Some(grant),
+            Phase::Ws(ws) => Some(&ws.grant),
             _ => None,
         }
     }

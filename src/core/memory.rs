@@ -244,7 +244,7 @@ impl Core {
         };
         conn.subscriber.out.check();
         conn.subscriber.backlog.check();
-        if let Phase::Sse { sub } = conn.phase {
+        if let Phase::Sse { sub, .. } = conn.phase {
             let back = self.hub.get(sub).map(|s| s.conn);
             assert_eq!(back, Some(key), "an SSE connection's subscription names it");
         }
@@ -335,7 +335,7 @@ impl Core {
         };
         let chunks = &mut self.hub.chunks;
         match conn.phase {
-            Phase::Sse { sub } => {
+            Phase::Sse { sub, .. } => {
                 conn.subscriber.replay.clear();
                 conn.subscriber.backlog.release_all(chunks);
                 conn.subscriber

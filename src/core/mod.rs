@@ -343,6 +343,14 @@ impl Core {
         &self.config
     }
 
+    /// The grant connection `id` streams under (an SSE stream or a WebSocket): its
+    /// holder (`Grant::holder`, the tokens file's `name=` or the JWT `sub`, never the
+    /// token), scopes, restrictions and expiry. `None` for a connection that does not
+    /// stream, or is gone.
+    pub fn grant(&self, id: ConnId) -> Option<&crate::auth::Grant> {
+        self.conns.get(id)?.grant()
+    }
+
     /// Open connections.
     pub fn connections(&self) -> usize {
         self.conns.len()
@@ -768,7 +776,7 @@ impl Core {
         for key in keys {
             let conn = &mut self.conns[key];
             match conn.phase {
-                Phase::Sse { sub } => {
+                Phase::Sse { sub, .. } => {
                     self.hub.remove(sub);
                     conn.subscriber.end_streaming();
                     conn.send(sse::SHUTTING_DOWN);
@@ -928,7 +936,7 @@ impl Core {
         let mut conn = self.conns.remove(key);
         self.unaccount(&mut conn);
         match &conn.phase {
-            Phase::Sse { sub } => self.hub.remove(*sub),
+            Phase::Sse { sub, .. } => self.hub.remove(*sub),
             Phase::Ws(ws) => self.ws_release(key, ws),
             _ => {}
         }

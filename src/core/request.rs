@@ -250,10 +250,9 @@ impl Core {
         let grant = match self.config.auth.check(head) {
             Ok(g) => g,
             // Health and readiness are answered whatever the credentials.
-            Err(_) if matches!(route.handler, Handler::Health | Handler::Ready) => Grant {
-                scopes: Scopes::NONE,
-                authenticated: false,
-            },
+            Err(_) if matches!(route.handler, Handler::Health | Handler::Ready) => {
+                Grant::open(Scopes::NONE)
+            }
             Err(e) => {
                 let extra = [("WWW-Authenticate", "Bearer")];
                 return self.reply_skipping_body(
@@ -311,7 +310,7 @@ impl Core {
             |status: u16, body: &[u8]| http::response(status, "application/json", &[], body, close);
         let resp = match handler {
             Handler::Ingest => return self.begin_ingest(key, head),
-            Handler::Stream => return self.begin_sse(key, head),
+            Handler::Stream => return self.begin_sse(key, head, grant),
             Handler::Socket => return self.begin_ws(key, head, grant),
             Handler::Discovery => json(200, &self.discovery()),
             Handler::Status => json(200, &self.status_json()),
@@ -628,7 +627,7 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn begin_sse(&mut self, key: ConnId, head: &RequestHead) {
+    pub(super) fn begin_sse(&mut self, key: ConnId, head: &RequestHead, grant: Grant) {
         if let Some(d) = self.catching_up() {
             let code = Code::ClusterUnavailable;
             return self.reply_skipping_body(key, head, code, d, &[], &[("Retry-After", "1")]);
@@ -663,7 +662,10 @@ impl Core {
             })
         });
         conn.enter(match sub {
-            Some(sub) => Phase::Sse { sub },
+            Some(sub) => Phase::Sse {
+                sub,
+                grant: Box::new(grant),
+            },
             None => Phase::Closing,
         });
         for (name, _, earliest) in lost_markers(&self.store, &req.from) {

@@ -266,7 +266,7 @@ impl Core {
 
     /// The relay's `hello` frame (AEP-0003 §4) for a socket with `grant` that agreed on
     /// `version`: built once per version and grant kind, then shared.
-    pub(super) fn hello_frame(&mut self, version: &'static str, grant: Grant) -> Bytes {
+    pub(super) fn hello_frame(&mut self, version: &'static str, grant: &Grant) -> Bytes {
         let routes = grant.authenticated && grant.scopes.contains(Scopes::CONTROL);
         if let Some((_, _, f)) = self
             .hellos
@@ -284,7 +284,7 @@ impl Core {
     /// (`grant` `None`, AEP-0003 §3.4) and the WebSocket `hello` (AEP-0003 §4) on a
     /// socket with `grant`: the same facts, except that a socket says whether *its*
     /// credentials may route commands, and declares its per-connection limits.
-    pub(super) fn capabilities(&self, grant: Option<Grant>) -> Capabilities {
+    pub(super) fn capabilities(&self, grant: Option<&Grant>) -> Capabilities {
         let c = &self.config;
         let routes = match grant {
             None => c.auth.enabled(),

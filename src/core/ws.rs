@@ -347,14 +347,14 @@ impl Core {
         let Phase::Ws(ws) = &mut conn.phase else {
             return;
         };
-        let grant = ws.grant;
+        let grant = ws.grant.clone();
         // An emitter's messages go into the decoder's text arena (no allocation each).
         ws.decoder.set_arena(decl.role.emits());
         // `dropped` frames only for a peer that asked (`capabilities.experimental`).
         conn.subscriber.announce_drops = decl.dropped;
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
-        let frame = self.hello_frame(version, grant);
+        let frame = self.hello_frame(version, &grant);
         self.ws_send(key, frame);
     }
 
@@ -368,7 +368,8 @@ impl Core {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
-        let (emits, grant) = (ws.hello.as_ref().is_some_and(|d| d.role.emits()), ws.grant);
+        let emits = ws.hello.as_ref().is_some_and(|d| d.role.emits());
+        let grant = ws.grant.clone();
         if !emits {
             let d = "this connection's hello declared role consumer; Events need role emitter or both (AEP-0003 §4 rule 2)";
             return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), d);
@@ -427,7 +428,7 @@ impl Core {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
-        let grant = ws.grant;
+        let grant = ws.grant.clone();
         if !grant.authenticated {
             let d = "commands need an authenticated connection (AEP-0004 §4.1); this relay has no token configured, so it is watch-only for control";
             let d = if self.config.auth.enabled() {

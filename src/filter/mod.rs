@@ -292,6 +292,22 @@ impl Filter {
         self.preds.iter().all(|p| p.matches(ev))
     }
 
+    /// The conjunction of `self` and `other` (AEP-0003 §6.1): one compiled filter that
+    /// matches an Event iff both do, evaluated in the same cheapest-first order. Its
+    /// [`Filter::pins`] are those of either member (an Event must satisfy both).
+    pub fn and(&self, other: &Filter) -> Filter {
+        let mut preds: Vec<Pred> = self
+            .preds
+            .iter()
+            .chain(other.preds.iter())
+            .cloned()
+            .collect();
+        preds.sort_by_key(Pred::rank);
+        Filter {
+            preds: preds.into_boxed_slice(),
+        }
+    }
+
     /// Whether this is the empty filter (matches every Event).
     pub fn is_match_all(&self) -> bool {
         self.preds.is_empty()

@@ -8,7 +8,10 @@
 //! s3cr3t-dashboard   watch
 //! s3cr3t-agent       emit,watch
 //! s3cr3t-operator    emit watch control
+//! s3cr3t-team-a      watch name=team-a filter={"agent":"a"} capture=metadata
 //! ```
+//!
+//! After the scopes, `key=value` grants narrow what the token allows ([`grant`]).
 //!
 //! A request presents its token as `Authorization: Bearer <token>`, or as the query
 //! parameter `access_token=<token>` for EventSource and browser WebSocket clients that
@@ -24,7 +27,12 @@ use crate::wire::http::RequestHead;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::path::Path;
-use subtle::ConstantTimeEq;
+use std::sync::Arc;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+pub mod grant;
+
+pub use grant::{Grant, GrantError, Restrictions, TokenSpec};
 
 /// A set of scopes.
 #[derive(Copy, Clone, PartialEq, Eq, Default, Hash)]
@@ -83,15 +91,6 @@ impl fmt::Debug for Scopes {
     }
 }
 
-/// What a request may do.
-#[derive(Debug, Copy, Clone, PartialEq, Eq)]
-pub struct Grant {
-    /// The scopes granted.
-    pub scopes: Scopes,
-    /// Whether the request presented a valid token (control needs this).
-    pub authenticated: bool,
-}
-
 /// Why a request was not authenticated (401).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthError {
@@ -124,8 +123,8 @@ pub struct TokensFileError {
 /// The configured tokens.
 #[derive(Clone, Default)]
 pub struct Auth {
-    /// (SHA-256 of the token, its scopes).
-    tokens: Vec<([u8; 32], Scopes)>,
+    /// (SHA-256 of the token, what it grants).
+    tokens: Vec<([u8; 32], Grant)>,
 }
 
 impl fmt::Debug for Auth {
@@ -139,14 +138,38 @@ fn digest(token: &str) -> [u8; 32] {
 }
 
 impl Auth {
-    /// Builds the token table from `AEP_TOKEN` (all scopes) and the parsed tokens file.
+    /// Builds the token table from `AEP_TOKEN` (all scopes) and tokens with scopes only.
     pub fn new(token: Option<&str>, scoped: &[(String, Scopes)]) -> Auth {
+        let specs: Vec<TokenSpec> = scoped
+            .iter()
+            .map(|(t, s)| TokenSpec {
+                token: t.clone(),
+                scopes: *s,
+                name: None,
+                limits: Restrictions::default(),
+            })
+            .collect();
+        Auth::with_tokens(token, &specs)
+    }
+
+    /// Builds the token table from `AEP_TOKEN` (all scopes, no restriction) and the
+    /// tokens file's lines ([`Auth::parse_tokens_file`]).
+    pub fn with_tokens(token: Option<&str>, specs: &[TokenSpec]) -> Auth {
         let mut tokens = Vec::new();
         if let Some(t) = token {
-            tokens.push((digest(t), Scopes::ALL));
+            let mut g = Grant::open(Scopes::ALL);
+            g.authenticated = true;
+            tokens.push((digest(t), g));
         }
-        for (t, s) in scoped {
-            tokens.push((digest(t), *s));
+        for s in specs {
+            let grant = Grant {
+                scopes: s.scopes,
+                authenticated: true,
+                holder: s.name.clone(),
+                limits: (!s.limits.is_open()).then(|| Arc::new(s.limits.clone())),
+                expires: None,
+            };
+            tokens.push((digest(&s.token), grant));
         }
         Auth { tokens }
     }
@@ -156,49 +179,40 @@ impl Auth {
         !self.tokens.is_empty()
     }
 
-    /// Parses a tokens file's text: `TOKEN SCOPE[,SCOPE…]` per line (scopes separated by
-    /// commas or spaces), blank lines and `#` comments ignored.
+    /// Parses a tokens file's text: `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
+    /// separated by commas or spaces, then the grants of [`grant`]), blank lines and `#`
+    /// comments ignored.
     ///
     /// # Errors
-    /// A line without scopes, with an unknown scope, or a token used twice.
-    pub fn parse_tokens_file(
-        path: &Path,
-        text: &str,
-    ) -> Result<Vec<(String, Scopes)>, TokensFileError> {
+    /// A line without scopes, with an unknown scope or grant, a grant that does not
+    /// parse, or a token used twice. The error names the line, never the token.
+    pub fn parse_tokens_file(path: &Path, text: &str) -> Result<Vec<TokenSpec>, TokensFileError> {
         let err = |reason: String| TokensFileError {
             path: path.display().to_string(),
             reason,
         };
-        let mut out: Vec<(String, Scopes)> = Vec::new();
+        let mut out: Vec<TokenSpec> = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let mut parts = line
-                .split(|c: char| c.is_whitespace() || c == ',')
-                .filter(|p| !p.is_empty());
-            let token = parts.next().unwrap_or_default();
-            let mut scopes = Scopes::NONE;
-            for p in parts {
-                let s = Scopes::parse_one(p).ok_or_else(|| {
-                    err(format!(
-                        "line {}: unknown scope {p:?} (use emit, watch, control)",
-                        i + 1
-                    ))
-                })?;
-                scopes = scopes.with(s);
-            }
-            if scopes == Scopes::NONE {
-                return Err(err(format!(
-                    "line {}: a token needs at least one scope",
-                    i + 1
-                )));
-            }
-            if out.iter().any(|(t, _)| t == token) {
+            let end = line
+                .find(|c: char| c.is_whitespace() || c == ',')
+                .unwrap_or(line.len());
+            let (token, rest) = line.split_at(end);
+            let rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+            let (scopes, name, limits) =
+                grant::parse_line_rest(rest).map_err(|r| err(format!("line {}: {r}", i + 1)))?;
+            if out.iter().any(|t| t.token == token) {
                 return Err(err(format!("line {}: the token appears twice", i + 1)));
             }
-            out.push((token.to_string(), scopes));
+            out.push(TokenSpec {
+                token: token.to_string(),
+                scopes,
+                name,
+                limits,
+            });
         }
         Ok(out)
     }
@@ -225,28 +239,29 @@ impl Auth {
     /// unknown one.
     pub fn check(&self, head: &RequestHead) -> Result<Grant, AuthError> {
         if !self.enabled() {
-            return Ok(Grant {
-                scopes: Scopes::EMIT.with(Scopes::WATCH),
-                authenticated: false,
-            });
+            return Ok(Grant::open(Scopes::EMIT.with(Scopes::WATCH)));
         }
         let token = Auth::presented(head).ok_or(AuthError::Missing)?;
-        let d = digest(&token);
-        // Look at every entry so the time taken does not depend on which one matched.
-        let mut found = Scopes::NONE;
+        self.check_token(&token)
+    }
+
+    /// What `token` grants.
+    ///
+    /// # Errors
+    /// [`AuthError::Wrong`] when it is no configured token.
+    pub fn check_token(&self, token: &str) -> Result<Grant, AuthError> {
+        let d = digest(token);
+        // Look at every entry, and pick the first match without branching on it, so
+        // the time taken does not depend on which one matched.
+        let mut found = 0u32;
         let mut any = subtle::Choice::from(0);
-        for (t, s) in &self.tokens {
+        for (i, (t, _)) in self.tokens.iter().enumerate() {
             let eq = t.ct_eq(&d);
+            found.conditional_assign(&(i as u32), eq & !any);
             any |= eq;
-            if bool::from(eq) {
-                found = found.with(*s);
-            }
         }
         if bool::from(any) {
-            Ok(Grant {
-                scopes: found,
-                authenticated: true,
-            })
+            Ok(self.tokens[found as usize].1.clone())
         } else {
             Err(AuthError::Wrong)
         }
@@ -287,9 +302,12 @@ mod tests {
     #[test]
     fn tokens_file_parses_scopes_and_refuses_mistakes() {
         let p = Path::new("t");
-        let got = Auth::parse_tokens_file(p, "# c\n\na emit,watch\nb control\n").unwrap();
-        assert_eq!(got[0].1, Scopes::EMIT.with(Scopes::WATCH));
-        assert_eq!(got[1].1, Scopes::CONTROL);
+        let got = Auth::parse_tokens_file(p, "# c\n\na emit,watch\nb control name=ops\n").unwrap();
+        assert_eq!(got[0].scopes, Scopes::EMIT.with(Scopes::WATCH));
+        assert_eq!(got[1].scopes, Scopes::CONTROL);
+        assert_eq!(got[1].name.as_deref(), Some("ops"));
+        let e = Auth::parse_tokens_file(p, "secret watch colour=red\n").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "never echo a token: {e}");
         assert!(Auth::parse_tokens_file(p, "a\n").is_err());
         assert!(Auth::parse_tokens_file(p, "a emit,root\n").is_err());
         let e = Auth::parse_tokens_file(p, "secret emit\nsecret watch\n").unwrap_err();
