@@ -86,6 +86,13 @@ impl Grant {
         self.limits().filter.as_ref()
     }
 
+    /// Whether the grant's filter admits Events of `session` from `agent`
+    /// ([`Filter::admits_stream`]): what a roster entry or a `/status` row may show.
+    pub fn admits_stream(&self, session: &str, agent: Option<&str>) -> bool {
+        self.filter()
+            .is_none_or(|f| f.admits_stream(session, agent))
+    }
+
     /// `requested` ANDed with the grant's filter (AEP-0003 §6.1: a conjunction), compiled
     /// once per subscription so fan-out evaluates one filter per Event as without a
     /// grant. `requested` itself when the grant has no filter.

@@ -174,6 +174,16 @@ impl Auth {
         Auth { tokens }
     }
 
+    /// The credentials taken, for the discovery document: `bearer` (configured tokens)
+    /// and `jwt` (a `--jwt-key`).
+    pub fn schemes(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if !self.tokens.is_empty() {
+            v.push("bearer");
+        }
+        v
+    }
+
     /// Whether any token is configured.
     pub fn enabled(&self) -> bool {
         !self.tokens.is_empty()

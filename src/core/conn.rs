@@ -691,6 +691,9 @@ pub(crate) struct Conn {
     /// order (HTTP/1.1 answers in order, RFC 9112 §9.3): a `POST` still waiting for
     /// the stream, or an answer that is ready and must wait behind it. Empty otherwise.
     pub(crate) answers: VecDeque<Answer>,
+    /// The one `agent` the `POST /events` being read may emit as (its token's `agent`
+    /// grant); `None`: any.
+    pub(crate) emit_as: Option<Box<str>>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
     /// A sampled delivery (`aep_delivery_latency_seconds`): `out.pushed()` just past
@@ -992,6 +995,7 @@ impl Conn {
             awaiting: None,
             answers: VecDeque::new(),
             cors: None,
+            emit_as: None,
             latency_mark: None,
             sampled: 0,
             post_since: None,

@@ -592,7 +592,7 @@ impl Core {
     ) -> Result<usize, Refusal> {
         self.now = now;
         if self.clustered() {
-            let events = self.validate_body(ndjson, true)?;
+            let events = self.validate_body(ndjson, true, None)?;
             return match self.submit(events, cluster::Waiter::None)? {
                 cluster::Submitted::Now(n) => {
                     self.count_ingested(origin, n);
@@ -601,7 +601,7 @@ impl Core {
                 cluster::Submitted::Waiting => Ok(0),
             };
         }
-        self.ingest_body(ndjson, true, origin)
+        self.ingest_body(ndjson, true, None, origin)
     }
 
     /// Publishes Events already parsed and validated (a JSONL chunk), as one ingest unit:

@@ -15,7 +15,9 @@ impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
     /// the client's deltas), and the 100 most recently written sessions with their
     /// positions.
-    pub(super) fn status_json(&self) -> Vec<u8> {
+    /// A reader whose `grant` has a filter sees only the rows of the streams it admits
+    /// (`Grant::admits_stream`).
+    pub(super) fn status_json(&self, grant: &Grant) -> Vec<u8> {
         let (http_n, sse_n, ws_n) = self.connection_counts();
         let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
         let count = self.store.session_count();
@@ -23,6 +25,7 @@ impl Core {
             .store
             .sessions()
             .skip(count.saturating_sub(100))
+            .filter(|s| grant.admits_stream(s.name, s.agent))
             .map(|s| {
                 // One row per owning stream `(source, session)` (AEP-0001 §5.2): two
                 // emitters sharing a name are two rows; `source` and `agent` say whose
@@ -311,6 +314,10 @@ impl Core {
                 from: c.max_from_positions,
                 message_bytes: c.max_ws_message_bytes,
             }),
+            auth: (grant.is_none() && c.auth.enabled()).then(|| AuthCaps {
+                schemes: c.auth.schemes(),
+                grants: ["filter", "capture", "agent", "commands", "targets"],
+            }),
         }
     }
 }
@@ -329,6 +336,20 @@ pub(super) struct Capabilities {
     /// Per-connection limits, on a socket's `hello` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
+    /// How credentials are checked and which grants are enforced (a relay-specific
+    /// member, AEP-0003 §3.4: unknown fields are ignored); in the discovery document,
+    /// when tokens are configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth: Option<AuthCaps>,
+}
+
+/// `auth`: the credentials taken (`bearer`: a token of `--token` or `--tokens-file`;
+/// `jwt`: a JWT signed by a `--jwt-key` key) and the grants enforced on every path an
+/// Event enters or leaves by (docs/operating.md, "Multi-tenant relay").
+#[derive(Debug, Serialize)]
+struct AuthCaps {
+    schemes: Vec<&'static str>,
+    grants: [&'static str; 5],
 }
 
 /// `experimental` (AEP-0003 §4 rule 6): `dropped`, the WebSocket `dropped` frame a

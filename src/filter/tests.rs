@@ -72,6 +72,16 @@ fn and_matches_what_both_match_and_keeps_the_pins_of_either() {
 }
 
 #[test]
+fn admits_stream_reads_only_the_session_and_agent_members() {
+    let flt = f(json!({"session": ["s1", "s2"], "agent": "a", "type": "tool.*"}));
+    assert!(flt.admits_stream("s1", Some("a")));
+    assert!(!flt.admits_stream("s3", Some("a")));
+    assert!(!flt.admits_stream("s1", Some("b")));
+    assert!(!flt.admits_stream("s1", None));
+    assert!(f(json!({"type": "x.y"})).admits_stream("any", None));
+}
+
+#[test]
 fn conjunction_requires_every_member() {
     let filter = json!({"agent": "claude-code", "type": "tool.*", "severity": {"gte": "warning"}});
     assert!(hit(filter.clone(), base()));

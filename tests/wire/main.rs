@@ -10,6 +10,7 @@ mod support;
 
 mod auth;
 mod conformance_corpus;
+mod grants;
 mod http_ingest;
 mod memory_budget;
 mod operations;
