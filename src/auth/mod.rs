@@ -31,8 +31,11 @@ use std::sync::Arc;
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 pub mod grant;
+pub mod jwt;
 
 pub use grant::{Grant, GrantError, Restrictions, TokenSpec};
+pub use jwt::{JwtKeyError, JwtKeys};
+use std::sync::RwLock;
 
 /// A set of scopes.
 #[derive(Copy, Clone, PartialEq, Eq, Default, Hash)]
@@ -96,8 +99,13 @@ impl fmt::Debug for Scopes {
 pub enum AuthError {
     /// No token was presented.
     Missing,
-    /// The token presented is not known.
+    /// The token presented is not known (or, a JWT, not signed by a configured key
+    /// with its algorithm, or its claims do not parse).
     Wrong,
+    /// A JWT at or past its `exp`.
+    Expired,
+    /// A JWT before its `nbf`.
+    NotYetValid,
 }
 
 impl AuthError {
@@ -106,6 +114,8 @@ impl AuthError {
         match self {
             AuthError::Missing => "a bearer token is required: Authorization: Bearer <token>, or ?access_token=<token> (AEP-0003 §8.1)",
             AuthError::Wrong => "the bearer token is not valid (AEP-0003 §8.1)",
+            AuthError::Expired => "the bearer token has expired (its JWT `exp` has passed)",
+            AuthError::NotYetValid => "the bearer token is not valid yet (its JWT `nbf` is still ahead)",
         }
     }
 }
@@ -120,16 +130,53 @@ pub struct TokensFileError {
     pub reason: String,
 }
 
-/// The configured tokens.
+/// The keys JWTs are verified with, shared between the relay and whoever reloads them
+/// (the binary, on SIGHUP): [`JwtHandle::replace`] swaps them for every later request.
+#[derive(Clone, Debug)]
+pub struct JwtHandle(Arc<RwLock<Arc<JwtKeys>>>);
+
+impl JwtHandle {
+    /// A handle holding `keys`.
+    pub fn new(keys: JwtKeys) -> JwtHandle {
+        JwtHandle(Arc::new(RwLock::new(Arc::new(keys))))
+    }
+
+    /// Replaces the keys: requests from now on are verified with `keys` (a live stream
+    /// keeps the grant it was admitted with, until its token's `exp`).
+    pub fn replace(&self, keys: JwtKeys) {
+        let keys = Arc::new(keys);
+        match self.0.write() {
+            Ok(mut k) => *k = keys,
+            Err(poisoned) => *poisoned.into_inner() = keys,
+        }
+    }
+
+    /// The keys now.
+    pub fn current(&self) -> Arc<JwtKeys> {
+        match self.0.read() {
+            Ok(k) => k.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+/// The configured tokens and JWT keys.
 #[derive(Clone, Default)]
 pub struct Auth {
     /// (SHA-256 of the token, what it grants).
     tokens: Vec<([u8; 32], Grant)>,
+    /// `--jwt-key`: the keys JWTs are verified with.
+    jwt: Option<JwtHandle>,
 }
 
 impl fmt::Debug for Auth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Auth({} tokens)", self.tokens.len())
+        write!(
+            f,
+            "Auth({} tokens, jwt {})",
+            self.tokens.len(),
+            self.jwt.is_some()
+        )
     }
 }
 
@@ -171,7 +218,18 @@ impl Auth {
             };
             tokens.push((digest(&s.token), grant));
         }
-        Auth { tokens }
+        Auth { tokens, jwt: None }
+    }
+
+    /// Also takes JWTs signed by the keys of `jwt` (`--jwt-key`).
+    pub fn with_jwt(mut self, jwt: JwtHandle) -> Auth {
+        self.jwt = Some(jwt);
+        self
+    }
+
+    /// The JWT keys' handle, for reloading them.
+    pub fn jwt(&self) -> Option<&JwtHandle> {
+        self.jwt.as_ref()
     }
 
     /// The credentials taken, for the discovery document: `bearer` (configured tokens)
@@ -181,12 +239,15 @@ impl Auth {
         if !self.tokens.is_empty() {
             v.push("bearer");
         }
+        if self.jwt.is_some() {
+            v.push("jwt");
+        }
         v
     }
 
     /// Whether any token is configured.
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty()
+        !self.tokens.is_empty() || self.jwt.is_some()
     }
 
     /// Parses a tokens file's text: `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
@@ -242,24 +303,41 @@ impl Auth {
             .map(|(_, v)| v)
     }
 
-    /// Decides what a request may do.
+    /// Decides what a request may do, at `now_unix` (seconds since the Unix epoch: a
+    /// JWT's `exp` and `nbf` are read against it).
     ///
     /// # Errors
-    /// [`AuthError`] when tokens are configured and the request presents none or an
-    /// unknown one.
-    pub fn check(&self, head: &RequestHead) -> Result<Grant, AuthError> {
+    /// [`AuthError`] when tokens are configured and the request presents none, an
+    /// unknown one, or a JWT that is not valid now.
+    pub fn check(&self, head: &RequestHead, now_unix: u64) -> Result<Grant, AuthError> {
         if !self.enabled() {
             return Ok(Grant::open(Scopes::EMIT.with(Scopes::WATCH)));
         }
         let token = Auth::presented(head).ok_or(AuthError::Missing)?;
-        self.check_token(&token)
+        self.check_token(&token, now_unix)
     }
 
-    /// What `token` grants.
+    /// What `token` grants at `now_unix`: a JWT (three dot-separated parts) when
+    /// `--jwt-key` is set, else, or when it is no valid JWT, a configured token.
     ///
     /// # Errors
-    /// [`AuthError::Wrong`] when it is no configured token.
-    pub fn check_token(&self, token: &str) -> Result<Grant, AuthError> {
+    /// [`AuthError::Wrong`] when it is neither; [`AuthError::Expired`] or
+    /// [`AuthError::NotYetValid`] for a JWT signed by a configured key outside its time.
+    pub fn check_token(&self, token: &str, now_unix: u64) -> Result<Grant, AuthError> {
+        let mut jwt_said = AuthError::Wrong;
+        if let Some(jwt) = &self.jwt {
+            if token.bytes().filter(|b| *b == b'.').count() == 2 {
+                match jwt.current().validate(token, now_unix) {
+                    Ok(g) => return Ok(g),
+                    Err(e) => jwt_said = e,
+                }
+            }
+        }
+        self.static_token(token).map_err(|_| jwt_said)
+    }
+
+    /// What a configured (static) token grants.
+    fn static_token(&self, token: &str) -> Result<Grant, AuthError> {
         let d = digest(token);
         // Look at every entry, and pick the first match without branching on it, so
         // the time taken does not depend on which one matched.
@@ -328,19 +406,21 @@ mod tests {
     fn check_header_query_missing_wrong() {
         let a = Auth::new(Some("t0p"), &[("w".into(), Scopes::WATCH)]);
         assert_eq!(
-            a.check(&head(Some("Bearer t0p"), "")).unwrap().scopes,
+            a.check(&head(Some("Bearer t0p"), ""), 0).unwrap().scopes,
             Scopes::ALL
         );
         assert_eq!(
-            a.check(&head(None, "x=1&access_token=w")).unwrap().scopes,
+            a.check(&head(None, "x=1&access_token=w"), 0)
+                .unwrap()
+                .scopes,
             Scopes::WATCH
         );
-        assert_eq!(a.check(&head(None, "")), Err(AuthError::Missing));
+        assert_eq!(a.check(&head(None, ""), 0), Err(AuthError::Missing));
         assert_eq!(
-            a.check(&head(Some("Bearer nope"), "")),
+            a.check(&head(Some("Bearer nope"), ""), 0),
             Err(AuthError::Wrong)
         );
-        let open = Auth::default().check(&head(None, "")).unwrap();
+        let open = Auth::default().check(&head(None, ""), 0).unwrap();
         assert!(!open.authenticated && !open.scopes.contains(Scopes::CONTROL));
     }
 

@@ -691,6 +691,9 @@ pub(crate) struct Conn {
     /// order (HTTP/1.1 answers in order, RFC 9112 §9.3): a `POST` still waiting for
     /// the stream, or an answer that is ready and must wait behind it. Empty otherwise.
     pub(crate) answers: VecDeque<Answer>,
+    /// When a streaming connection's token expires (its JWT `exp`), closing it: an SSE
+    /// stream after its last whole Event, a WebSocket with `closing`. `None`: never.
+    pub(crate) expires_at: Option<Instant>,
     /// The one `agent` the `POST /events` being read may emit as (its token's `agent`
     /// grant); `None`: any.
     pub(crate) emit_as: Option<Box<str>>,
@@ -755,7 +758,7 @@ impl Conn {
     }
 
     /// When this connection must be looked at next, from its phase (see `timer`): the
-    /// SSE heartbeat, the WebSocket ping or idle close, the request, keep-alive or
+    /// SSE heartbeat, the WebSocket ping or idle close, a stream's token expiry, the request, keep-alive or
     /// linger timeout, or, while a `POST` waits for the stream (cluster mode),
     /// `post_wait` after it began. `None`: nothing is timed.
     pub(crate) fn deadline(&self, c: &Config, post_wait: Duration) -> Option<Instant> {
@@ -763,14 +766,15 @@ impl Conn {
         if conn.awaiting.is_some() {
             return Some(conn.since + post_wait);
         }
+        let expiry = |t: Instant| conn.expires_at.map_or(t, |e| t.min(e));
         Some(match &conn.phase {
-            Phase::Sse { .. } => conn.last_write + c.heartbeat,
+            Phase::Sse { .. } => expiry(conn.last_write + c.heartbeat),
             Phase::Ws(ws) => {
                 let idle = ws.last_read + c.ws_idle_timeout;
-                match ws.hello {
+                expiry(match ws.hello {
                     Some(_) => idle.min(ws.last_ping + c.heartbeat),
                     None => idle,
-                }
+                })
             }
             // No request in flight: nothing yet, or only answers the peer has not read (RFC
             // 9112 §9.3: a 408 would answer no request), or requests paused behind them.
@@ -996,6 +1000,7 @@ impl Conn {
             answers: VecDeque::new(),
             cors: None,
             emit_as: None,
+            expires_at: None,
             latency_mark: None,
             sampled: 0,
             post_since: None,

@@ -247,7 +247,7 @@ impl Core {
                 );
             }
         };
-        let grant = match self.config.auth.check(head) {
+        let grant = match self.config.auth.check(head, self.unix_secs()) {
             Ok(g) => g,
             // Health and readiness are answered whatever the credentials.
             Err(_) if matches!(route.handler, Handler::Health | Handler::Ready) => {
@@ -652,9 +652,11 @@ impl Core {
         // the ones it names (`history_sessions`), read through the narrowed filter.
         let filter = grant.narrow(req.filter.clone());
         let ceiling = grant.ceiling(req.ceiling);
+        let expires_at = grant.expires.map(|e| self.instant_at_unix(e));
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.expires_at = expires_at;
         let head = if req.live {
             sse::STREAM_HEAD
         } else {

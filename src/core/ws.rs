@@ -70,9 +70,11 @@ impl Core {
         };
         let now = self.now;
         let max = self.config.max_ws_message_bytes;
+        let expires_at = grant.expires.map(|e| self.instant_at_unix(e));
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.expires_at = expires_at;
         conn.send(resp);
         conn.last_write = now;
         conn.since = now;

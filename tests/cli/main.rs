@@ -12,6 +12,7 @@ mod cli_help;
 mod conformance_check;
 mod history_restart;
 mod jsonl_ingest;
+mod jwt_reload;
 mod memory_cgroup;
 mod prometheus;
 mod tail_cmd;

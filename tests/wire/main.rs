@@ -12,6 +12,7 @@ mod auth;
 mod conformance_corpus;
 mod grants;
 mod http_ingest;
+mod jwt;
 mod memory_budget;
 mod operations;
 mod refusals;
