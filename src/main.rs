@@ -239,12 +239,14 @@ fn handle_signals(
                     match &reload {
                         Some((path, jwt)) => match read_jwt_key(path) {
                             Ok(keys) => {
-                                log::info!(
-                                    "received SIGHUP: --jwt-key {} read again, {} keys",
-                                    path.display(),
-                                    keys.len()
-                                );
+                                let n = keys.len();
+                                // In use before it is said: whoever reads the line may
+                                // count on the new keys.
                                 jwt.replace(keys);
+                                log::info!(
+                                    "received SIGHUP: --jwt-key {} read again, {n} keys",
+                                    path.display()
+                                );
                             }
                             Err(e) => log::warn!("received SIGHUP: {e}; the keys in use are kept"),
                         },
