@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs=${SMOKE_SECS:-5}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel http floor sse_query ws conn_script store)
+[ ${#targets[@]} -eq 0 ] && targets=(envelope filter downlevel http floor sse_query ws conn_script store auth)
 
 # The fuzz crate has its own workspace and target directory: a CARGO_TARGET_DIR meant
 # for the main crate would mix builds with different RUSTFLAGS.

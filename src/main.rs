@@ -7,9 +7,10 @@
 //!
 //! SIGTERM and SIGINT are caught here, not in the library: a thread waits for them and
 //! calls [`StopHandle::shutdown`], a graceful shutdown (the relay's `run` then returns
-//! once every connection is flushed, and the process exits 0).
+//! once every connection is flushed, and the process exits 0). SIGHUP reads the
+//! `--jwt-key` file again, so JWT keys rotate without a restart.
 
-use aep_relay::auth::Auth;
+use aep_relay::auth::{Auth, JwtHandle, JwtKeys};
 use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
@@ -116,9 +117,14 @@ struct Cli {
     /// Bearer token with every scope (emit, watch, control).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…]` per line (emit, watch, control).
+    /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
+    /// emit, watch, control; grants name, filter, capture, agent, commands, targets).
     #[arg(long, env = "AEP_TOKENS_FILE")]
     tokens_file: Option<std::path::PathBuf>,
+    /// Verify JWT bearer tokens with the keys of this file: an HS256 secret (at least 32
+    /// bytes), an RS256 or ES256 public key (PEM) or a JWKS. Read again on SIGHUP.
+    #[arg(long, env = "AEP_JWT_KEY", value_name = "FILE")]
+    jwt_key: Option<std::path::PathBuf>,
     /// PEM certificate chain: serve HTTPS, SSE and WSS (needs --tls-key).
     #[cfg(feature = "tls")]
     #[arg(long, env = "AEP_TLS_CERT", requires = "tls_key")]
@@ -207,8 +213,19 @@ impl Cli {
         if self.token.as_deref() == Some("") {
             return Err("--token / AEP_TOKEN must not be empty".into());
         }
-        Ok(Auth::new(self.token.as_deref(), &scoped))
+        let auth = Auth::with_tokens(self.token.as_deref(), &scoped);
+        Ok(match &self.jwt_key {
+            None => auth,
+            Some(path) => auth.with_jwt(JwtHandle::new(read_jwt_key(path)?)),
+        })
     }
+}
+
+/// Reads the `--jwt-key` file.
+fn read_jwt_key(path: &std::path::Path) -> Result<JwtKeys, String> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| format!("cannot read --jwt-key {}: {e}", path.display()))?;
+    JwtKeys::parse(&bytes).map_err(|e| format!("--jwt-key {}: {e}", path.display()))
 }
 
 /// The log filter when neither `AEP_LOG` nor `RUST_LOG` is set.
@@ -226,18 +243,42 @@ fn init_logging() {
 
 /// Starts the thread that turns SIGTERM and SIGINT into [`StopHandle::shutdown`]: each
 /// one asks for a graceful shutdown (stop accepting, end every stream with
-/// `: shutting-down`, flush within the shutdown deadline). Once installed, the signals no
-/// longer terminate the process by their default action.
+/// `: shutting-down`, flush within the shutdown deadline). SIGHUP reads the `--jwt-key`
+/// file of `reload` again and swaps its keys in (a file that no longer parses is logged
+/// and the keys in use are kept). Once installed, the signals no longer terminate the
+/// process by their default action.
 ///
 /// # Errors
 /// When the handlers cannot be installed or the thread cannot be started.
-fn shutdown_on_signals(stop: StopHandle) -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+fn handle_signals(
+    stop: StopHandle,
+    reload: Option<(std::path::PathBuf, JwtHandle)>,
+) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
+                if sig == SIGHUP {
+                    match &reload {
+                        Some((path, jwt)) => match read_jwt_key(path) {
+                            Ok(keys) => {
+                                let n = keys.len();
+                                // In use before it is said: whoever reads the line may
+                                // count on the new keys.
+                                jwt.replace(keys);
+                                log::info!(
+                                    "received SIGHUP: --jwt-key {} read again, {n} keys",
+                                    path.display()
+                                );
+                            }
+                            Err(e) => log::warn!("received SIGHUP: {e}; the keys in use are kept"),
+                        },
+                        None => log::info!("received SIGHUP: no --jwt-key to read again"),
+                    }
+                    continue;
+                }
                 let name = if sig == SIGTERM { "SIGTERM" } else { "SIGINT" };
                 log::info!("received signal {sig} ({name}): shutting down");
                 stop.shutdown();
@@ -267,7 +308,8 @@ fn main() -> ExitCode {
         }
     };
     // Before the start-up line: whoever reads it may signal the relay at once.
-    if let Err(e) = shutdown_on_signals(relay.stop_handle()) {
+    let reload = cli.jwt_key.clone().zip(relay.config().auth.jwt().cloned());
+    if let Err(e) = handle_signals(relay.stop_handle(), reload) {
         eprintln!("aep-relay: cannot install signal handlers: {e}");
         return ExitCode::FAILURE;
     }

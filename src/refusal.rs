@@ -241,6 +241,17 @@ pub enum Refusal {
         /// The command type.
         event_type: String,
     },
+    /// An Event names an `agent` its token's grant does not let it emit as (403
+    /// `forbidden`): a token granted `agent` emits as that agent only.
+    #[error("line {line}: this token may emit as agent {allowed:?} only, and the Event's `agent` is {agent} (the token's `agent` grant)")]
+    Agent {
+        /// 1-based line.
+        line: usize,
+        /// The Event's `agent` as JSON (`null` when absent).
+        agent: String,
+        /// The agent the grant allows.
+        allowed: String,
+    },
     /// The durable history (`--history`) could not keep the Events, so none of them was
     /// accepted (503 `history-unavailable`): disk full, unwritable directory, I/O error.
     #[error(
@@ -281,7 +292,7 @@ impl Refusal {
         match self {
             Refusal::InvalidEvent { .. } => Code::InvalidEvent,
             Refusal::TooManyEvents { .. } => Code::TooManyEvents,
-            Refusal::Command { .. } => Code::Forbidden,
+            Refusal::Command { .. } | Refusal::Agent { .. } => Code::Forbidden,
             Refusal::HistoryUnavailable { .. } => Code::HistoryUnavailable,
             Refusal::ClusterUnavailable { .. } => Code::ClusterUnavailable,
             Refusal::EventTooLarge { .. } => Code::EventTooLarge,

@@ -1,7 +1,7 @@
 //! `aep-relay top URL`: the relay's connections, the most lagging consumer first,
 //! redrawn every `--interval-secs`, the way `nats top` and `redis-cli --stat` show a
 //! server live. It polls `GET /connections` (scope `admin`): per connection its binding,
-//! peer, how far behind it is (Events), what is queued toward it, what it lost to
+//! peer, the name of its token, how far behind it is (Events), what is queued toward it, what it lost to
 //! backpressure (AEP-0003 §8.4), its age, and its filters with their capture ceilings.
 //!
 //! On a terminal each frame replaces the last; otherwise frames follow one another.
@@ -112,11 +112,12 @@ pub fn run(args: TopArgs) -> ExitCode {
 fn render(url: &str, doc: &Value) -> String {
     let rows = doc["connections"].as_array().map_or(&[][..], Vec::as_slice);
     let mut s = format!(
-        "aep-relay top  {url}  {} connections\n{:>6}  {:<8} {:<22} {:>9} {:>10} {:>8} {:>8}  FILTERS\n",
+        "aep-relay top  {url}  {} connections\n{:>6}  {:<8} {:<22} {:<12} {:>9} {:>10} {:>8} {:>8}  FILTERS\n",
         doc["total"].as_u64().unwrap_or(0),
         "ID",
         "BINDING",
         "PEER",
+        "HOLDER",
         "BEHIND",
         "QUEUED",
         "DROPPED",
@@ -135,10 +136,11 @@ fn render(url: &str, doc: &Value) -> String {
             })
             .collect();
         let line = format!(
-            "{:>6}  {:<8} {:<22} {:>9} {:>10} {:>8} {:>8}  {}",
+            "{:>6}  {:<8} {:<22} {:<12} {:>9} {:>10} {:>8} {:>8}  {}",
             r["id"].as_u64().unwrap_or(0),
             r["binding"].as_str().unwrap_or("?"),
             r["peer"].as_str().unwrap_or("?"),
+            r["holder"].as_str().unwrap_or("-"),
             r["behind"].as_u64().unwrap_or(0),
             bytes(r["queued_bytes"].as_u64().unwrap_or(0)),
             dropped,
@@ -179,7 +181,7 @@ mod tests {
     #[test]
     fn a_frame_shows_each_row_in_order() {
         let doc = json!({"total": 3, "connections": [
-            {"id": 4, "binding": "sse", "peer": "127.0.0.1:5000", "behind": 120,
+            {"id": 4, "binding": "sse", "peer": "127.0.0.1:5000", "holder": "team-a", "behind": 120,
              "queued_bytes": 2_097_152, "dropped": {"debug": 5, "info": 2}, "age_s": 75.0,
              "subscriptions": [{"id": null, "filter": {"type": ["tool.*"]}, "capture": "metadata"}]},
             {"id": 1, "binding": "ws", "peer": "127.0.0.1:5001", "behind": 0,

@@ -1,6 +1,7 @@
 //! One connection as the core sees it: its read buffer, bounded output queue, protocol
 //! phase and deadline. Never a socket: the reactor owns that, under the same [`ConnId`].
 
+use crate::auth::Grant;
 use crate::config::Config;
 use crate::filter::Filter;
 use crate::ids::{ConnId, SubId};
@@ -507,8 +508,9 @@ pub(crate) enum Phase {
     },
     /// Discarding a body whose request was already answered, then back to `Head`.
     Discard(BodyReader),
-    /// Streaming SSE for the subscription with this key.
-    Sse { sub: SubId },
+    /// Streaming SSE for the subscription with this key, under the request's grant
+    /// (kept for its holder and its expiry).
+    Sse { sub: SubId, grant: Box<Grant> },
     /// Upgraded to the WebSocket binding (`GET /socket`).
     Ws(Box<super::ws_state::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
@@ -689,6 +691,12 @@ pub(crate) struct Conn {
     /// order (HTTP/1.1 answers in order, RFC 9112 §9.3): a `POST` still waiting for
     /// the stream, or an answer that is ready and must wait behind it. Empty otherwise.
     pub(crate) answers: VecDeque<Answer>,
+    /// When a streaming connection's token expires (its JWT `exp`), closing it: an SSE
+    /// stream after its last whole Event, a WebSocket with `closing`. `None`: never.
+    pub(crate) expires_at: Option<Instant>,
+    /// The one `agent` the `POST /events` being read may emit as (its token's `agent`
+    /// grant); `None`: any.
+    pub(crate) emit_as: Option<Box<str>>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
     /// A sampled delivery (`aep_delivery_latency_seconds`): `out.pushed()` just past
@@ -732,6 +740,17 @@ impl Conn {
         }
     }
 
+    /// The grant a streaming connection was admitted with (an SSE stream, a WebSocket):
+    /// its holder, scopes, restrictions and expiry (AEP-0003 §8.1). `None` in any other
+    /// phase.
+    pub(crate) fn grant(&self) -> Option<&Grant> {
+        match &self.phase {
+            Phase::Sse { grant, .. } => Some(grant),
+            Phase::Ws(ws) => Some(&ws.grant),
+            _ => None,
+        }
+    }
+
     /// Moves the connection to phase `next` and returns the phase it leaves: the one
     /// place a connection's phase changes. The legal changes: from `Head` to any phase
     /// (a request read, its body, an upgrade, a stream); from `Body` or `Discard` back to
@@ -748,7 +767,7 @@ impl Conn {
     }
 
     /// When this connection must be looked at next, from its phase (see `timer`): the
-    /// SSE heartbeat, the WebSocket ping or idle close, the request, keep-alive or
+    /// SSE heartbeat, the WebSocket ping or idle close, a stream's token expiry, the request, keep-alive or
     /// linger timeout, or, while a `POST` waits for the stream (cluster mode),
     /// `post_wait` after it began. `None`: nothing is timed.
     pub(crate) fn deadline(&self, c: &Config, post_wait: Duration) -> Option<Instant> {
@@ -756,14 +775,15 @@ impl Conn {
         if conn.awaiting.is_some() {
             return Some(conn.since + post_wait);
         }
+        let expiry = |t: Instant| conn.expires_at.map_or(t, |e| t.min(e));
         Some(match &conn.phase {
-            Phase::Sse { .. } => conn.last_write + c.heartbeat,
+            Phase::Sse { .. } => expiry(conn.last_write + c.heartbeat),
             Phase::Ws(ws) => {
                 let idle = ws.last_read + c.ws_idle_timeout;
-                match ws.hello {
+                expiry(match ws.hello {
                     Some(_) => idle.min(ws.last_ping + c.heartbeat),
                     None => idle,
-                }
+                })
             }
             // No request in flight: nothing yet, or only answers the peer has not read (RFC
             // 9112 §9.3: a 408 would answer no request), or requests paused behind them.
@@ -988,6 +1008,8 @@ impl Conn {
             awaiting: None,
             answers: VecDeque::new(),
             cors: None,
+            emit_as: None,
+            expires_at: None,
             latency_mark: None,
             sampled: 0,
             post_since: None,

@@ -1,8 +1,9 @@
 //! `GET /connections` (scope `admin`): one row per connection, the most lagging consumer
-//! first, so an operator sees which consumer falls behind, by how much, and on what
-//! filter (`aep-relay top` polls it; the status page shows the first ten). Nothing here
-//! runs on the fan-out path: a row reads counters fan-out keeps anyway (its queue, its
-//! drops, the publication it last decided) and one mark the core moves per write.
+//! first, so an operator sees which consumer falls behind, by how much, on what filter
+//! and under which token's name (`aep-relay top` polls it; the status page shows the
+//! first ten). Nothing here runs on the fan-out path: a row reads counters fan-out keeps
+//! anyway (its queue, its drops, the publication it last decided) and one mark the core
+//! moves per write.
 
 use super::conn::{Conn, Phase};
 use super::{ConnId, Core};
@@ -19,6 +20,10 @@ pub(super) struct Row<'a> {
     /// `http` (requests), `sse`, `ws`, or `closing` (answered for the last time).
     binding: &'static str,
     peer: SocketAddr,
+    /// The name of the token a stream or socket was opened with (the tokens file's
+    /// `name=`, a JWT's `sub`); never the token. `null` when it has none, and for plain
+    /// requests.
+    holder: Option<&'a str>,
     /// Its live subscriptions: one for an SSE stream, any number on a WebSocket.
     subscriptions: Vec<Sub<'a>>,
     /// Bytes queued toward it and not yet written: its output queue, the live frames
@@ -92,7 +97,7 @@ impl Core {
         };
         let (binding, subscriptions) = match &c.phase {
             Phase::Head | Phase::Body { .. } | Phase::Discard(_) => ("http", Vec::new()),
-            Phase::Sse { sub: key } => (
+            Phase::Sse { sub: key, .. } => (
                 "sse",
                 self.hub
                     .get(*key)
@@ -120,6 +125,7 @@ impl Core {
             id: id.index(),
             binding,
             peer: c.peer,
+            holder: c.grant().and_then(|g| g.holder.as_deref()),
             subscriptions,
             queued_bytes,
             behind,

@@ -311,7 +311,7 @@ impl Core {
         };
         let chunks = &mut self.hub.chunks;
         match conn.phase {
-            Phase::Sse { sub } => {
+            Phase::Sse { sub, .. } => {
                 conn.subscriber.replay.clear();
                 conn.subscriber.backlog.release_all(chunks);
                 conn.subscriber
@@ -354,7 +354,7 @@ impl Core {
 fn check_conn(conn: &Conn, key: ConnId, hub: &super::hub::Hub, timers: &super::timer::Timers) {
     conn.subscriber.out.check();
     conn.subscriber.backlog.check();
-    if let Phase::Sse { sub } = conn.phase {
+    if let Phase::Sse { sub, .. } = conn.phase {
         let back = hub.get(sub).map(|s| s.conn);
         assert_eq!(back, Some(key), "an SSE connection's subscription names it");
     }

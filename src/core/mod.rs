@@ -53,6 +53,7 @@ use timer::Timers;
 mod cluster;
 pub(crate) mod conn;
 mod connections;
+mod expiry;
 mod hub;
 mod journal;
 mod memory;
@@ -361,6 +362,14 @@ impl Core {
         &self.config
     }
 
+    /// The grant connection `id` streams under (an SSE stream or a WebSocket): its
+    /// holder (`Grant::holder`, the tokens file's `name=` or the JWT `sub`, never the
+    /// token), scopes, restrictions and expiry. `None` for a connection that does not
+    /// stream, or is gone.
+    pub fn grant(&self, id: ConnId) -> Option<&crate::auth::Grant> {
+        self.conns.get(id)?.grant()
+    }
+
     /// Open connections.
     pub fn connections(&self) -> usize {
         self.conns.len()
@@ -610,7 +619,7 @@ impl Core {
     ) -> Result<usize, Refusal> {
         self.now = now;
         if self.clustered() {
-            let events = self.validate_body(ndjson, true)?;
+            let events = self.validate_body(ndjson, true, None)?;
             return match self.submit(events, cluster::Waiter::None)? {
                 cluster::Submitted::Now(n) => {
                     self.count_ingested(origin, n);
@@ -619,7 +628,7 @@ impl Core {
                 cluster::Submitted::Waiting => Ok(0),
             };
         }
-        self.ingest_body(ndjson, true, origin)
+        self.ingest_body(ndjson, true, None, origin)
     }
 
     /// Publishes Events already parsed and validated (a JSONL chunk), as one ingest unit:
@@ -901,7 +910,7 @@ impl Core {
         self.gate.release(conn.peer.ip());
         self.unaccount(&mut conn);
         match &conn.phase {
-            Phase::Sse { sub } => self.hub.remove(*sub),
+            Phase::Sse { sub, .. } => self.hub.remove(*sub),
             Phase::Ws(ws) => self.ws_release(key, ws),
             _ => {}
         }
@@ -1077,6 +1086,9 @@ impl Core {
         };
         if conn.awaiting.is_some() {
             return self.post_expired(key);
+        }
+        if conn.expires_at.is_some_and(|t| now >= t) {
+            return self.token_expired(key);
         }
         match &mut conn.phase {
             Phase::Sse { .. } => {

@@ -247,13 +247,12 @@ impl Core {
                 );
             }
         };
-        let grant = match self.config.auth.check(head) {
+        let grant = match self.config.auth.check(head, self.unix_secs()) {
             Ok(g) => g,
             // Health and readiness are answered whatever the credentials.
-            Err(_) if matches!(route.handler, Handler::Health | Handler::Ready) => Grant {
-                scopes: Scopes::NONE,
-                authenticated: false,
-            },
+            Err(_) if matches!(route.handler, Handler::Health | Handler::Ready) => {
+                Grant::open(Scopes::NONE)
+            }
             Err(e) => {
                 let extra = [("WWW-Authenticate", "Bearer")];
                 return self.reply_skipping_body(
@@ -310,11 +309,11 @@ impl Core {
         let json =
             |status: u16, body: &[u8]| http::response(status, "application/json", &[], body, close);
         let resp = match handler {
-            Handler::Ingest => return self.begin_ingest(key, head),
-            Handler::Stream => return self.begin_sse(key, head),
+            Handler::Ingest => return self.begin_ingest(key, head, &grant),
+            Handler::Stream => return self.begin_sse(key, head, grant),
             Handler::Socket => return self.begin_ws(key, head, grant),
             Handler::Discovery => json(200, &self.discovery()),
-            Handler::Status => json(200, &self.status_json(grant.scopes.contains(Scopes::ADMIN))),
+            Handler::Status => json(200, &self.status_json(&grant)),
             Handler::Connections => {
                 let limit = head.query_pairs().into_iter().find(|(k, _)| k == "limit");
                 match limit.map(|(_, v)| v.parse::<usize>()) {
@@ -375,11 +374,12 @@ impl Core {
         }
     }
 
-    pub(super) fn begin_ingest(&mut self, key: ConnId, head: &RequestHead) {
+    pub(super) fn begin_ingest(&mut self, key: ConnId, head: &RequestHead, grant: &Grant) {
         // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
         // request, from the answer before it) to this request's answer (`reply`).
         if let Some(conn) = self.conns.get_mut(key) {
             conn.post_since = Some(conn.since);
+            conn.emit_as = grant.agent().map(Box::from);
         }
         let framing = match http::framing(head, self.config.max_body_bytes) {
             Ok(f) => f,
@@ -453,9 +453,11 @@ impl Core {
     /// Answers a `POST /events` whose body is read: `close` when its head asked for the
     /// connection to close after the answer, `batch` for an NDJSON body.
     pub(super) fn on_request(&mut self, key: ConnId, close: bool, batch: bool, body: Vec<u8>) {
+        let emit_as = self.conns.get_mut(key).and_then(|c| c.emit_as.take());
+        let emit_as = emit_as.as_deref();
         if self.clustered() {
             let submitted = self
-                .validate_body(Bytes::from(body), batch)
+                .validate_body(Bytes::from(body), batch, emit_as)
                 .and_then(|events| self.submit(events, super::cluster::Waiter::Post(key, close)));
             let outcome = match submitted {
                 Ok(super::cluster::Submitted::Waiting) => return,
@@ -469,7 +471,7 @@ impl Core {
             return self.reply(key, resp, close);
         }
         let body = Bytes::from(body);
-        let outcome = self.ingest_body(body.clone(), batch, Origin::Http);
+        let outcome = self.ingest_body(body.clone(), batch, emit_as, Origin::Http);
         self.keep_body_buffer(body);
         let resp = self.post_answer(key, outcome, close);
         self.reply(key, resp, close);
@@ -534,10 +536,12 @@ impl Core {
     }
 
     /// Validates every Event of a body, then ingests them all in order, or none.
+    /// `emit_as`: the one `agent` the Events may name (the token's `agent` grant).
     pub(super) fn ingest_body(
         &mut self,
         body: Bytes,
         batch: bool,
+        emit_as: Option<&str>,
         origin: Origin,
     ) -> Result<usize, Refusal> {
         // The Vec the Events are parsed into is kept between bodies of up to ~128
@@ -545,7 +549,7 @@ impl Core {
         // would stay allocated, ~200 bytes an Event).
         let mut ok = std::mem::take(&mut self.body_events);
         let done = self
-            .validate_body_into(body, batch, &mut ok)
+            .validate_body_into(body, batch, emit_as, &mut ok)
             .and_then(|()| {
                 // Kept in the history before it is published or answered.
                 self.persist(&ok)?;
@@ -570,9 +574,10 @@ impl Core {
         &mut self,
         body: Bytes,
         batch: bool,
+        emit_as: Option<&str>,
     ) -> Result<Vec<Event>, Refusal> {
         let mut ok = Vec::new();
-        self.validate_body_into(body, batch, &mut ok)?;
+        self.validate_body_into(body, batch, emit_as, &mut ok)?;
         Ok(ok)
     }
 
@@ -582,6 +587,7 @@ impl Core {
         &mut self,
         body: Bytes,
         batch: bool,
+        emit_as: Option<&str>,
         ok: &mut Vec<Event>,
     ) -> Result<(), Refusal> {
         if !batch {
@@ -590,6 +596,7 @@ impl Core {
                     line: 1,
                     event_type: ev.event_type().to_string(),
                 }),
+                Ok(ev) if !agent_allowed(&ev, emit_as) => Err(agent_refusal(1, &ev, emit_as)),
                 Ok(ev) => {
                     ok.push(ev);
                     Ok(())
@@ -622,6 +629,7 @@ impl Core {
                         line,
                         event_type: ev.event_type().to_string(),
                     },
+                    Ok(ev) if !agent_allowed(&ev, emit_as) => agent_refusal(line, &ev, emit_as),
                     Ok(ev) => {
                         ok.push(ev);
                         start = end + 1;
@@ -639,7 +647,7 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn begin_sse(&mut self, key: ConnId, head: &RequestHead) {
+    pub(super) fn begin_sse(&mut self, key: ConnId, head: &RequestHead, grant: Grant) {
         if let Some(d) = self.catching_up() {
             let code = Code::ClusterUnavailable;
             return self.reply_skipping_body(key, head, code, d, &[], &[("Retry-After", "1")]);
@@ -652,9 +660,16 @@ impl Core {
         };
         // A live stream's consumer reconnects when it ends: when, with jitter.
         let retry = req.live.then(|| self.sse_retry_ms());
+        // The grant narrows what the consumer gets (AEP-0003 §6.1, a conjunction) and
+        // caps its ceiling; the sessions a replay-only request reads the history of stay
+        // the ones it names (`history_sessions`), read through the narrowed filter.
+        let filter = grant.narrow(req.filter.clone());
+        let ceiling = grant.ceiling(req.ceiling);
+        let expires_at = grant.expires.map(|e| self.instant_at_unix(e));
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.expires_at = expires_at;
         let head = if req.live {
             sse::STREAM_HEAD
         } else {
@@ -673,19 +688,24 @@ impl Core {
         let sub = req.live.then(|| {
             self.hub.insert(Subscription {
                 conn: key,
-                filter: req.filter.clone(),
-                ceiling: req.ceiling,
+                filter: filter.clone(),
+                ceiling,
                 binding: Binding::Sse,
             })
         });
         conn.enter(match sub {
-            Some(sub) => Phase::Sse { sub },
+            Some(sub) => Phase::Sse {
+                sub,
+                grant: Box::new(grant),
+            },
             None => Phase::Closing,
         });
         for (name, _, earliest) in lost_markers(&self.store, &req.from) {
-            conn.subscriber
-                .out
-                .push(sse::replay_exhausted(&name, earliest));
+            if filter.admits_session(&name) {
+                conn.subscriber
+                    .out
+                    .push(sse::replay_exhausted(&name, earliest));
+            }
         }
         // A live stream is told of drops with a comment (AEP-0003 §8.4, `sse::dropped`).
         conn.subscriber.announce_drops = true;
@@ -700,8 +720,8 @@ impl Core {
                 ws_id: None,
                 pending: sessions.iter().map(|(s, _)| *s).collect(),
                 sessions,
-                filter: req.filter,
-                ceiling: req.ceiling,
+                filter,
+                ceiling,
                 end_after: !req.live,
                 lost: false,
             },
@@ -716,4 +736,19 @@ fn non_blank_lines(bytes: &[u8]) -> usize {
         .split(|b| *b == b'\n')
         .filter(|l| !l.iter().all(|b| b.is_ascii_whitespace()))
         .count()
+}
+
+/// Whether `ev` names the agent `emit_as` (the token's `agent` grant; `None`: any). The
+/// scanner's `agent`, no JSON parse.
+pub(super) fn agent_allowed(ev: &Event, emit_as: Option<&str>) -> bool {
+    emit_as.is_none_or(|a| ev.attr(envelope::Attr::Agent) == Some(a))
+}
+
+/// The 403 of an Event on `line` whose `agent` is not `emit_as`.
+fn agent_refusal(line: usize, ev: &Event, emit_as: Option<&str>) -> Refusal {
+    Refusal::Agent {
+        line,
+        agent: serde_json::to_string(&ev.attr(envelope::Attr::Agent)).unwrap_or_default(),
+        allowed: emit_as.unwrap_or_default().to_owned(),
+    }
 }

@@ -96,7 +96,7 @@ impl Core {
             return;
         };
         match conn.phase {
-            Phase::Sse { sub } => {
+            Phase::Sse { sub, .. } => {
                 self.hub.remove(sub);
                 conn.subscriber.end_streaming();
                 conn.send(sse::SHUTTING_DOWN);

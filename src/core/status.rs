@@ -14,9 +14,11 @@ use serde_json::json;
 impl Core {
     /// `GET /status`: what the status page shows, as JSON: counts, totals (rates are
     /// the client's deltas), and the 100 most recently written sessions with their
-    /// positions; for a caller with the `admin` scope, also the ten most lagging
-    /// consumers (`lagging`, rows of `GET /connections` that have something queued).
-    pub(super) fn status_json(&self, admin: bool) -> Vec<u8> {
+    /// positions. A reader whose `grant` has a filter sees only the rows of the streams
+    /// it admits (`Grant::admits_stream`); one with the `admin` scope also gets the ten
+    /// most lagging consumers (`lagging`, rows of `GET /connections` that have something
+    /// queued).
+    pub(super) fn status_json(&self, grant: &Grant) -> Vec<u8> {
         let (http_n, sse_n, ws_n) = self.connection_counts();
         let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
         let count = self.store.session_count();
@@ -24,6 +26,7 @@ impl Core {
             .store
             .sessions()
             .skip(count.saturating_sub(100))
+            .filter(|s| grant.admits_stream(s.name, s.agent))
             .map(|s| {
                 // One row per owning stream `(source, session)` (AEP-0001 §5.2): two
                 // emitters sharing a name are two rows; `source` and `agent` say whose
@@ -76,7 +79,7 @@ impl Core {
             "cluster": self.cluster_status(),
         });
         let mut doc = doc;
-        if admin {
+        if grant.scopes.contains(Scopes::ADMIN) {
             let rows = self.lagging(10, |r| r.queued_bytes > 0);
             doc["lagging"] = serde_json::to_value(rows).unwrap_or_default();
         }
@@ -279,7 +282,7 @@ impl Core {
 
     /// The relay's `hello` frame (AEP-0003 §4) for a socket with `grant` that agreed on
     /// `version`: built once per version and grant kind, then shared.
-    pub(super) fn hello_frame(&mut self, version: &'static str, grant: Grant) -> Bytes {
+    pub(super) fn hello_frame(&mut self, version: &'static str, grant: &Grant) -> Bytes {
         let routes = grant.authenticated && grant.scopes.contains(Scopes::CONTROL);
         if let Some((_, _, f)) = self
             .hellos
@@ -297,7 +300,7 @@ impl Core {
     /// (`grant` `None`, AEP-0003 §3.4) and the WebSocket `hello` (AEP-0003 §4) on a
     /// socket with `grant`: the same facts, except that a socket says whether *its*
     /// credentials may route commands, and declares its per-connection limits.
-    pub(super) fn capabilities(&self, grant: Option<Grant>) -> Capabilities {
+    pub(super) fn capabilities(&self, grant: Option<&Grant>) -> Capabilities {
         let c = &self.config;
         let routes = match grant {
             None => c.auth.enabled(),
@@ -324,6 +327,10 @@ impl Core {
                 from: c.max_from_positions,
                 message_bytes: c.max_ws_message_bytes,
             }),
+            auth: (grant.is_none() && c.auth.enabled()).then(|| AuthCaps {
+                schemes: c.auth.schemes(),
+                grants: ["filter", "capture", "agent", "commands", "targets"],
+            }),
         }
     }
 }
@@ -342,6 +349,20 @@ pub(super) struct Capabilities {
     /// Per-connection limits, on a socket's `hello` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
+    /// How credentials are checked and which grants are enforced (a relay-specific
+    /// member, AEP-0003 §3.4: unknown fields are ignored); in the discovery document,
+    /// when tokens are configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth: Option<AuthCaps>,
+}
+
+/// `auth`: the credentials taken (`bearer`: a token of `--token` or `--tokens-file`;
+/// `jwt`: a JWT signed by a `--jwt-key` key) and the grants enforced on every path an
+/// Event enters or leaves by (docs/operating.md, "Multi-tenant relay").
+#[derive(Debug, Serialize)]
+struct AuthCaps {
+    schemes: Vec<&'static str>,
+    grants: [&'static str; 5],
 }
 
 /// `experimental` (AEP-0003 §4 rule 6): `dropped`, the WebSocket `dropped` frame a

@@ -20,7 +20,7 @@ use crate::fanout::{Binding, Delivered, Subscription};
 use crate::filter::{self, Filter};
 use crate::refusal::Code;
 use crate::subscription;
-use crate::wire::envelope::{Event, Scope};
+use crate::wire::envelope::{Attr, Event, Scope};
 use crate::wire::http::RequestHead;
 use crate::wire::ws::aep::{self, Ref};
 use crate::wire::ws::handshake;
@@ -36,6 +36,19 @@ fn lacks(scope: Scopes, what: &str) -> String {
         "this connection's credentials lack the `{}` scope needed to {what} (AEP-0003 §8.1)",
         scope.name()
     )
+}
+
+/// Why `ev` may not be sent under `grant`: it names an `agent` other than the grant's
+/// (read by the scanner, no JSON parse). `None`: allowed.
+fn wrong_agent(grant: &Grant, ev: &Event) -> Option<String> {
+    let agent = ev.attr(Attr::Agent);
+    (!grant.may_emit_as(agent)).then(|| {
+        format!(
+            "this token may emit as agent {:?} only, and the Event's `agent` is {} (the token's `agent` grant)",
+            grant.agent().unwrap_or_default(),
+            serde_json::to_string(&agent).unwrap_or_default()
+        )
+    })
 }
 
 impl Core {
@@ -57,9 +70,11 @@ impl Core {
         };
         let now = self.now;
         let max = self.config.max_ws_message_bytes;
+        let expires_at = grant.expires.map(|e| self.instant_at_unix(e));
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.expires_at = expires_at;
         conn.send(resp);
         conn.last_write = now;
         conn.since = now;
@@ -339,6 +354,17 @@ impl Core {
                 return self.ws_refuse_hello(key, e.code, &e.detail, more);
             }
         };
+        // A token granted `agent` speaks as that agent only (AEP-0003 §4, §8.2).
+        if let Some(ws) = self.ws_state(key) {
+            if decl.agent.is_some() && !ws.grant.may_emit_as(decl.agent.as_deref()) {
+                let d = format!(
+                    "this token may speak as agent {:?} only; the hello declares {:?} (the token's `agent` grant, AEP-0003 §8.2)",
+                    ws.grant.agent().unwrap_or_default(),
+                    decl.agent.as_deref().unwrap_or_default()
+                );
+                return self.ws_refuse_hello(key, Code::Unauthorized, &d, &[]);
+            }
+        }
         let version = decl.version;
         let now = self.now;
         let Some(conn) = self.conns.get_mut(key) else {
@@ -347,14 +373,14 @@ impl Core {
         let Phase::Ws(ws) = &mut conn.phase else {
             return;
         };
-        let grant = ws.grant;
+        let grant = ws.grant.clone();
         // An emitter's messages go into the decoder's text arena (no allocation each).
         ws.decoder.set_arena(decl.role.emits());
         // `dropped` frames only for a peer that asked (`capabilities.experimental`).
         conn.subscriber.announce_drops = decl.dropped;
         ws.hello = Some(Box::new(decl));
         ws.last_ping = now;
-        let frame = self.hello_frame(version, grant);
+        let frame = self.hello_frame(version, &grant);
         self.ws_send(key, frame);
     }
 
@@ -368,13 +394,17 @@ impl Core {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
-        let (emits, grant) = (ws.hello.as_ref().is_some_and(|d| d.role.emits()), ws.grant);
+        let emits = ws.hello.as_ref().is_some_and(|d| d.role.emits());
+        let grant = ws.grant.clone();
         if !emits {
             let d = "this connection's hello declared role consumer; Events need role emitter or both (AEP-0003 §4 rule 2)";
             return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), d);
         }
         if !grant.scopes.contains(Scopes::EMIT) {
             let d = lacks(Scopes::EMIT, "send Events");
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d);
+        }
+        if let Some(d) = wrong_agent(&grant, &ev) {
             return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d);
         }
         if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
@@ -427,7 +457,7 @@ impl Core {
         let Some(ws) = self.ws_state(key) else {
             return;
         };
-        let grant = ws.grant;
+        let grant = ws.grant.clone();
         if !grant.authenticated {
             let d = "commands need an authenticated connection (AEP-0004 §4.1); this relay has no token configured, so it is watch-only for control";
             let d = if self.config.auth.enabled() {
@@ -439,6 +469,12 @@ impl Core {
         }
         if !grant.scopes.contains(Scopes::CONTROL) {
             let d = lacks(Scopes::CONTROL, "send commands");
+            return self.ws_refuse(key, Code::Unauthorized, Ref::Cause(ev.id()), &d);
+        }
+        // Who may command whom is the deployment's (AEP-0004 §4.2 item 3): the token's
+        // `agent`, `commands` and `targets` grants, refused `unauthorized` before the
+        // command is routed, kept or published.
+        if let Some(d) = wrong_agent(&grant, &ev).or_else(|| self.command_denied(&grant, &ev)) {
             return self.ws_refuse(key, Code::Unauthorized, Ref::Cause(ev.id()), &d);
         }
         let Some(ev) = self.cluster_command(key, ev) else {
@@ -461,6 +497,39 @@ impl Core {
         self.metrics.ingested_ws += 1;
         self.keep_in_outbox(&ev);
         self.publish_except(ev, target);
+    }
+
+    /// Why `grant` may not send command `ev` (AEP-0004 §4.2 item 3): its type is not in
+    /// the grant's `commands`, or a claimant of its session (here or, clustered, on
+    /// another relay) declared an `agent` not in its `targets`. `None`: allowed.
+    pub(super) fn command_denied(&self, grant: &Grant, ev: &Event) -> Option<String> {
+        if !grant.restricts_commands() {
+            return None;
+        }
+        let ty = ev.event_type();
+        if !grant.may_command(ty) {
+            return Some(format!(
+                "this token may not send `{ty}` (its `commands` grant, AEP-0004 §4.2 item 3)"
+            ));
+        }
+        let session = ev.session().unwrap_or_default();
+        let mut agents: Vec<Option<String>> = self
+            .claims
+            .claimants(session)
+            .iter()
+            .map(|c| {
+                self.ws_state(*c)
+                    .and_then(|w| w.hello.as_ref()?.agent.clone())
+            })
+            .collect();
+        if let Some(bus) = self.bus.as_ref() {
+            agents.extend(bus.remote_claimant_agents(session));
+        }
+        let denied = agents.iter().find(|a| !grant.may_target(a.as_deref()))?;
+        Some(format!(
+            "this token may not command session {session:?}, claimed by agent {} (its `targets` grant, AEP-0004 §4.2 item 3)",
+            denied.as_deref().map_or("(none declared)".to_owned(), |a| format!("{a:?}"))
+        ))
     }
 
     /// The one local claimant a command goes to (AEP-0004 §4.2): the session's single
@@ -571,6 +640,9 @@ impl Core {
             ws.subs.push((id.into(), sub));
         }
         for (name, source, earliest) in super::lost_markers(&self.store, &from) {
+            if !filter.admits_session(&name) {
+                continue;
+            }
             conn.subscriber.out.push(aep::replay_exhausted(
                 id,
                 &name,
@@ -658,9 +730,11 @@ impl Core {
                 format!("this connection already holds {max} subscriptions, the most this relay fans out per connection (AEP_MAX_SUBSCRIPTIONS)"),
             ));
         }
+        // The connection's grant narrows the filter (AEP-0003 §6.1, a conjunction) and
+        // caps the ceiling, once here: fan-out and replay evaluate the one result.
         Ok(subscription::SubscriptionRequest {
-            filter: Arc::new(filter),
-            ceiling,
+            filter: ws.grant.narrow(Arc::new(filter)),
+            ceiling: ws.grant.ceiling(ceiling),
             from,
             live: true,
         })
@@ -702,15 +776,24 @@ impl Core {
             .flat_map(|(s, conns)| conns.iter().map(move |k| (s, *k)))
             .collect();
         pairs.sort_unstable();
+        // The reader's grant shows only the claims whose Events it may see.
+        let grant = self
+            .ws_state(key)
+            .map(|ws| ws.grant.clone())
+            .unwrap_or_default();
         let mut entries: Vec<(String, Value)> = pairs
             .into_iter()
             .filter_map(|(session, k)| {
                 let d = self.ws_state(k)?.hello.as_ref()?;
-                Some((session.to_owned(), aep::roster_entry(session, d)))
+                grant
+                    .admits_stream(session, d.agent.as_deref())
+                    .then(|| (session.to_owned(), aep::roster_entry(session, d)))
             })
             .collect();
         // Claimants on other relays (cluster mode), merged in session order.
-        entries.extend(self.remote_roster());
+        entries.extend(self.remote_roster().into_iter().filter(|(session, e)| {
+            grant.admits_stream(session, e.get("agent").and_then(Value::as_str))
+        }));
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         let entries = entries.into_iter().map(|(_, e)| e).collect();
         let f = aep::roster(id, entries);

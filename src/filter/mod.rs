@@ -342,6 +342,53 @@ impl Filter {
         self.preds.iter().all(|p| p.matches(ev))
     }
 
+    /// The conjunction of `self` and `other` (AEP-0003 §6.1): one compiled filter that
+    /// matches an Event iff both do, evaluated in the same cheapest-first order. Its
+    /// [`Filter::pins`] are those of either member (an Event must satisfy both).
+    pub fn and(&self, other: &Filter) -> Filter {
+        let mut preds: Vec<Pred> = self
+            .preds
+            .iter()
+            .chain(other.preds.iter())
+            .cloned()
+            .collect();
+        preds.sort_by_key(Pred::rank);
+        Filter {
+            preds: preds.into_boxed_slice(),
+        }
+    }
+
+    /// Whether Events of `session` from `agent` could match: the filter's `session` and
+    /// `agent` members admit them; members on other attributes are not looked at. For
+    /// what names a stream without being an Event: a roster entry (AEP-0003 §4.1), a
+    /// `/status` row. `agent` `None` is an absent `agent`, which an `agent` member
+    /// refuses (AEP-0003 §6.2 rule 5).
+    pub fn admits_stream(&self, session: &str, agent: Option<&str>) -> bool {
+        self.preds.iter().all(|p| match p {
+            Pred::Text {
+                attr: Attr::Session,
+                values,
+            } => values.contains(session),
+            Pred::Text {
+                attr: Attr::Agent,
+                values,
+            } => agent.is_some_and(|a| values.contains(a)),
+            _ => true,
+        })
+    }
+
+    /// Whether Events of `session` could match, as far as the filter's `session` member
+    /// says (none: any session).
+    pub fn admits_session(&self, session: &str) -> bool {
+        self.preds.iter().all(|p| match p {
+            Pred::Text {
+                attr: Attr::Session,
+                values,
+            } => values.contains(session),
+            _ => true,
+        })
+    }
+
     /// Whether this is the empty filter (matches every Event).
     pub fn is_match_all(&self) -> bool {
         self.preds.is_empty()

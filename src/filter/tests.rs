@@ -48,6 +48,40 @@ fn empty_filter_matches_everything() {
 }
 
 #[test]
+fn and_matches_what_both_match_and_keeps_the_pins_of_either() {
+    let grant = f(json!({"session": ["s1", "s2"], "type": "tool.*"}));
+    let req = f(json!({"session": "s1", "severity": {"gte": "warning"}}));
+    let both = req.and(&grant);
+    assert!(both.matches(&ev(base())));
+    for (k, v) in [
+        ("session", json!("s2")),
+        ("type", json!("run.started")),
+        ("severity", json!("info")),
+    ] {
+        let mut e = base();
+        e[k] = v;
+        assert!(!both.matches(&ev(e.clone())), "{k}");
+        assert_eq!(
+            both.matches(&ev(e.clone())),
+            req.matches(&ev(e.clone())) && grant.matches(&ev(e))
+        );
+    }
+    let pinned = both.pins().session.unwrap();
+    assert!(pinned == ["s1".into()] || pinned.len() == 2);
+    assert_eq!(Filter::match_all().and(&grant), grant);
+}
+
+#[test]
+fn admits_stream_reads_only_the_session_and_agent_members() {
+    let flt = f(json!({"session": ["s1", "s2"], "agent": "a", "type": "tool.*"}));
+    assert!(flt.admits_stream("s1", Some("a")));
+    assert!(!flt.admits_stream("s3", Some("a")));
+    assert!(!flt.admits_stream("s1", Some("b")));
+    assert!(!flt.admits_stream("s1", None));
+    assert!(f(json!({"type": "x.y"})).admits_stream("any", None));
+}
+
+#[test]
 fn conjunction_requires_every_member() {
     let filter = json!({"agent": "claude-code", "type": "tool.*", "severity": {"gte": "warning"}});
     assert!(hit(filter.clone(), base()));

@@ -526,7 +526,7 @@ impl Refusal {
             Refusal::InvalidEvent { line, detail } => {
                 error_body(self.code().as_str(), detail, &[("line", json!(line))])
             }
-            Refusal::Command { line, .. } => error_body(
+            Refusal::Command { line, .. } | Refusal::Agent { line, .. } => error_body(
                 self.code().as_str(),
                 &self.to_string(),
                 &[("line", json!(line))],

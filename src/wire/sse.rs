@@ -144,6 +144,10 @@ pub const REPLAY_COMPLETE: &[u8] = b": replay-complete\n\n";
 /// last whole Event it was sent (its `Last-Event-ID` resumes exactly).
 pub const MEMORY_BUDGET: &[u8] = b": closing: memory budget\n\n";
 
+/// The comment that ends an SSE stream whose token expired (its JWT `exp`): the
+/// consumer reconnects with a fresh token and resumes from its last `id:`.
+pub const TOKEN_EXPIRED: &[u8] = b": closing: token expired\n\n";
+
 /// The comment that ends every SSE stream at a graceful shutdown.
 pub const SHUTTING_DOWN: &[u8] = b": shutting-down\n\n";
 

@@ -1,7 +1,7 @@
 //! `GET /connections` (scope `admin`) and `aep-relay top` against the real binary: a
 //! consumer that does not read is named first, with what is queued toward it, how far
-//! behind it is and what it lost, on its filter and ceiling; a token without `admin` is
-//! refused, and its `/status` lists no lagging consumer.
+//! behind it is and what it lost, on its filter and ceiling, under its token's name; a
+//! token without `admin` is refused, and its `/status` lists no lagging consumer.
 
 use crate::support;
 use serde_json::{json, Value};
@@ -87,14 +87,25 @@ fn a_consumer_that_does_not_read_is_named_first_with_its_lag() {
 fn connections_need_the_admin_scope() {
     let dir = temp_dir("connections-admin");
     let tokens = dir.join("tokens");
-    std::fs::write(&tokens, "watcher watch\noncall watch admin\n").unwrap();
+    std::fs::write(
+        &tokens,
+        "watcher watch name=dash\noncall watch admin name=oncall\n",
+    )
+    .unwrap();
     let relay = RelayProcess::spawn(&["--tokens-file", tokens.to_str().unwrap()]);
     let (status, doc) = connections(&relay, Some("watcher"));
     assert_eq!((status, &doc["error"]), (403, &json!("forbidden")), "{doc}");
     assert_eq!(connections(&relay, None).0, 401);
+    // A stream names the token it was opened with, never the token itself.
+    let _stream = relay.sse("", &[("Authorization", "Bearer watcher")]);
     let (status, doc) = connections(&relay, Some("oncall"));
     assert_eq!(status, 200, "{doc}");
-    assert_eq!(doc["total"], 1, "this request's own connection: {doc}");
+    assert_eq!(doc["total"], 2, "the stream and this request: {doc}");
+    let rows = doc["connections"].as_array().unwrap();
+    let sse: Vec<&Value> = rows.iter().filter(|r| r["binding"] == "sse").collect();
+    assert_eq!(sse.len(), 1, "{doc}");
+    assert_eq!(sse[0]["holder"], "dash", "{doc}");
+    assert!(!doc.to_string().contains("watcher"), "never a token: {doc}");
 
     let status_of = |token: &str| {
         let resp = agent()

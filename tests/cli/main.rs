@@ -13,6 +13,7 @@ mod conformance_check;
 mod connections;
 mod history_restart;
 mod jsonl_ingest;
+mod jwt_reload;
 mod memory_cgroup;
 mod prometheus;
 mod tail_cmd;

@@ -10,7 +10,9 @@ mod support;
 
 mod auth;
 mod conformance_corpus;
+mod grants;
 mod http_ingest;
+mod jwt;
 mod memory_budget;
 mod operations;
 mod refusals;

@@ -41,6 +41,17 @@ impl Bus {
             .collect()
     }
 
+    /// The declared `agent` of every remote claimant of `session` (`None`: it declared
+    /// none), from their roster entries.
+    pub(in crate::core) fn remote_claimant_agents(&self, session: &str) -> Vec<Option<String>> {
+        self.remote
+            .values()
+            .filter(|r| r.session == session)
+            .flat_map(|r| r.entries.iter())
+            .map(|e| e.get("agent").and_then(Value::as_str).map(str::to_owned))
+            .collect()
+    }
+
     /// Remote claimants of `session` (relay, accepts of each).
     pub(super) fn remote_claimants(&self, session: &str) -> Vec<(&str, &[String])> {
         let mut v: Vec<(&str, &[String])> = self
