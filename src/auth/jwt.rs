@@ -9,7 +9,7 @@
 //! the token's `kid` picks the key; without a `kid`, the keys of its algorithm are tried.
 //!
 //! The claims: `exp` (required) and `nbf` in seconds since the Unix epoch, `sub` (the
-//! grant's holder), and `aep`: `{"scope": ["emit", "watch", "control"], "filter",
+//! grant's holder), and `aep`: `{"scope": ["emit", "watch", "control", "admin"], "filter",
 //! "capture", "agent", "commands", "targets"}` (the grants of [`super::grant`]; an
 //! unknown member is refused rather than ignored, so a misspelt grant never widens what
 //! a token allows). The time is the caller's (`now_unix`): the relay's clock, read by
@@ -81,11 +81,15 @@ impl JwtKeys {
     /// quotes the file.
     pub fn parse(bytes: &[u8]) -> Result<JwtKeys, JwtKeyError> {
         let text = std::str::from_utf8(bytes).unwrap_or("");
-        let trimmed = text.trim();
+        let trimmed = text.trim_start_matches('\u{feff}').trim();
+        // A file that holds a PEM block anywhere (after a comment, a byte-order mark,
+        // OpenSSL's bag attributes) is a public key or nothing: never an HMAC secret,
+        // which anyone holding the public key could sign with.
+        let armour = memchr::memmem::find(bytes, b"-----BEGIN");
         let keys = if trimmed.starts_with('{') {
             jwks(trimmed)?
-        } else if trimmed.starts_with("-----BEGIN") {
-            vec![pem(trimmed.as_bytes())?]
+        } else if let Some(at) = armour {
+            vec![pem(&bytes[at..])?]
         } else {
             let secret = bytes.trim_ascii_end();
             if secret.len() < 32 {
@@ -344,6 +348,35 @@ mod tests {
         }
         assert_eq!(keys.validate("not.a.jwt", 1), Err(AuthError::Wrong));
         assert_eq!(keys.validate("", 1), Err(AuthError::Wrong));
+    }
+
+    /// A public key with anything before its PEM block (a comment, a byte-order mark,
+    /// OpenSSL's bag attributes) is still read as that public key: never as an HS256
+    /// secret, which anyone holding the public key could sign tokens with.
+    #[test]
+    fn a_pem_after_other_lines_is_a_public_key_never_a_secret() {
+        let pem = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/wire/jwt-keys/rsa.pub.pem"
+        ))
+        .unwrap();
+        for prefix in [
+            &b"# the relay's key\n"[..],
+            "\u{feff}".as_bytes(),
+            b"Bag Attributes\n    friendlyName: k\n",
+        ] {
+            let file = [prefix, &pem].concat();
+            let keys = JwtKeys::parse(&file).unwrap();
+            assert_eq!(keys.keys[0].alg, Algorithm::RS256);
+            let forged = encode(
+                &Header::new(Algorithm::HS256),
+                &claims(100),
+                &EncodingKey::from_secret(&file).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(keys.validate(&forged, 1), Err(AuthError::Wrong));
+        }
+        assert!(JwtKeys::parse(b"a secret of 32 bytes, but -----BEGIN inside").is_err());
     }
 
     #[test]

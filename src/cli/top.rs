@@ -140,7 +140,7 @@ fn render(url: &str, doc: &Value) -> String {
             r["id"].as_u64().unwrap_or(0),
             r["binding"].as_str().unwrap_or("?"),
             r["peer"].as_str().unwrap_or("?"),
-            r["holder"].as_str().unwrap_or("-"),
+            printable(r["holder"].as_str().unwrap_or("-")),
             r["behind"].as_u64().unwrap_or(0),
             bytes(r["queued_bytes"].as_u64().unwrap_or(0)),
             dropped,
@@ -150,6 +150,20 @@ fn render(url: &str, doc: &Value) -> String {
         let _ = writeln!(s, "{}", line.trim_end());
     }
     s
+}
+
+/// `s` with its control characters (C0, DEL, C1) escaped: a token's name is the
+/// issuer's text and must not move the terminal's cursor or change its colours.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let escape = c.is_control().then(|| c.escape_unicode().to_string());
+            escape
+                .unwrap_or_else(|| c.to_string())
+                .chars()
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// `n` bytes, in B, KiB or MiB.

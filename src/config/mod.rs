@@ -52,10 +52,12 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 200_000;
 /// Default time a graceful shutdown may take to flush every connection
 /// (`AEP_SHUTDOWN_DEADLINE_SECS`): 10 seconds; past it the process exits non-zero.
 pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
-/// Default accepts served per second (`AEP_ACCEPT_RATE`), a token bucket: a storm of
-/// reconnections is taken at this pace, the rest answered 503 with `Retry-After`
-/// spread over the seconds the bucket needs for them.
-pub const DEFAULT_ACCEPT_RATE: u32 = 2000;
+/// Default accepts served per second (`AEP_ACCEPT_RATE`), a token bucket; 0: off. Off
+/// by default: the bucket is shared by every peer and judged before credentials, so
+/// one peer connecting fast would spend it for all, and a browser's `EventSource`
+/// gives up on the 503 rather than retrying. An operator turns it on where a flood of
+/// connections, not the consumers coming back, is the danger.
+pub const DEFAULT_ACCEPT_RATE: u32 = 0;
 /// Default accepts the bucket holds (`AEP_ACCEPT_BURST`): how many are served at once
 /// after a quiet spell. As many as a relay's worth of consumers coming back together:
 /// a browser's `EventSource` does not retry after a 503, so the bucket only refuses a

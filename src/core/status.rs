@@ -22,11 +22,22 @@ impl Core {
         let (http_n, sse_n, ws_n) = self.connection_counts();
         let pos = |p: Option<(u64, u64)>| p.map(|(e, s)| json!({"epoch": e, "seq": s}));
         let count = self.store.session_count();
-        let recent: Vec<serde_json::Value> = self
-            .store
-            .sessions()
-            .skip(count.saturating_sub(100))
-            .filter(|s| grant.admits_stream(s.name, s.agent))
+        // The reader's own streams first, then the 100 most recent of them: another
+        // tenant's activity does not push them out.
+        let admitted: Vec<_> = match grant.filter() {
+            None => self
+                .store
+                .sessions()
+                .skip(count.saturating_sub(100))
+                .collect(),
+            Some(_) => self
+                .store
+                .sessions()
+                .filter(|s| grant.admits_stream(s.name, s.agent))
+                .collect(),
+        };
+        let recent: Vec<serde_json::Value> = admitted[admitted.len().saturating_sub(100)..]
+            .iter()
             .map(|s| {
                 // One row per owning stream `(source, session)` (AEP-0001 §5.2): two
                 // emitters sharing a name are two rows; `source` and `agent` say whose

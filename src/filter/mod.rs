@@ -358,11 +358,13 @@ impl Filter {
         }
     }
 
-    /// Whether Events of `session` from `agent` could match: the filter's `session` and
-    /// `agent` members admit them; members on other attributes are not looked at. For
-    /// what names a stream without being an Event: a roster entry (AEP-0003 §4.1), a
-    /// `/status` row. `agent` `None` is an absent `agent`, which an `agent` member
-    /// refuses (AEP-0003 §6.2 rule 5).
+    /// Whether every Event of `session` from `agent` is sure to match, as far as a
+    /// stream shows: the filter has only `session` and `agent` members, and they admit
+    /// them. For what names a stream without being an Event: a roster entry (AEP-0003
+    /// §4.1), a `/status` row. A member on any other attribute cannot be decided on a
+    /// stream, so it refuses (a grant's filter on `source` or `type` shows no stream
+    /// rather than every one). `agent` `None` is an absent `agent`, which an `agent`
+    /// member refuses (AEP-0003 §6.2 rule 5).
     pub fn admits_stream(&self, session: &str, agent: Option<&str>) -> bool {
         self.preds.iter().all(|p| match p {
             Pred::Text {
@@ -373,7 +375,7 @@ impl Filter {
                 attr: Attr::Agent,
                 values,
             } => agent.is_some_and(|a| values.contains(a)),
-            _ => true,
+            _ => false,
         })
     }
 

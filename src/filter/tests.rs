@@ -71,14 +71,20 @@ fn and_matches_what_both_match_and_keeps_the_pins_of_either() {
     assert_eq!(Filter::match_all().and(&grant), grant);
 }
 
+/// A stream is admitted only when the filter's members are all on `session` and
+/// `agent` and admit it: any other member cannot be decided on a stream, and refuses.
 #[test]
-fn admits_stream_reads_only_the_session_and_agent_members() {
-    let flt = f(json!({"session": ["s1", "s2"], "agent": "a", "type": "tool.*"}));
+fn admits_stream_decides_on_session_and_agent_alone_and_refuses_the_rest() {
+    let flt = f(json!({"session": ["s1", "s2"], "agent": "a"}));
     assert!(flt.admits_stream("s1", Some("a")));
+    assert!(
+        !f(json!({"session": "s1", "agent": "a", "type": "tool.*"})).admits_stream("s1", Some("a"))
+    );
     assert!(!flt.admits_stream("s3", Some("a")));
     assert!(!flt.admits_stream("s1", Some("b")));
     assert!(!flt.admits_stream("s1", None));
-    assert!(f(json!({"type": "x.y"})).admits_stream("any", None));
+    assert!(!f(json!({"type": "x.y"})).admits_stream("any", None));
+    assert!(!f(json!({"source": "urn:b", "agent": "a"})).admits_stream("s1", Some("a")));
 }
 
 #[test]
