@@ -20,12 +20,13 @@ impl Core {
         self.started_unix_ms + t.saturating_duration_since(self.started).as_millis() as u64
     }
 
-    /// The monotonic instant at which the wall clock reads `unix_secs`.
-    pub(crate) fn instant_at_unix(&self, unix_secs: u64) -> Instant {
+    /// The monotonic instant at which the wall clock reads `unix_secs`; `None` when it
+    /// lies past what the clock can represent (an `exp` centuries ahead: never).
+    pub(crate) fn instant_at_unix(&self, unix_secs: u64) -> Option<Instant> {
         let ms = unix_secs
             .saturating_mul(1000)
             .saturating_sub(self.started_unix_ms);
-        self.started + Duration::from_millis(ms)
+        self.started.checked_add(Duration::from_millis(ms))
     }
 
     /// Streaming connection `key`'s token expired (its JWT `exp`): an SSE stream ends

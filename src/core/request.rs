@@ -665,7 +665,12 @@ impl Core {
         // the ones it names (`history_sessions`), read through the narrowed filter.
         let filter = grant.narrow(req.filter.clone());
         let ceiling = grant.ceiling(req.ceiling);
-        let expires_at = grant.expires.map(|e| self.instant_at_unix(e));
+        // A replay-only stream (`live=0`) ends by itself: its token's expiry does not
+        // cut the replay it was admitted for.
+        let expires_at = grant
+            .expires
+            .filter(|_| req.live)
+            .and_then(|e| self.instant_at_unix(e));
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -726,6 +731,9 @@ impl Core {
                 lost: false,
             },
         );
+        if self.shutdown_deadline.is_some() {
+            self.end_stream(key, self.now);
+        }
     }
 }
 

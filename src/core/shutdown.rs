@@ -90,8 +90,9 @@ impl Core {
 
     /// Ends one live stream for a shutdown: SSE with `: shutting-down` after what it has
     /// queued, a WebSocket with `closing` and a close 1001. A connection gone (or no
-    /// longer streaming) meanwhile is left alone.
-    fn end_stream(&mut self, key: ConnId, now: Instant) {
+    /// longer streaming) meanwhile is left alone. A stream a request opens once the
+    /// shutdown began (its head was still arriving then) is ended this way at once.
+    pub(super) fn end_stream(&mut self, key: ConnId, now: Instant) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -138,7 +139,9 @@ impl Core {
         let (code, retry_after, detail) = match why {
             Refused::PerIp(open) => {
                 self.metrics.refused_per_ip += 1;
-                log::warn!(
+                // One address can ask thousands of times: one line each only at debug
+                // level (the counter says how many).
+                log::debug!(
                     "refused connection from {peer}: {open} connections from its address are open (max_connections_per_ip)"
                 );
                 let d = format!("{open} connections from this address are open, the most one address may hold (AEP_MAX_CONNECTIONS_PER_IP); retry once one has closed");

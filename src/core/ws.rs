@@ -70,7 +70,7 @@ impl Core {
         };
         let now = self.now;
         let max = self.config.max_ws_message_bytes;
-        let expires_at = grant.expires.map(|e| self.instant_at_unix(e));
+        let expires_at = grant.expires.and_then(|e| self.instant_at_unix(e));
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -81,6 +81,10 @@ impl Core {
         conn.subscriber.deflate_window = deflate.map_or(0, |a| a.server_window_bits);
         conn.enter(Phase::Ws(Box::new(WsState::new(grant, max, deflate, now))));
         self.mark_dirty(key);
+        if self.shutdown_deadline.is_some() {
+            // Opened once the shutdown began (its head was still arriving then).
+            self.end_stream(key, now);
+        }
     }
 
     /// Decodes and handles every complete frame in the connection's read buffer.

@@ -369,3 +369,20 @@ fn a_slow_live_0_replay_is_delivered_whole() {
         "every Event, then the end"
     );
 }
+
+/// A stream whose request head was still arriving when the shutdown began is ended as
+/// soon as it opens (the shutdown had no stream to end for it then), so the relay still
+/// stops once drained instead of waiting for its deadline.
+#[test]
+fn a_stream_opened_during_a_shutdown_is_ended_at_once() {
+    let mut sim = sim();
+    let c = sim.connect(None);
+    sim.feed(c, b"GET /stream HTTP/1.1\r\n", false);
+    sim.shutdown();
+    sim.feed(c, b"Host: x\r\n\r\n", false);
+    let out = text(&mut sim, c);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with(": shutting-down\n\n"), "{out}");
+    sim.feed(c, b"", true);
+    assert_eq!(sim.stopped(), Some(Stop::Drained));
+}
