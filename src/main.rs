@@ -114,11 +114,11 @@ struct Cli {
     /// Browser origins allowed cross-origin (comma-separated, `*` for any).
     #[arg(long, env = "AEP_CORS_ORIGIN", value_delimiter = ',')]
     cors_origin: Vec<String>,
-    /// Bearer token with every scope (emit, watch, control).
+    /// Bearer token with every scope (emit, watch, control, admin).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
-    /// emit, watch, control; grants name, filter, capture, agent, commands, targets).
+    /// emit, watch, control, admin; grants name, filter, capture, agent, commands, targets).
     #[arg(long, env = "AEP_TOKENS_FILE")]
     tokens_file: Option<std::path::PathBuf>,
     /// Verify JWT bearer tokens with the keys of this file: an HS256 secret (at least 32
@@ -317,7 +317,7 @@ fn main() -> ExitCode {
     let posture = if c.auth.enabled() {
         "auth: bearer tokens required"
     } else {
-        "auth: none, emit and watch open to every peer, control refused (set AEP_TOKEN to enable control)"
+        "auth: none, emit, watch and admin open to every peer, control refused (set AEP_TOKEN to enable control)"
     };
     eprintln!(
         "aep-relay listening on {} (TLS {}; {posture}; buffer {} Events/session, {} sessions; max body {} bytes, batch {} Events; memory budget {})",

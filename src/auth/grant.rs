@@ -239,7 +239,7 @@ pub(crate) fn parse_line_rest(
             break;
         }
         let s = Scopes::parse_one(word)
-            .ok_or_else(|| format!("unknown scope {word:?} (use emit, watch, control)"))?;
+            .ok_or_else(|| format!("unknown scope {word:?} (use emit, watch, control, admin)"))?;
         scopes = scopes.with(s);
         rest = rest[end..].trim_start_matches(|c: char| c.is_whitespace() || c == ',');
     }

@@ -68,7 +68,7 @@ impl Scopes {
         Scopes(self.0 | other.0)
     }
 
-    /// The scope's name (`emit`, `watch`, `control`) for a single scope.
+    /// The scope's name (`emit`, `watch`, `control`, `admin`) for a single scope.
     pub fn name(self) -> &'static str {
         match self {
             Scopes::EMIT => "emit",
