@@ -355,17 +355,13 @@ mod tests {
     /// secret, which anyone holding the public key could sign tokens with.
     #[test]
     fn a_pem_after_other_lines_is_a_public_key_never_a_secret() {
-        let pem = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/wire/jwt-keys/rsa.pub.pem"
-        ))
-        .unwrap();
+        let pem = include_bytes!("../../tests/wire/jwt-keys/rsa.pub.pem");
         for prefix in [
             &b"# the relay's key\n"[..],
             "\u{feff}".as_bytes(),
             b"Bag Attributes\n    friendlyName: k\n",
         ] {
-            let file = [prefix, &pem].concat();
+            let file = [prefix, &pem[..]].concat();
             let keys = JwtKeys::parse(&file).unwrap();
             assert_eq!(keys.keys[0].alg, Algorithm::RS256);
             let forged = encode(
