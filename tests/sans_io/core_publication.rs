@@ -103,3 +103,42 @@ fn a_command_behind_a_paused_publication_still_reaches_its_claimant_once() {
         "the stalled queue stays bounded"
     );
 }
+
+/// An emitter's answer is announced before the deliveries its Events caused: with many
+/// subscribers, the `202` does not wait behind a write to each of them.
+#[test]
+fn a_posts_answer_is_written_before_the_deliveries_it_caused() {
+    use aep_relay::core::{Core, NoJournal, Output};
+    let now = std::time::Instant::now();
+    let mut core = Core::new(Config::default(), Box::new(NoJournal), now, 0);
+    let peer = "127.0.0.1:1".parse().unwrap();
+    let write_all = |core: &mut Core| {
+        let mut writable = Vec::new();
+        while let Some(o) = core.poll_output() {
+            if let Output::Writable(id) = o {
+                writable.push(id);
+                core.write_to(id, &mut Vec::new(), now);
+            }
+        }
+        writable
+    };
+    for _ in 0..3 {
+        let c = core.open(peer, now).unwrap();
+        core.handle_input(c, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", now);
+    }
+    assert_eq!(write_all(&mut core).len(), 3, "the streams opened");
+    let emitter = core.open(peer, now).unwrap();
+    let body = event("a", "s", 0, 10);
+    let post = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    core.handle_input(emitter, post.as_bytes(), now);
+    let writable = write_all(&mut core);
+    assert_eq!(
+        writable.len(),
+        4,
+        "the answer and three deliveries: {writable:?}"
+    );
+    assert_eq!(writable[0], emitter, "the answer first: {writable:?}");
+}
