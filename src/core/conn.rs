@@ -1020,6 +1020,21 @@ impl Conn {
         }
     }
 
+    /// Ends this SSE stream for good with `last` (a comment saying why: shutting down,
+    /// a token expired), after what it has queued, and closes once that is flushed.
+    /// Returns the subscription the caller removes from the hub.
+    pub(crate) fn end_sse(&mut self, last: &'static [u8], now: Instant) -> Option<SubId> {
+        let Phase::Sse { sub, .. } = self.phase else {
+            return None;
+        };
+        self.subscriber.end_streaming();
+        self.send(last);
+        self.enter(Phase::Closing);
+        self.close_after_flush = true;
+        self.since = now;
+        Some(sub)
+    }
+
     /// Queues raw bytes. Never while fan-out frames are pending for this connection in
     /// an open unit (they would be overtaken): callers end the unit first.
     pub(crate) fn send(&mut self, b: impl Into<Bytes>) {

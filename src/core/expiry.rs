@@ -41,13 +41,10 @@ impl Core {
         conn.expires_at = None;
         log::info!("closing the stream of {}: its token expired", conn.peer);
         match conn.phase {
-            Phase::Sse { sub, .. } => {
-                self.hub.remove(sub);
-                conn.subscriber.end_streaming();
-                conn.send(sse::TOKEN_EXPIRED);
-                conn.enter(Phase::Closing);
-                conn.close_after_flush = true;
-                conn.since = now;
+            Phase::Sse { .. } => {
+                if let Some(sub) = conn.end_sse(sse::TOKEN_EXPIRED, now) {
+                    self.hub.remove(sub);
+                }
                 self.mark_dirty(key);
             }
             Phase::Ws(_) => {

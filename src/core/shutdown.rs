@@ -97,14 +97,11 @@ impl Core {
             return;
         };
         match conn.phase {
-            Phase::Sse { sub, .. } => {
-                self.hub.remove(sub);
-                conn.subscriber.end_streaming();
-                conn.send(sse::SHUTTING_DOWN);
-                conn.enter(Phase::Closing);
-                conn.close_after_flush = true;
-                conn.since = now;
-                log::debug!("shutting down: ended the SSE stream of {}", conn.peer);
+            Phase::Sse { .. } => {
+                log::debug!("shutting down: ending the SSE stream of {}", conn.peer);
+                if let Some(sub) = conn.end_sse(sse::SHUTTING_DOWN, now) {
+                    self.hub.remove(sub);
+                }
                 self.mark_dirty(key);
             }
             Phase::Ws(_) => {

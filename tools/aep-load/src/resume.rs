@@ -117,12 +117,7 @@ fn open_sse(
             ));
         }
         refused += 1;
-        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-        let after = head
-            .lines()
-            .find_map(|l| l.strip_prefix("retry-after:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(1);
+        let after = header_number(&got[..end], "retry-after:").unwrap_or(1);
         thread::sleep(Duration::from_secs(after));
     }
 }
@@ -166,13 +161,8 @@ fn publish_loop(args: &Args, p: &Publisher, rate: u64) {
             &mut s,
             |b| {
                 memmem::find(b, b"\r\n\r\n").is_some_and(|e| {
-                    let head = String::from_utf8_lossy(&b[..e]).to_ascii_lowercase();
-                    let len = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    b.len() >= e + 4 + len
+                    let len = header_number(&b[..e], "content-length:").unwrap_or(0);
+                    b.len() as u64 >= e as u64 + 4 + len
                 })
             },
             "publish answer",
@@ -484,6 +474,15 @@ pub(crate) fn storm_resume(args: &Args) {
             std::process::exit(1);
         }
     });
+}
+
+/// The number a response head's header `name` (lowercase, with its colon) holds.
+fn header_number(head: &[u8], name: &str) -> Option<u64> {
+    String::from_utf8_lossy(head)
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix(name).map(|v| v.trim().parse::<u64>()))?
+        .ok()
 }
 
 #[cfg(test)]
