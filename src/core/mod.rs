@@ -248,11 +248,11 @@ pub struct Core {
     /// The time of the call being handled (every entry point sets it).
     now: Instant,
     timers: Timers,
-    /// Connections with output to announce ([`Output::Writable`]).
+    /// Connections with output to announce ([`Output::Writable`]): streams (fan-out's
+    /// deliveries, WebSocket replies).
     dirty: Vec<ConnId>,
-    /// Scratch of `settle`: the streams among `dirty`, announced after the rest (kept
-    /// for its capacity).
-    dirty_streams: Vec<ConnId>,
+    /// Connections with an answer to a request to announce: announced before `dirty`.
+    answered: Vec<ConnId>,
     /// Connections whose replay continues after the others had a turn.
     deferred: Vec<ConnId>,
     /// Connections to drop for backpressure (AEP-0003 §8.4).
@@ -316,7 +316,7 @@ impl Core {
             now,
             timers: Timers::default(),
             dirty: Vec::new(),
-            dirty_streams: Vec::new(),
+            answered: Vec::new(),
             deferred: Vec::new(),
             doomed: Vec::new(),
             outputs: VecDeque::new(),
@@ -819,7 +819,11 @@ impl Core {
         if let Some(c) = self.conns.get_mut(key) {
             if !c.subscriber.dirty {
                 c.subscriber.dirty = true;
-                self.dirty.push(key);
+                if matches!(c.phase, Phase::Sse { .. } | Phase::Ws(_)) {
+                    self.dirty.push(key);
+                } else {
+                    self.answered.push(key);
+                }
             }
         }
     }
@@ -871,24 +875,10 @@ impl Core {
             );
             self.close(key);
         }
-        // The list keeps its capacity from one settle to the next (no allocation per
-        // fan-out).
-        let mut dirty = std::mem::take(&mut self.dirty);
         // Answers to requests go out before deliveries: an emitter's `202` does not wait
         // behind a write to every subscriber (10 000 writes a turn, with 10 000 of them).
-        let mut streams = std::mem::take(&mut self.dirty_streams);
-        dirty.retain(|&key| {
-            let stream = self
-                .conns
-                .get(key)
-                .is_some_and(|c| matches!(c.phase, Phase::Sse { .. } | Phase::Ws(_)));
-            if stream {
-                streams.push(key);
-            }
-            !stream
-        });
-        dirty.append(&mut streams);
-        self.dirty_streams = streams;
+        let mut dirty = std::mem::take(&mut self.answered);
+        dirty.append(&mut self.dirty);
         for &key in &dirty {
             if let Some(c) = self.conns.get_mut(key).filter(|c| c.subscriber.dirty) {
                 // Delivery latency is sampled here, once per connection and write batch,
@@ -910,7 +900,9 @@ impl Core {
             }
         }
         dirty.clear();
-        self.dirty = dirty;
+        // Both lists keep their capacity from one settle to the next (no allocation per
+        // fan-out).
+        self.answered = std::mem::replace(&mut self.dirty, dirty);
         self.outputs.len() > before
     }
 
