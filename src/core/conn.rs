@@ -625,7 +625,8 @@ pub(crate) struct Subscriber {
     /// Disconnected for backpressure (AEP-0003 §8.4) and waiting for the core to close
     /// it: fan-out skips it, so it is counted once, however many Events meet it.
     pub(crate) doomed: bool,
-    /// Queued in the core's dirty list: announced as [`super::Output::Writable`].
+    /// Queued in one of the core's lists of connections to announce as
+    /// [`super::Output::Writable`] (deliveries, or answers, which go first).
     pub(crate) dirty: bool,
     /// `permessage-deflate` on this WebSocket (RFC 7692): 0 when not negotiated, else
     /// the relay's window limit in bits (`ws::deflate::Agreed::server_window_bits`).
@@ -933,11 +934,10 @@ impl Conn {
     pub(crate) fn answer(&mut self, bytes: Vec<u8>, close: bool, now: Instant) {
         self.send(bytes);
         if close {
-            self.close_after_flush = true;
-            self.enter(Phase::Closing);
-            self.rbuf.clear();
+            self.end_after_answer(now);
+        } else {
+            self.since = now;
         }
-        self.since = now;
     }
 
     /// Ends this connection, whose current request already has its answer (a body being

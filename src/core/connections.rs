@@ -74,45 +74,57 @@ impl Core {
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 
-    /// The rows of the connections `keep` admits, most lagging first, at most `n`.
+    /// The rows of the connections `keep` admits, most lagging first, at most `n`. The
+    /// filters (the costly part, one JSON value each) are written only for the rows kept.
     pub(super) fn lagging(&self, n: usize, keep: impl Fn(&Row<'_>) -> bool) -> Vec<Row<'_>> {
-        let mut rows: Vec<Row<'_>> = self
+        let mut rows: Vec<(Row<'_>, &Conn)> = self
             .conns
             .iter()
-            .map(|(id, c)| self.row(id, c))
-            .filter(|r| keep(r))
+            .map(|(id, c)| (self.row(id, c), c))
+            .filter(|(r, _)| keep(r))
             .collect();
-        rows.sort_unstable_by(|a, b| {
+        rows.sort_unstable_by(|(a, _), (b, _)| {
             (b.behind, b.queued_bytes, a.id).cmp(&(a.behind, a.queued_bytes, b.id))
         });
         rows.truncate(n);
-        rows
+        rows.into_iter()
+            .map(|(mut r, c)| {
+                r.subscriptions = self.subscriptions_of(c);
+                r
+            })
+            .collect()
     }
 
-    fn row<'a>(&'a self, id: ConnId, c: &'a Conn) -> Row<'a> {
+    /// Connection `c`'s live subscriptions, each with its filter in attr-match form.
+    fn subscriptions_of<'a>(&'a self, c: &'a Conn) -> Vec<Sub<'a>> {
         let sub = |ws_id: Option<&'a str>, s: &Subscription| Sub {
             id: ws_id,
             filter: s.filter.to_json(),
             capture: s.ceiling.map(Capture::as_str),
         };
-        let (binding, subscriptions) = match &c.phase {
-            Phase::Head | Phase::Body { .. } | Phase::Discard(_) => ("http", Vec::new()),
-            Phase::Sse { sub: key, .. } => (
-                "sse",
-                self.hub
-                    .get(*key)
-                    .map(|s| sub(None, s))
-                    .into_iter()
-                    .collect(),
-            ),
-            Phase::Ws(ws) => (
-                "ws",
-                ws.subs
-                    .iter()
-                    .filter_map(|(name, key)| Some(sub(Some(name), self.hub.get(*key)?)))
-                    .collect(),
-            ),
-            Phase::Closing => ("closing", Vec::new()),
+        match &c.phase {
+            Phase::Sse { sub: key, .. } => self
+                .hub
+                .get(*key)
+                .map(|s| sub(None, s))
+                .into_iter()
+                .collect(),
+            Phase::Ws(ws) => ws
+                .subs
+                .iter()
+                .filter_map(|(name, key)| Some(sub(Some(name), self.hub.get(*key)?)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Connection `c`'s row, its subscriptions not yet written.
+    fn row<'a>(&'a self, id: ConnId, c: &'a Conn) -> Row<'a> {
+        let binding = match &c.phase {
+            Phase::Head | Phase::Body { .. } | Phase::Discard(_) => "http",
+            Phase::Sse { .. } => "sse",
+            Phase::Ws(_) => "ws",
+            Phase::Closing => "closing",
         };
         let s = &c.subscriber;
         let queued_bytes = s.out.len() + s.backlog.len();
@@ -126,7 +138,7 @@ impl Core {
             binding,
             peer: c.peer,
             holder: c.grant().and_then(|g| g.holder.as_deref()),
-            subscriptions,
+            subscriptions: Vec::new(),
             queued_bytes,
             behind,
             replaying: !s.replay.is_empty(),

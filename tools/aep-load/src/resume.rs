@@ -436,19 +436,23 @@ pub(crate) fn storm_resume(args: &Args) {
             _ => f64::NAN,
         };
         let retry_max = before.iter().map(|t| t.retry_ms).max().unwrap_or(0);
+        let (before_p50, before_p99) = (q(b, 0.5), q(b, 0.99));
+        let (storm_p50, storm_p99) = (q(d, 0.5), q(d, 0.99));
+        let storm_max = d.max as f64 / 1e6;
+        let errors = publisher.errors.load(Ordering::Relaxed);
         if args.json {
             println!(
                 "{{\"target\":\"relay-sse\",\"mode\":\"reconnect-storm-resume\",\"subscribers\":{n},\"threads\":{},\"honor_retry\":{},\"rate\":{rate},\"connect_s\":{connect_s:.3},\"resubscribed_s\":{subscribed_s:.3},\"caught_up_s\":{caught_s:.3},\"refused_503\":{refused},\"exact\":{exact},\"gaps\":{gaps},\"duplicates\":{dups},\"events\":{},\"post_before_p50_ms\":{:.3},\"post_before_p99_ms\":{:.3},\"post_storm_n\":{},\"post_storm_p50_ms\":{:.3},\"post_storm_p99_ms\":{:.3},\"post_storm_max_ms\":{:.3},\"post_errors\":{},\"server_cpu_s\":{cpu:.2},\"retry_max_ms\":{retry_max}}}",
                 args.storm_threads,
                 args.storm_honor_retry,
                 last + 1,
-                q(b, 0.5),
-                q(b, 0.99),
+                before_p50,
+                before_p99,
                 d.n,
-                q(d, 0.5),
-                q(d, 0.99),
-                d.max as f64 / 1e6,
-                publisher.errors.load(Ordering::Relaxed),
+                storm_p50,
+                storm_p99,
+                storm_max,
+                errors,
             );
         } else {
             println!(
@@ -461,16 +465,16 @@ pub(crate) fn storm_resume(args: &Args) {
             println!("  resumed exactly: {exact} of {n} ({gaps} Events missed, {dups} duplicates) over {} Events", last + 1);
             println!(
                 "  POST before: p50 {:.3} ms, p99 {:.3} ms; during the storm ({} POSTs): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; errors {}",
-                q(b, 0.5),
-                q(b, 0.99),
+                before_p50,
+                before_p99,
                 d.n,
-                q(d, 0.5),
-                q(d, 0.99),
-                d.max as f64 / 1e6,
-                publisher.errors.load(Ordering::Relaxed)
+                storm_p50,
+                storm_p99,
+                storm_max,
+                errors
             );
         }
-        if exact != n || publisher.errors.load(Ordering::Relaxed) > 0 {
+        if exact != n || errors > 0 {
             std::process::exit(1);
         }
     });
