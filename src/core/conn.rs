@@ -635,7 +635,7 @@ pub(crate) struct Subscriber {
     /// Whether this consumer is told of drops in its stream: every SSE stream (a
     /// comment), a WebSocket that asked in its `hello` (a `dropped` frame).
     pub(crate) announce_drops: bool,
-    /// Replays still in progress, oldest first (paced by `Core::pump_replay`).
+    /// Replays still in progress, oldest first (paced by `replay::pump`).
     pub(crate) replay: VecDeque<ReplayJob>,
     pub(crate) out: OutQueue,
     /// Live frames held back while a replay is in progress, so they follow it in order.

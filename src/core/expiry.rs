@@ -45,7 +45,7 @@ impl Core {
                 if let Some(sub) = conn.end_sse(sse::TOKEN_EXPIRED, now) {
                     self.hub.remove(sub);
                 }
-                self.mark_dirty(key);
+                self.orders.mark_dirty(key, conn);
             }
             Phase::Ws(_) => {
                 let policy = crate::wire::ws::rfc6455::close_code::POLICY;

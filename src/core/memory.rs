@@ -106,6 +106,17 @@ impl Used {
     }
 }
 
+impl Ledger {
+    /// Counts `conn`'s share again ([`Charge`], from its buffers: O(1)) in place of the
+    /// one last counted.
+    pub(super) fn recount(&mut self, conn: &mut Conn, tls: bool) {
+        let now = charge_of(conn, tls);
+        let old = std::mem::replace(&mut conn.charged, now);
+        self.conns.sub(old);
+        self.conns.add(now);
+    }
+}
+
 /// Connection `conn`'s share, recomputed from its buffers (O(1)).
 fn charge_of(conn: &Conn, tls: bool) -> Charge {
     let mut c = Charge {
@@ -220,16 +231,12 @@ impl Core {
 
     /// Recomputes connection `key`'s share of the memory used.
     pub(super) fn account(&mut self, key: ConnId) {
-        let tls = self.config.tls_enabled();
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let now = charge_of(conn, tls);
-        let old = std::mem::replace(&mut conn.charged, now);
-        self.ledger.conns.sub(old);
-        self.ledger.conns.add(now);
+        self.ledger.recount(conn, self.config.tls_enabled());
         #[cfg(debug_assertions)]
-        check_conn(conn, key, &self.hub, &self.timers);
+        check_conn(conn, key, &self.hub, &self.orders.timers);
     }
 
     /// Forgets a closed connection's share: its queued slices and its charge.
@@ -322,7 +329,7 @@ impl Core {
                 conn.close_after_flush = true;
                 conn.since = self.now;
                 self.hub.remove(sub);
-                self.mark_dirty(key);
+                self.orders.mark_dirty(key, conn);
             }
             Phase::Ws(_) => {
                 let mut lowest = HashMap::new();
@@ -351,7 +358,12 @@ impl Core {
 /// after each input, body read, write and budget drop of the connection (one that
 /// fan-out alone reached is checked at its next write); O(its queue length).
 #[cfg(debug_assertions)]
-fn check_conn(conn: &Conn, key: ConnId, hub: &super::hub::Hub, timers: &super::timer::Timers) {
+pub(super) fn check_conn(
+    conn: &Conn,
+    key: ConnId,
+    hub: &super::hub::Hub,
+    timers: &super::timer::Timers,
+) {
     conn.subscriber.out.check();
     conn.subscriber.backlog.check();
     if let Phase::Sse { sub, .. } = conn.phase {

@@ -43,12 +43,12 @@ use hub::{Fanned, Hub};
 /// The least of a body still to come for which [`Core::body_room`] lends its buffer to
 /// be read into directly, in bytes: the reactor's own read buffer's size.
 pub const BODY_READ_MIN: usize = 64 * 1024;
+use orders::Orders;
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use timer::Timers;
 
 mod cluster;
 pub(crate) mod conn;
@@ -57,6 +57,7 @@ mod expiry;
 mod hub;
 mod journal;
 mod memory;
+mod orders;
 mod replay;
 mod request;
 mod routes;
@@ -122,6 +123,14 @@ pub enum Origin {
     Ws,
     /// A JSONL source (`--stdin`, `--ingest-file`).
     Jsonl,
+}
+
+/// How long a `POST` waits for the stream's acknowledgements (cluster mode): the
+/// request timeout for a single relay.
+fn post_wait(c: &Config) -> Duration {
+    c.cluster
+        .as_ref()
+        .map_or(c.request_timeout, cluster::post_deadline)
 }
 
 /// The streams a subscription's `from` replays, each with where it starts.
@@ -247,17 +256,12 @@ pub struct Core {
     started_unix_ms: u64,
     /// The time of the call being handled (every entry point sets it).
     now: Instant,
-    timers: Timers,
-    /// Connections with output to announce ([`Output::Writable`]): streams (fan-out's
-    /// deliveries, WebSocket replies).
-    dirty: Vec<ConnId>,
-    /// Connections with an answer to a request to announce: announced before `dirty`.
-    answered: Vec<ConnId>,
+    /// The outputs, the connections with output to announce, and the deadlines.
+    orders: Orders,
     /// Connections whose replay continues after the others had a turn.
     deferred: Vec<ConnId>,
     /// Connections to drop for backpressure (AEP-0003 §8.4).
     doomed: Vec<ConnId>,
-    outputs: VecDeque<Output>,
     /// Events accepted and not yet published, in order: a publication paused until the
     /// reactor writes (`Fanned::Paused`). Each with the connection its fan-out skips (a
     /// command's claimant, which got it directly). `front_placed`: the streams the front
@@ -314,12 +318,9 @@ impl Core {
             started: now,
             started_unix_ms: unix_ms,
             now,
-            timers: Timers::default(),
-            dirty: Vec::new(),
-            answered: Vec::new(),
+            orders: Orders::default(),
             deferred: Vec::new(),
             doomed: Vec::new(),
-            outputs: VecDeque::new(),
             publishing: VecDeque::new(),
             body_events: Vec::new(),
             spare_body: Vec::new(),
@@ -454,8 +455,7 @@ impl Core {
                 self.process(key);
             }
         }
-        self.rearm(key);
-        self.account(key);
+        self.finish(key);
     }
 
     /// The unfilled rest of `id`'s request body of known length (RFC 9112 §6.2
@@ -487,8 +487,7 @@ impl Core {
             *rem -= n.min(room.len());
         }
         self.process(key);
-        self.rearm(key);
-        self.account(key);
+        self.finish(key);
     }
 
     /// The peer closed its writing side of `id` (a read returned 0).
@@ -517,8 +516,8 @@ impl Core {
                 conn.enter(Phase::Closing);
                 conn.since = now;
                 conn.rbuf.clear();
-                self.mark_dirty(key);
-                self.rearm(key);
+                self.orders.mark_dirty(key, conn);
+                self.orders.rearm(key, conn, &self.config);
             }
         }
     }
@@ -543,8 +542,8 @@ impl Core {
         for key in std::mem::take(&mut self.deferred) {
             self.mark_dirty(key);
         }
-        let post_wait = self.post_wait();
-        while let Some((key, generation)) = self.timers.pop_due(now) {
+        let post_wait = post_wait(&self.config);
+        while let Some((key, generation)) = self.orders.timers.pop_due(now) {
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
@@ -557,8 +556,10 @@ impl Core {
                 .is_some_and(|d| d <= now)
             {
                 self.expire(key);
+                self.rearm(key);
+            } else {
+                self.orders.rearm(key, conn, &self.config);
             }
-            self.rearm(key);
         }
         if let Some(deadline) = self.shutdown_deadline {
             if !self.stopped && now >= deadline {
@@ -569,10 +570,11 @@ impl Core {
                 }
                 if n == 0 {
                     // Only the outbox was waited for: every connection is flushed.
-                    self.outputs.push_back(Output::Stop(Stop::Drained));
+                    self.orders.outputs.push_back(Output::Stop(Stop::Drained));
                 } else {
                     log::warn!("shutdown deadline passed with {n} connections not flushed");
-                    self.outputs
+                    self.orders
+                        .outputs
                         .push_back(Output::Stop(Stop::DeadlinePassed(n)));
                 }
             }
@@ -584,7 +586,7 @@ impl Core {
     /// whose deadline moved later), which costs one empty wake.
     pub fn poll_timeout(&self) -> Option<Instant> {
         [
-            self.timers.next(),
+            self.orders.timers.next(),
             self.shutdown_deadline.filter(|_| !self.stopped),
             self.shutdown_closes.front().map(|(at, _)| *at),
             self.bus_deadline(),
@@ -665,7 +667,7 @@ impl Core {
     pub fn poll_output(&mut self) -> Option<Output> {
         self.flush_stream_batch();
         loop {
-            if let Some(o) = self.outputs.pop_front() {
+            if let Some(o) = self.orders.outputs.pop_front() {
                 return Some(o);
             }
             if self.settle() {
@@ -673,7 +675,7 @@ impl Core {
             }
             if !self.publishing.is_empty() {
                 self.drain_publishing();
-                if self.settle() || !self.outputs.is_empty() {
+                if self.settle() || !self.orders.outputs.is_empty() {
                     continue;
                 }
             }
@@ -697,25 +699,25 @@ impl Core {
         let mut rounds = 0;
         let written_before = conn.subscriber.out.pushed() - conn.subscriber.out.queued() as u64;
         let mut pump = !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty();
-        let (conn, state) = loop {
+        let max_output = self.config.max_output_bytes;
+        let state = loop {
             if pump {
-                self.pump_replay(key);
+                replay::pump(conn, &self.store, &mut self.hub, max_output);
             }
-            let conn = &mut self.conns[key];
             had_output |= !conn.subscriber.out.is_empty();
             let state = conn.subscriber.out.flush(w, &mut self.hub.chunks);
             conn.subscriber.offered = conn.subscriber.out.pushed();
             pump = !conn.subscriber.replay.is_empty() || !conn.subscriber.backlog.is_empty();
             rounds += 1;
             if state != Flush::Done || !pump {
-                break (conn, state);
+                break state;
             }
             if rounds == REPLAY_ROUNDS {
                 // The socket keeps up: continue after the others had a turn.
                 if !self.deferred.contains(&key) {
                     self.deferred.push(key);
                 }
-                break (conn, state);
+                break state;
             }
         };
         let written = conn.subscriber.out.pushed() - conn.subscriber.out.queued() as u64;
@@ -759,20 +761,19 @@ impl Core {
                     conn.write_shut = true;
                     conn.enter(Phase::Closing);
                     conn.since = now;
-                    self.outputs.push_back(Output::ShutdownWrite(id));
+                    self.orders.outputs.push_back(Output::ShutdownWrite(id));
                 }
-                self.set_interest(key, None, Some(false));
+                self.orders.set_interest(key, conn, None, Some(false));
             }
-            Flush::Blocked => self.set_interest(key, None, Some(true)),
+            Flush::Blocked => self.orders.set_interest(key, conn, None, Some(true)),
         }
         if resume {
             self.process(key);
-            if self.conns.get(key).is_some_and(|c| !c.read_paused) {
-                self.set_interest(key, Some(true), None);
+            if let Some(conn) = self.conns.get_mut(key).filter(|c| !c.read_paused) {
+                self.orders.set_interest(key, conn, Some(true), None);
             }
         }
-        self.rearm(key);
-        self.account(key);
+        self.finish(key);
     }
 
     /// Records the bytes `id`'s transport holds of its own after a write (sealed TLS
@@ -810,39 +811,15 @@ impl Core {
     /// passed every timeout, none remains).
     #[cfg(feature = "test-probes")]
     pub fn armed_deadlines(&self) -> usize {
-        self.timers.len()
+        self.orders.timers.len()
     }
 
     // ---- internals ----
 
+    /// [`Orders::mark_dirty`] for a connection not at hand.
     fn mark_dirty(&mut self, key: ConnId) {
         if let Some(c) = self.conns.get_mut(key) {
-            if !c.subscriber.dirty {
-                c.subscriber.dirty = true;
-                if matches!(c.phase, Phase::Sse { .. } | Phase::Ws(_)) {
-                    self.dirty.push(key);
-                } else {
-                    self.answered.push(key);
-                }
-            }
-        }
-    }
-
-    /// Records the interest wanted for `key` (`None`: unchanged) and announces it when
-    /// it changed.
-    fn set_interest(&mut self, key: ConnId, read: Option<bool>, write: Option<bool>) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        let (r, w) = (
-            read.unwrap_or(conn.reading),
-            write.unwrap_or(conn.want_write),
-        );
-        if (r, w) != (conn.reading, conn.want_write) {
-            conn.reading = r;
-            conn.want_write = w;
-            let i = Interest { read: r, write: w };
-            self.outputs.push_back(Output::Interest(key, i));
+            self.orders.mark_dirty(key, c);
         }
     }
 
@@ -852,7 +829,7 @@ impl Core {
         self.end_unit();
         // After every call, once its units ended: one compare under the budget.
         self.enforce();
-        let before = self.outputs.len();
+        let before = self.orders.outputs.len();
         for key in std::mem::take(&mut self.doomed) {
             let Some(c) = self.conns.get(key) else {
                 continue;
@@ -877,8 +854,8 @@ impl Core {
         }
         // Answers to requests go out before deliveries: an emitter's `202` does not wait
         // behind a write to every subscriber (10 000 writes a turn, with 10 000 of them).
-        let mut dirty = std::mem::take(&mut self.answered);
-        dirty.append(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.orders.answered);
+        dirty.append(&mut self.orders.dirty);
         for &key in &dirty {
             if let Some(c) = self.conns.get_mut(key).filter(|c| c.subscriber.dirty) {
                 // Delivery latency is sampled here, once per connection and write batch,
@@ -895,15 +872,15 @@ impl Core {
                 if c.lag_mark.is_none() {
                     c.lag_mark = Some((c.subscriber.out.pushed(), c.subscriber.decided));
                 }
-                self.outputs.push_back(Output::Writable(key));
-                self.rearm(key);
+                self.orders.outputs.push_back(Output::Writable(key));
+                self.orders.rearm(key, c, &self.config);
             }
         }
         dirty.clear();
         // Both lists keep their capacity from one settle to the next (no allocation per
         // fan-out).
-        self.answered = std::mem::replace(&mut self.dirty, dirty);
-        self.outputs.len() > before
+        self.orders.answered = std::mem::replace(&mut self.orders.dirty, dirty);
+        self.orders.outputs.len() > before
     }
 
     /// Ends the open fan-out unit, if any: its pending frames are queued before anything
@@ -925,7 +902,7 @@ impl Core {
             Phase::Ws(ws) => self.ws_release(key, ws),
             _ => {}
         }
-        self.outputs.push_back(Output::Close(key));
+        self.orders.outputs.push_back(Output::Close(key));
         self.check_drained();
     }
 
@@ -939,7 +916,7 @@ impl Core {
         {
             log::info!("shutdown complete: every connection flushed and closed");
             self.stopped = true;
-            self.outputs.push_back(Output::Stop(Stop::Drained));
+            self.orders.outputs.push_back(Output::Stop(Stop::Drained));
         }
     }
 
@@ -1025,7 +1002,7 @@ impl Core {
         let fanned = self.hub.fanout(
             publication,
             self.conns.subscribers(),
-            &mut self.dirty,
+            &mut self.orders.dirty,
             &mut self.doomed,
         );
         self.hub.except = None;
@@ -1063,27 +1040,23 @@ impl Core {
         }
     }
 
-    /// Arms `key`'s deadline when it is earlier than the one armed (see `timer`).
-    fn rearm(&mut self, key: ConnId) {
-        let post_wait = self.post_wait();
+    /// Ends an entry point's work on connection `key`: re-arms its deadline and counts
+    /// its share of memory again (`memory`), with one lookup.
+    fn finish(&mut self, key: ConnId) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let Some(at) = conn.deadline(&self.config, post_wait) else {
-            return;
-        };
-        if conn.armed.is_some_and(|(t, _)| t <= at) {
-            return;
-        }
-        conn.armed = Some((at, self.timers.arm(at, key)));
+        self.orders.rearm(key, conn, &self.config);
+        self.ledger.recount(conn, self.config.tls_enabled());
+        #[cfg(debug_assertions)]
+        memory::check_conn(conn, key, &self.hub, &self.orders.timers);
     }
 
-    /// How long a `POST` waits for the stream's acknowledgements (cluster mode).
-    fn post_wait(&self) -> Duration {
-        let c = &self.config;
-        c.cluster
-            .as_ref()
-            .map_or(c.request_timeout, cluster::post_deadline)
+    /// [`Orders::rearm`] for a connection not at hand.
+    fn rearm(&mut self, key: ConnId) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            self.orders.rearm(key, conn, &self.config);
+        }
     }
 
     /// `key`'s deadline has come: the heartbeat, the ping, or the timeout of its phase.
@@ -1105,7 +1078,7 @@ impl Core {
             Phase::Sse { .. } => {
                 conn.send(sse::PING);
                 conn.last_write = now;
-                self.mark_dirty(key);
+                self.orders.mark_dirty(key, conn);
             }
             Phase::Ws(ws) => {
                 if now.duration_since(ws.last_read) >= c.ws_idle_timeout {
@@ -1124,13 +1097,13 @@ impl Core {
                     + now.saturating_duration_since(self.started).as_millis() as u64;
                 conn.send(crate::wire::ws::aep::ping(t));
                 conn.last_write = now;
-                self.mark_dirty(key);
+                self.orders.mark_dirty(key, conn);
             }
             Phase::Head if conn.rbuf.is_empty() || conn.read_paused => self.close(key),
             Phase::Discard(_) => {
                 // A body still arriving after its request was answered: no 408 for it.
                 conn.end_after_answer(now);
-                self.mark_dirty(key);
+                self.orders.mark_dirty(key, conn);
             }
             Phase::Head | Phase::Body { .. } => {
                 let d = format!(

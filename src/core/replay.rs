@@ -14,10 +14,11 @@
 //! carries a `replay-exhausted` marker, so even then nothing is lost silently.
 
 use super::conn::{Conn, Phase, ReplayJob};
+use super::hub::Hub;
 use super::Core;
 use crate::fanout::{Binding, Frames};
 use crate::ids::ConnId;
-use crate::store::ReplayFrom;
+use crate::store::{ReplayFrom, Store};
 use crate::wire::envelope::{Event, Scope};
 use crate::wire::sse;
 use crate::wire::ws::aep;
@@ -35,121 +36,117 @@ impl Core {
         self.end_unit();
         if let Some(conn) = self.conns.get_mut(key) {
             conn.subscriber.replay.push_back(job);
+            pump(
+                conn,
+                &self.store,
+                &mut self.hub,
+                self.config.max_output_bytes,
+            );
+            self.orders.mark_dirty(key, conn);
         }
-        self.pump_replay(key);
-        self.mark_dirty(key);
     }
+}
 
-    /// Moves replay pages (then, once every replay is done, the held-back live frames)
-    /// into connection `key`'s output queue while it is below half its bound. Returns
-    /// whether replay work remains that only waits for its turn (not for the consumer).
-    pub(super) fn pump_replay(&mut self, key: ConnId) -> bool {
-        let low_water = self.config.max_output_bytes / 2;
-        let mut held: Vec<Event> = Vec::new();
-        let mut frames: Vec<Bytes> = Vec::new();
-        for _ in 0..PAGES_PER_PUMP {
-            let Some(conn) = self.conns.get_mut(key) else {
-                return false;
-            };
-            if conn.subscriber.out.len() >= low_water {
-                return false;
-            }
-            let Some(job) = conn.subscriber.replay.front_mut() else {
-                // The live frames held back, in order, as far as the bound allows; the
-                // rest follows as the consumer reads (fan-out keeps adding behind them).
-                let conn = &mut *conn;
-                let max = self.config.max_output_bytes;
-                conn.subscriber
-                    .backlog
-                    .move_until(&mut conn.subscriber.out, max);
-                return false;
-            };
-            let Some((stream, from)) = job.sessions.front().cloned() else {
-                end_replay_job(conn);
-                continue;
-            };
-            let filter = job.filter.clone();
-            let (ws, ceiling) = (job.ws_id.is_some(), job.ceiling);
-            // Room up to the bound (the queue is below half of it, above); the Event
-            // that fills it ends the page: one frame over at most, as for live frames,
-            // plus a `replay-exhausted` marker when the page carries one.
-            let mut room = self
-                .config
-                .max_output_bytes
-                .saturating_sub(conn.subscriber.out.len());
-            held.clear();
-            frames.clear();
-            // A compressing WebSocket (RFC 7692) gets its replay compressed too, one
-            // frame per Event as replay frames are built per connection.
-            let window = conn.subscriber.deflate_window;
-            let deflater = &mut self.hub.deflater;
-            let page = self.store.replay_page(stream, from, PAGE, &mut |ev| {
-                if filter.matches(&ev) {
-                    let frame = if ws {
-                        Frames::default().ws_for(&ev, ceiling, window, deflater)
-                    } else {
-                        Frames::default().sse(&ev, ceiling)
-                    };
-                    room = room.saturating_sub(frame.len());
-                    frames.push(frame);
-                    held.push(ev);
-                }
-                room > 0
-            });
-            let Some(job) = conn.subscriber.replay.front_mut() else {
-                return false;
-            };
-            if page.is_none() {
-                // The stream left the store since the replay began.
-                job.lost = true;
-            }
-            let next = page.and_then(|p| p.next);
-            // One marker per owning stream that no longer reaches back (AEP-0003 §5),
-            // naming the bare session the position named and that stream's earliest; the
-            // WS frame adds the stream's `source` (AEP-0001 §5.2), which SSE's comment
-            // format has no room for.
-            if let (Some(earliest), Some(info)) =
-                (page.and_then(|p| p.marker), self.store.stream(stream))
-            {
-                let marker = match &job.ws_id {
-                    Some(id) => aep::replay_exhausted(id, info.name, info.source, earliest),
-                    None => sse::replay_exhausted(info.name, earliest),
+/// Moves replay pages (then, once every replay is done, the held-back live frames)
+/// into `conn`'s output queue while it is below half its bound. Returns
+/// whether replay work remains that only waits for its turn (not for the consumer).
+/// `store` is what it replays from; `hub` gives the deflater and the WebSocket
+/// subscriptions' delivered positions; `max_output` is the queue's bound, bytes.
+pub(super) fn pump(
+    conn: &mut Conn,
+    store: &Store<Event>,
+    hub: &mut Hub,
+    max_output: usize,
+) -> bool {
+    let low_water = max_output / 2;
+    let mut held: Vec<Event> = Vec::new();
+    let mut frames: Vec<Bytes> = Vec::new();
+    for _ in 0..PAGES_PER_PUMP {
+        if conn.subscriber.out.len() >= low_water {
+            return false;
+        }
+        let Some(job) = conn.subscriber.replay.front_mut() else {
+            // The live frames held back, in order, as far as the bound allows; the
+            // rest follows as the consumer reads (fan-out keeps adding behind them).
+            conn.subscriber
+                .backlog
+                .move_until(&mut conn.subscriber.out, max_output);
+            return false;
+        };
+        let Some((stream, from)) = job.sessions.front().cloned() else {
+            end_replay_job(conn);
+            continue;
+        };
+        let filter = job.filter.clone();
+        let (ws, ceiling) = (job.ws_id.is_some(), job.ceiling);
+        // Room up to the bound (the queue is below half of it, above); the Event
+        // that fills it ends the page: one frame over at most, as for live frames,
+        // plus a `replay-exhausted` marker when the page carries one.
+        let mut room = max_output.saturating_sub(conn.subscriber.out.len());
+        held.clear();
+        frames.clear();
+        // A compressing WebSocket (RFC 7692) gets its replay compressed too, one
+        // frame per Event as replay frames are built per connection.
+        let window = conn.subscriber.deflate_window;
+        let deflater = &mut hub.deflater;
+        let page = store.replay_page(stream, from, PAGE, &mut |ev| {
+            if filter.matches(&ev) {
+                let frame = if ws {
+                    Frames::default().ws_for(&ev, ceiling, window, deflater)
+                } else {
+                    Frames::default().sse(&ev, ceiling)
                 };
-                conn.subscriber.out.push(marker);
+                room = room.saturating_sub(frame.len());
+                frames.push(frame);
+                held.push(ev);
             }
-            for frame in frames.drain(..) {
-                conn.subscriber.out.push(frame);
-            }
-            match next {
-                Some(cursor) => {
-                    if let Some(front) = job.sessions.front_mut() {
-                        front.1 = ReplayFrom::Cursor(cursor);
-                    }
+            room > 0
+        });
+        let Some(job) = conn.subscriber.replay.front_mut() else {
+            return false;
+        };
+        if page.is_none() {
+            // The stream left the store since the replay began.
+            job.lost = true;
+        }
+        let next = page.and_then(|p| p.next);
+        // One marker per owning stream that no longer reaches back (AEP-0003 §5),
+        // naming the bare session the position named and that stream's earliest; the
+        // WS frame adds the stream's `source` (AEP-0001 §5.2), which SSE's comment
+        // format has no room for.
+        if let (Some(earliest), Some(info)) = (page.and_then(|p| p.marker), store.stream(stream)) {
+            let marker = match &job.ws_id {
+                Some(id) => aep::replay_exhausted(id, info.name, info.source, earliest),
+                None => sse::replay_exhausted(info.name, earliest),
+            };
+            conn.subscriber.out.push(marker);
+        }
+        for frame in frames.drain(..) {
+            conn.subscriber.out.push(frame);
+        }
+        match next {
+            Some(cursor) => {
+                if let Some(front) = job.sessions.front_mut() {
+                    front.1 = ReplayFrom::Cursor(cursor);
                 }
-                None => {
-                    job.sessions.pop_front();
-                    job.pending.remove(&stream);
-                }
             }
-            // A WS subscription remembers the last position it delivered (`closing`).
-            if let Some(Binding::Ws(delivered)) = job
-                .sub
-                .and_then(|s| self.hub.get_mut(s))
-                .map(|s| &mut s.binding)
-            {
-                for ev in &held {
-                    if let (Scope::Sequenced, Some(s), Some(q)) =
-                        (ev.scope(), ev.session(), ev.seq())
-                    {
-                        delivered.note(None, ev.source(), s, (ev.epoch(), q));
-                    }
+            None => {
+                job.sessions.pop_front();
+                job.pending.remove(&stream);
+            }
+        }
+        // A WS subscription remembers the last position it delivered (`closing`).
+        if let Some(Binding::Ws(delivered)) =
+            job.sub.and_then(|s| hub.get_mut(s)).map(|s| &mut s.binding)
+        {
+            for ev in &held {
+                if let (Scope::Sequenced, Some(s), Some(q)) = (ev.scope(), ev.session(), ev.seq()) {
+                    delivered.note(None, ev.source(), s, (ev.epoch(), q));
                 }
             }
         }
-        self.conns
-            .get(key)
-            .is_some_and(|c| !c.subscriber.replay.is_empty())
     }
+    !conn.subscriber.replay.is_empty()
 }
 
 /// Ends the front replay job of `conn`, which has nothing left to read. A replay-only

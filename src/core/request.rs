@@ -55,7 +55,7 @@ impl Core {
                 return;
             }
             conn.answer(bytes, close, self.now);
-            self.mark_dirty(key);
+            self.orders.mark_dirty(key, conn);
         }
     }
 
@@ -123,7 +123,7 @@ impl Core {
                     return;
                 }
                 if conn.over_output_bound(self.config.max_output_bytes) {
-                    return self.set_interest(key, Some(false), None);
+                    return self.orders.set_interest(key, conn, Some(false), None);
                 }
             }
             match conn.step(limits.0, limits.1, self.now) {
@@ -138,7 +138,7 @@ impl Core {
                 Step::BadChunks(e) => return self.chunk_error(key, e),
                 Step::EndAfterAnswer => {
                     conn.end_after_answer(self.now);
-                    return self.mark_dirty(key);
+                    return self.orders.mark_dirty(key, conn);
                 }
                 Step::Ws => return self.ws_process(key),
             }
@@ -446,7 +446,7 @@ impl Core {
         let expects = head.header("expect");
         if expects.is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
             conn.send(&b"HTTP/1.1 100 Continue\r\n\r\n"[..]);
-            self.mark_dirty(key);
+            self.orders.mark_dirty(key, conn);
         }
     }
 

@@ -53,14 +53,14 @@ impl Core {
                     conn.send(sse::SHUTTING_DOWN);
                     conn.close_after_flush = true;
                     conn.since = now;
-                    self.mark_dirty(key);
+                    self.orders.mark_dirty(key, conn);
+                    self.orders.rearm(key, conn, &self.config);
                 }
                 Phase::Closing => {}
                 _ => {
                     // Answered with Connection: close when it completes (see `reply`).
                 }
             }
-            self.rearm(key);
         }
         self.rng.shuffle(&mut streams);
         let window = self.config.shutdown_deadline / 2;
@@ -102,16 +102,16 @@ impl Core {
                 if let Some(sub) = conn.end_sse(sse::SHUTTING_DOWN, now) {
                     self.hub.remove(sub);
                 }
-                self.mark_dirty(key);
+                self.orders.mark_dirty(key, conn);
+                self.orders.rearm(key, conn, &self.config);
             }
             Phase::Ws(_) => {
                 log::debug!("shutting down: closing the WebSocket of {}", conn.peer);
                 let going_away = crate::wire::ws::rfc6455::close_code::GOING_AWAY;
                 self.ws_close(key, "shutting down", going_away);
             }
-            _ => return,
+            _ => {}
         }
-        self.rearm(key);
     }
 
     /// Replaces the seed of the relay's randomness: the SSE `retry:` jitter and the

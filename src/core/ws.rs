@@ -80,7 +80,7 @@ impl Core {
         conn.since = now;
         conn.subscriber.deflate_window = deflate.map_or(0, |a| a.server_window_bits);
         conn.enter(Phase::Ws(Box::new(WsState::new(grant, max, deflate, now))));
-        self.mark_dirty(key);
+        self.orders.mark_dirty(key, conn);
         if self.shutdown_deadline.is_some() {
             // Opened once the shutdown began (its head was still arriving then).
             self.end_stream(key, now);
@@ -163,7 +163,7 @@ impl Core {
             );
         }
         conn.send(f);
-        self.mark_dirty(key);
+        self.orders.mark_dirty(key, conn);
     }
 
     pub(super) fn ws_state(&self, key: ConnId) -> Option<&WsState> {
@@ -494,8 +494,10 @@ impl Core {
             return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Cause(ev.id()), &d);
         }
         self.end_unit();
-        self.conns[target].send(rfc6455::text(ev.bytes()));
-        self.mark_dirty(target);
+        if let Some(conn) = self.conns.get_mut(target) {
+            conn.send(rfc6455::text(ev.bytes()));
+            self.orders.mark_dirty(target, conn);
+        }
         // History and observers; the target already has it. Clustered and degraded, the
         // stream gets it on reconnect (every relay's history, AEP-0004 §4.2).
         self.metrics.ingested_ws += 1;
@@ -674,8 +676,8 @@ impl Core {
             if let Phase::Ws(ws) = &mut conn.phase {
                 ws.reply_floor = conn.subscriber.out.len();
             }
+            self.orders.mark_dirty(key, conn);
         }
-        self.mark_dirty(key);
     }
 
     /// Checks a `subscribe` frame and compiles it, in the order the refusal codes are

@@ -122,8 +122,10 @@ impl Core {
     fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String)> {
         let target = self.command_target(&ev)?;
         self.end_unit();
-        self.conns[target].send(rfc6455::text(ev.bytes()));
-        self.mark_dirty(target);
+        if let Some(conn) = self.conns.get_mut(target) {
+            conn.send(rfc6455::text(ev.bytes()));
+            self.orders.mark_dirty(target, conn);
+        }
         self.metrics.ingested_ws += 1;
 
         let bus = self.bus.as_mut().expect("clustered");

@@ -116,17 +116,16 @@ impl Core {
                     }
                 }
             }
-            self.mark_dirty(key);
+            self.orders.mark_dirty(key, conn);
             // The requests read behind them, then the socket.
             self.process(key);
-            if self
-                .conns
-                .get(key)
-                .is_some_and(|c| !c.read_paused && c.awaiting.is_none() && !c.close_after_flush)
-            {
-                self.set_interest(key, Some(true), None);
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if !conn.read_paused && conn.awaiting.is_none() && !conn.close_after_flush {
+                self.orders.set_interest(key, conn, Some(true), None);
             }
-            self.rearm(key);
+            self.orders.rearm(key, conn, &self.config);
         }
     }
 

@@ -329,9 +329,9 @@ impl Core {
                     conn.awaiting = Some(serial);
                     let cors = conn.cors.clone();
                     conn.answers.push_back(Answer::Waiting(cors));
+                    // No next request is read until this one is answered.
+                    self.orders.set_interest(key, conn, Some(false), None);
                 }
-                // No next request is read until this one is answered.
-                self.set_interest(key, Some(false), None);
                 Ok(Submitted::Waiting)
             }
             Waiter::None => {
