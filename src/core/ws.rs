@@ -13,14 +13,14 @@
 //! Its `ping` and idle deadlines are `Core::deadline`'s.
 
 use super::conn::{Conn, Phase, ReplayJob};
-use super::ws_state::WsState;
+use super::ws_state::{lacks, wrong_agent, WsState, WsStep};
 use super::{ConnId, Core};
 use crate::auth::{Grant, Scopes};
 use crate::fanout::{Binding, Delivered, Subscription};
 use crate::filter::{self, Filter};
 use crate::refusal::Code;
 use crate::subscription;
-use crate::wire::envelope::{Attr, Event, Scope};
+use crate::wire::envelope::Event;
 use crate::wire::http::RequestHead;
 use crate::wire::ws::aep::{self, Ref};
 use crate::wire::ws::handshake;
@@ -29,27 +29,6 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// The `detail` of a refusal for lack of `scope`.
-fn lacks(scope: Scopes, what: &str) -> String {
-    format!(
-        "this connection's credentials lack the `{}` scope needed to {what} (AEP-0003 §8.1)",
-        scope.name()
-    )
-}
-
-/// Why `ev` may not be sent under `grant`: it names an `agent` other than the grant's
-/// (read by the scanner, no JSON parse). `None`: allowed.
-fn wrong_agent(grant: &Grant, ev: &Event) -> Option<String> {
-    let agent = ev.attr(Attr::Agent);
-    (!grant.may_emit_as(agent)).then(|| {
-        format!(
-            "this token may emit as agent {:?} only, and the Event's `agent` is {} (the token's `agent` grant)",
-            grant.agent().unwrap_or_default(),
-            serde_json::to_string(&agent).unwrap_or_default()
-        )
-    })
-}
 
 impl Core {
     /// `GET /socket`, credentials already checked (401 before the upgrade): completes
@@ -90,6 +69,7 @@ impl Core {
     /// Decodes and handles every complete frame in the connection's read buffer.
     pub(super) fn ws_process(&mut self, key: ConnId) {
         let now = self.now;
+        let max_claims = self.config.max_sessions;
         let mut used = 0;
         // The Events among these messages are one ingest unit: their frames are
         // coalesced (see `fanout`); anything else queued ends it first. An emitter's
@@ -112,26 +92,35 @@ impl Core {
                 self.hub.size_unit(messages, bytes);
             }
             ws.last_read = now;
-            match ws.decoder.next(rbuf, &mut used) {
+            let unit = match ws.decoder.next(rbuf, &mut used) {
                 Ok(None) => {
                     rbuf.drain(..used);
                     break;
                 }
-                Ok(Some(unit)) => self.ws_unit(key, unit),
+                Ok(Some(unit)) => unit,
                 Err(v) => {
                     // RFC 6455 §7.1.7: fail the connection, with the close code as the
                     // refusal (counted and logged once, like every refusal).
                     self.refused(key, "WebSocket frame", Some(v.code), v.refusal(), v.reason);
                     return self.ws_shut(key, &[rfc6455::close(v.code, v.reason)]);
                 }
+            };
+            match unit {
+                // What the connection can tell alone, read while it is at hand.
+                Incoming::Text(t) => {
+                    let step = ws.on_text(t, max_claims);
+                    self.ws_step(key, step);
+                }
+                other => self.ws_control(key, other),
             }
         }
         self.end_unit();
     }
 
-    pub(super) fn ws_unit(&mut self, key: ConnId, unit: Incoming) {
+    /// A control frame of the peer (RFC 6455 §5.5).
+    fn ws_control(&mut self, key: ConnId, unit: Incoming) {
         match unit {
-            Incoming::Text(t) => self.ws_text(key, t),
+            Incoming::Text(_) => debug_assert!(false, "a text message is a WsStep"),
             Incoming::Ping(p) => self.ws_send(key, rfc6455::pong(&p)),
             Incoming::Pong => {}
             // The peer started the close handshake: echo its code, then close
@@ -168,13 +157,6 @@ impl Core {
 
     pub(super) fn ws_state(&self, key: ConnId) -> Option<&WsState> {
         match &self.conns.get(key)?.phase {
-            Phase::Ws(ws) => Some(ws),
-            _ => None,
-        }
-    }
-
-    pub(super) fn ws_state_mut(&mut self, key: ConnId) -> Option<&mut WsState> {
-        match &mut self.conns.get_mut(key)?.phase {
             Phase::Ws(ws) => Some(ws),
             _ => None,
         }
@@ -306,32 +288,36 @@ impl Core {
         self.ws_shut(key, &[f, c]);
     }
 
-    /// One complete text message.
-    pub(super) fn ws_text(&mut self, key: ConnId, text: Bytes) {
-        let Some(ws) = self.ws_state(key) else {
-            return;
-        };
-        if ws.hello.is_none() {
-            return self.ws_hello(key, &text);
+    /// Acts on what a text message turned out to be ([`WsState::on_text`]).
+    fn ws_step(&mut self, key: ConnId, step: WsStep) {
+        match step {
+            WsStep::Hello(text) => self.ws_hello(key, &text),
+            WsStep::Event { ev, claimed } => {
+                if let (true, Some(session)) = (claimed, ev.session()) {
+                    self.claims.claim(session, key);
+                    self.claim_changed(session);
+                }
+                self.ws_ingest(key, ev);
+            }
+            WsStep::Refused(ev, d) => self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d),
+            WsStep::Command(ev) => self.ws_command(key, ev),
+            WsStep::Other(text, detail) => self.ws_other(key, &text, &detail),
         }
-        // Events are the hot path: scan them as on every ingest path. Only what is not a
-        // valid Event is parsed as JSON, to tell a frame from an invalid Event.
-        let err = match Event::parse(text.clone()) {
-            // An emitter's message may be a slice of the decoder's text arena, which it
-            // keeps alive while it lives: the replay buffer copies what it holds.
-            Ok(ev) => return self.ws_event(key, ev),
-            Err(e) => e,
-        };
-        let obj = match serde_json::from_slice::<Value>(&text) {
+    }
+
+    /// A message that is no valid Event: a frame, parsed as JSON (a `type` without a
+    /// dot), or an invalid Event refused with the scanner's `detail`.
+    fn ws_other(&mut self, key: ConnId, text: &[u8], detail: &str) {
+        let obj = match serde_json::from_slice::<Value>(text) {
             Ok(Value::Object(m)) => m,
-            _ => return self.ws_refuse(key, Code::InvalidEvent, Ref::None, &err.detail),
+            _ => return self.ws_refuse(key, Code::InvalidEvent, Ref::None, detail),
         };
         match obj.get("type").and_then(Value::as_str) {
-            Some(t) if !t.contains('.') => self.ws_frame(key, t, &obj, &text),
+            Some(t) if !t.contains('.') => self.ws_frame(key, t, &obj, text),
             _ => {
                 let id = obj.get("id").and_then(Value::as_str);
                 let r = id.map_or(Ref::None, Ref::Id);
-                self.ws_refuse(key, Code::InvalidEvent, r, &err.detail)
+                self.ws_refuse(key, Code::InvalidEvent, r, detail)
             }
         }
     }
@@ -388,33 +374,9 @@ impl Core {
         self.ws_send(key, frame);
     }
 
-    /// A valid Event from the peer: a command is routed; anything else takes the HTTP
-    /// ingest path (store admission and fan-out), and a sequenced Event claims its
-    /// session for this connection.
-    pub(super) fn ws_event(&mut self, key: ConnId, ev: Event) {
-        if ev.is_command() {
-            return self.ws_command(key, ev);
-        }
-        let Some(ws) = self.ws_state(key) else {
-            return;
-        };
-        let emits = ws.hello.as_ref().is_some_and(|d| d.role.emits());
-        let grant = ws.grant.clone();
-        if !emits {
-            let d = "this connection's hello declared role consumer; Events need role emitter or both (AEP-0003 §4 rule 2)";
-            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), d);
-        }
-        if !grant.scopes.contains(Scopes::EMIT) {
-            let d = lacks(Scopes::EMIT, "send Events");
-            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d);
-        }
-        if let Some(d) = wrong_agent(&grant, &ev) {
-            return self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d);
-        }
-        if let (Scope::Sequenced, Some(session)) = (ev.scope(), ev.session()) {
-            self.ws_claim(key, session);
-        }
-
+    /// An Event the peer may send ([`WsStep::Event`]): it takes the HTTP ingest path
+    /// (store admission and fan-out), or, clustered, goes into the stream.
+    fn ws_ingest(&mut self, key: ConnId, ev: Event) {
         if self.clustered() {
             // Into the stream; admitted from there.
             return match self.submit(vec![ev.clone()], super::cluster::Waiter::Ws(key)) {
@@ -432,25 +394,6 @@ impl Core {
         }
         self.metrics.ingested_ws += 1;
         self.publish(ev);
-    }
-
-    /// Records that `key` claims `session` (AEP-0004 §4). Free for a session already
-    /// claimed; at most `max_sessions` claims per connection.
-    pub(super) fn ws_claim(&mut self, key: ConnId, session: &str) {
-        let max = self.config.max_sessions;
-        let Some(ws) = self.ws_state_mut(key) else {
-            return;
-        };
-        if ws.claims.iter().any(|c| &**c == session) {
-            return;
-        }
-        if ws.claims.len() >= max {
-            log::debug!("connection claims {max} sessions already (max_sessions); session {session:?} not claimed");
-            return;
-        }
-        ws.claims.push(session.into());
-        self.claims.claim(session, key);
-        self.claim_changed(session);
     }
 
     /// A command (AEP-0004 §2): gated on authentication and the `control` scope, then
@@ -493,16 +436,22 @@ impl Core {
             let d = r.to_string();
             return self.ws_refuse(key, Code::HistoryUnavailable, Ref::Cause(ev.id()), &d);
         }
-        self.end_unit();
-        if let Some(conn) = self.conns.get_mut(target) {
-            conn.send(rfc6455::text(ev.bytes()));
-            self.orders.mark_dirty(target, conn);
-        }
+        self.hand_command(target, &ev);
         // History and observers; the target already has it. Clustered and degraded, the
         // stream gets it on reconnect (every relay's history, AEP-0004 §4.2).
         self.metrics.ingested_ws += 1;
         self.keep_in_outbox(&ev);
         self.publish_except(ev, target);
+    }
+
+    /// Queues command `ev` on its one claimant `target`, byte-identically (AEP-0004
+    /// §4.2), behind the fan-out frames already decided for it.
+    pub(super) fn hand_command(&mut self, target: ConnId, ev: &Event) {
+        self.end_unit();
+        if let Some(conn) = self.conns.get_mut(target) {
+            conn.send(rfc6455::text(ev.bytes()));
+            self.orders.mark_dirty(target, conn);
+        }
     }
 
     /// Why `grant` may not send command `ev` (AEP-0004 §4.2 item 3): its type is not in
@@ -585,21 +534,10 @@ impl Core {
         }
     }
 
-    /// Whether this connection may watch (subscribe, roster): role `consumer`/`both` and
-    /// the `watch` scope. `Err` holds the refusal's detail.
+    /// [`WsState::may_watch`] for connection `key`.
     pub(super) fn ws_may_watch(&self, key: ConnId, what: &str) -> Result<(), String> {
-        let Some(ws) = self.ws_state(key) else {
-            return Err(String::new());
-        };
-        if !ws.hello.as_ref().is_some_and(|d| d.role.consumes()) {
-            return Err(format!(
-                "this connection's hello declared role emitter; to {what} declare consumer or both (AEP-0003 §4.1 rule 2, §6.5)"
-            ));
-        }
-        if !ws.grant.scopes.contains(Scopes::WATCH) {
-            return Err(lacks(Scopes::WATCH, what));
-        }
-        Ok(())
+        self.ws_state(key)
+            .map_or(Err(String::new()), |ws| ws.may_watch(what))
     }
 
     /// `subscribe` (AEP-0003 §6.5): `subscribed`, then replay (strictly after each

@@ -9,7 +9,6 @@ use crate::ids::ConnId;
 use crate::refusal::Code;
 use crate::wire::envelope::Event;
 use crate::wire::ws::aep::Ref;
-use crate::wire::ws::rfc6455;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -121,11 +120,7 @@ impl Core {
     /// back).
     fn deliver_command(&mut self, ev: Event) -> Result<(), (Code, String)> {
         let target = self.command_target(&ev)?;
-        self.end_unit();
-        if let Some(conn) = self.conns.get_mut(target) {
-            conn.send(rfc6455::text(ev.bytes()));
-            self.orders.mark_dirty(target, conn);
-        }
+        self.hand_command(target, &ev);
         self.metrics.ingested_ws += 1;
 
         let bus = self.bus.as_mut().expect("clustered");
