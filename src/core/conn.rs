@@ -497,7 +497,8 @@ pub(crate) enum Phase {
     /// Reading a request head (keep-alive idle when the read buffer is empty).
     Head,
     /// Reading the body of a `POST /events`: how it is framed, the bytes so far, and
-    /// what its head said (`Connection: close` or HTTP/1.0; an NDJSON batch). A body of
+    /// what its head said (`Connection: close` or HTTP/1.0; an NDJSON batch), and the one
+    /// `agent` its Events may name (its token's `agent` grant; `None`: any). A body of
     /// known length (`BodyReader::Length(rem)`) is `Content-Length` bytes long from the
     /// start, its first `len - rem` received ([`Conn::body_room`]); a chunked one grows.
     Body {
@@ -505,6 +506,7 @@ pub(crate) enum Phase {
         body: Vec<u8>,
         close: bool,
         batch: bool,
+        emit_as: Option<Box<str>>,
     },
     /// Discarding a body whose request was already answered, then back to `Head`.
     Discard(BodyReader),
@@ -556,11 +558,12 @@ pub(crate) enum Step {
     /// A complete request head, taken off the read buffer: route it.
     Head(RequestHead),
     /// A complete `POST /events` body, with what its head said (`Connection: close` or
-    /// HTTP/1.0; an NDJSON batch): ingest it.
+    /// HTTP/1.0; an NDJSON batch) and the `agent` its Events may name: ingest it.
     Body {
         body: Vec<u8>,
         close: bool,
         batch: bool,
+        emit_as: Option<Box<str>>,
     },
     /// Bytes that are no request: refuse them with this code and detail, then close.
     Refuse(Code, String),
@@ -695,9 +698,6 @@ pub(crate) struct Conn {
     /// When a streaming connection's token expires (its JWT `exp`), closing it: an SSE
     /// stream after its last whole Event, a WebSocket with `closing`. `None`: never.
     pub(crate) expires_at: Option<Instant>,
-    /// The one `agent` the `POST /events` being read may emit as (its token's `agent`
-    /// grant); `None`: any.
-    pub(crate) emit_as: Option<Box<str>>,
     /// `Access-Control-Allow-Origin` value for the current request's answers.
     pub(crate) cors: Option<String>,
     /// A sampled delivery (`aep_delivery_latency_seconds`): `out.pushed()` just past
@@ -876,13 +876,22 @@ impl Conn {
                     Err(e) => return Step::BadChunks(e),
                 }
                 let Phase::Body {
-                    body, close, batch, ..
+                    body,
+                    close,
+                    batch,
+                    emit_as,
+                    ..
                 } = self.enter(Phase::Head)
                 else {
                     unreachable!("in the body phase")
                 };
                 self.since = now;
-                Step::Body { body, close, batch }
+                Step::Body {
+                    body,
+                    close,
+                    batch,
+                    emit_as,
+                }
             }
             Phase::Discard(reader) => {
                 // The answer went out already: read the body to its end and drop it.
@@ -1008,7 +1017,6 @@ impl Conn {
             awaiting: None,
             answers: VecDeque::new(),
             cors: None,
-            emit_as: None,
             expires_at: None,
             latency_mark: None,
             sampled: 0,

@@ -130,10 +130,18 @@ impl Core {
                 Step::Wait => return,
                 Step::Again => {}
                 Step::Head(head) => {
-                    self.on_head(key, &head);
+                    // Its answers carry the CORS headers its `Origin` is allowed.
+                    conn.cors = cors_origin(&self.config.cors_origins, &head);
+                    let cross_origin = conn.cors.is_some();
+                    self.on_head(key, &head, cross_origin);
                     handled = Some(head);
                 }
-                Step::Body { body, close, batch } => self.on_request(key, close, batch, body),
+                Step::Body {
+                    body,
+                    close,
+                    batch,
+                    emit_as,
+                } => self.on_request(key, close, batch, emit_as, body),
                 Step::Refuse(code, detail) => return self.reply_error(key, code, &detail, true),
                 Step::BadChunks(e) => return self.chunk_error(key, e),
                 Step::EndAfterAnswer => {
@@ -203,13 +211,9 @@ impl Core {
 
     /// A request head arrived on `key`: refuses what no route takes, answers a CORS
     /// preflight, checks the token against the route's scope (AEP-0003 §8.1), then
-    /// answers or starts what the route serves ([`Core::answer`]).
-    pub(super) fn on_head(&mut self, key: ConnId, head: &RequestHead) {
-        let cors = self.cors_origin(head);
-        let cross_origin = cors.is_some();
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.cors = cors;
-        }
+    /// answers or starts what the route serves ([`Core::answer`]). `cross_origin`: its
+    /// `Origin` is one `cors_origins` allows.
+    pub(super) fn on_head(&mut self, key: ConnId, head: &RequestHead, cross_origin: bool) {
         // Only `POST /events` reads a body; any other request that declares one has it
         // skipped and is refused, never left in the buffer to parse as the next request
         // (RFC 9112 §6.3: the framing headers delimit a body whatever the method).
@@ -360,88 +364,43 @@ impl Core {
         self.reply(key, resp, close);
     }
 
-    /// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is
-    /// allowed by `cors_origins`.
-    pub(super) fn cors_origin(&self, head: &RequestHead) -> Option<String> {
-        let origin = head.header("origin")?;
-        let allowed = &self.config.cors_origins;
-        if allowed.iter().any(|o| o == "*") {
-            Some("*".to_string())
-        } else if allowed.iter().any(|o| o == origin) {
-            Some(origin.to_string())
-        } else {
-            None
-        }
-    }
-
+    /// A `POST /events` head on `key`, its credentials checked: refused when its framing,
+    /// `AEP-Version` or media type is not one it may send ([`ingest_head`]), otherwise
+    /// its body is read (`Phase::Body`) under `grant`'s `agent`, or, with none, it is
+    /// answered at once.
     pub(super) fn begin_ingest(&mut self, key: ConnId, head: &RequestHead, grant: &Grant) {
-        // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
-        // request, from the answer before it) to this request's answer (`reply`).
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.post_since = Some(conn.since);
-            conn.emit_as = grant.agent().map(Box::from);
-        }
-        let framing = match http::framing(head, self.config.max_body_bytes) {
-            Ok(f) => f,
-            // Unreadable framing: `reply_skipping_body` closes after the answer.
-            Err(FramingError::TooLarge(n)) => {
-                let d = format!(
-                    "the request body is {n} bytes; at most {} are accepted (AEP_MAX_BODY)",
-                    self.config.max_body_bytes
-                );
-                return self.reply_skipping_body(key, head, Code::BodyTooLarge, &d, &[], &[]);
-            }
-            Err(FramingError::Bad(why)) => {
-                return self.reply_skipping_body(key, head, Code::BadRequest, why, &[], &[]);
-            }
-        };
-        match head.header("aep-version") {
-            None => {
-                let d = "the AEP-Version request header is required (AEP-0003 §3.2.2)";
-                return self.reply_skipping_body(key, head, Code::VersionRequired, d, &[], &[]);
-            }
-            Some(v) if !envelope::header_version_supported(v) => {
-                let d = format!("AEP-Version {v:?} is not supported (AEP-0003 §3.2.2)");
-                let more = [("versions", json!(envelope::SUPPORTED_VERSIONS))];
-                return self.reply_skipping_body(
-                    key,
-                    head,
-                    Code::VersionUnsupported,
-                    &d,
-                    &more,
-                    &[],
-                );
-            }
-            Some(_) => {}
-        }
-        let media = head.media_type_as_sent().unwrap_or("");
-        let batch = media.eq_ignore_ascii_case("application/x-ndjson");
-        if !batch && !media.eq_ignore_ascii_case("application/json") {
-            let d = format!(
-                "Content-Type must be application/json (one Event) or application/x-ndjson (a batch), got {} (AEP-0003 §3.2.1)",
-                head.media_type().as_deref().unwrap_or("none")
-            );
-            let code = Code::UnsupportedMediaType;
-            return self.reply_skipping_body(key, head, code, &d, &[], &[]);
-        }
-        let close = head.wants_close();
-        let reader = match framing {
-            Framing::None => return self.on_request(key, close, batch, Vec::new()),
-            Framing::Length(n) => BodyReader::Length(n),
-            Framing::Chunked => BodyReader::Chunked(Default::default()),
-        };
-        let body = match reader {
-            BodyReader::Length(n) => self.body_buffer(n),
-            BodyReader::Chunked(_) => Vec::new(),
+        let checked = ingest_head(head, self.config.max_body_bytes);
+        let body = match checked {
+            Ok((Framing::Length(n), ..)) => self.body_buffer(n),
+            _ => Vec::new(),
         };
         let Some(conn) = self.conns.get_mut(key) else {
             return;
+        };
+        // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
+        // request, from the answer before it) to this request's answer (`reply`).
+        conn.post_since = Some(conn.since);
+        let (framing, close, batch) = match checked {
+            Ok(c) => c,
+            // Unreadable framing: `reply_skipping_body` closes after the answer.
+            Err((code, d, more)) => {
+                let more = more.as_ref().map(|v| ("versions", v.clone()));
+                let more = more.as_slice();
+                return self.reply_skipping_body(key, head, code, &d, more, &[]);
+            }
+        };
+        let emit_as = grant.agent().map(Box::from);
+        let reader = match framing {
+            Framing::None => return self.on_request(key, close, batch, emit_as, Vec::new()),
+            Framing::Length(n) => BodyReader::Length(n),
+            Framing::Chunked => BodyReader::Chunked(Default::default()),
         };
         conn.enter(Phase::Body {
             reader,
             body,
             close,
             batch,
+            emit_as,
         });
         let expects = head.header("expect");
         if expects.is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
@@ -452,8 +411,14 @@ impl Core {
 
     /// Answers a `POST /events` whose body is read: `close` when its head asked for the
     /// connection to close after the answer, `batch` for an NDJSON body.
-    pub(super) fn on_request(&mut self, key: ConnId, close: bool, batch: bool, body: Vec<u8>) {
-        let emit_as = self.conns.get_mut(key).and_then(|c| c.emit_as.take());
+    pub(super) fn on_request(
+        &mut self,
+        key: ConnId,
+        close: bool,
+        batch: bool,
+        emit_as: Option<Box<str>>,
+        body: Vec<u8>,
+    ) {
         let emit_as = emit_as.as_deref();
         if self.clustered() {
             let submitted = self
@@ -759,4 +724,67 @@ fn agent_refusal(line: usize, ev: &Event, emit_as: Option<&str>) -> Refusal {
         agent: serde_json::to_string(&ev.attr(envelope::Attr::Agent)).unwrap_or_default(),
         allowed: emit_as.unwrap_or_default().to_owned(),
     }
+}
+
+/// The `Access-Control-Allow-Origin` value for a request, when its `Origin` is one of
+/// `allowed` (the `cors_origins` setting; `*` allows any).
+fn cors_origin(allowed: &[String], head: &RequestHead) -> Option<String> {
+    let origin = head.header("origin")?;
+    if allowed.iter().any(|o| o == "*") {
+        Some("*".to_string())
+    } else if allowed.iter().any(|o| o == origin) {
+        Some(origin.to_string())
+    } else {
+        None
+    }
+}
+
+/// A refusal of a request head: its code and detail, and the versions offered when
+/// it names an unsupported `AEP-Version`.
+type HeadRefusal = (Code, String, Option<serde_json::Value>);
+
+/// What a `POST /events` head says of its body, when it may send one (AEP-0003 §3.2):
+/// its framing (at most `max_body` bytes), whether the connection closes after the
+/// answer, and whether it is an NDJSON batch.
+///
+/// # Errors
+/// The refusal's code and detail, with the versions offered for an unsupported
+/// `AEP-Version`: `body-too-large`, `bad-request` (framing), `version-required`,
+/// `version-unsupported`, `unsupported-media-type`.
+fn ingest_head(
+    head: &RequestHead,
+    max_body: usize,
+) -> Result<(Framing, bool, bool), HeadRefusal> {
+    let framing = match http::framing(head, max_body) {
+        Ok(f) => f,
+        Err(FramingError::TooLarge(n)) => {
+            let d = format!(
+                "the request body is {n} bytes; at most {max_body} are accepted (AEP_MAX_BODY)"
+            );
+            return Err((Code::BodyTooLarge, d, None));
+        }
+        Err(FramingError::Bad(why)) => return Err((Code::BadRequest, why.to_owned(), None)),
+    };
+    match head.header("aep-version") {
+        None => {
+            let d = "the AEP-Version request header is required (AEP-0003 §3.2.2)";
+            return Err((Code::VersionRequired, d.to_owned(), None));
+        }
+        Some(v) if !envelope::header_version_supported(v) => {
+            let d = format!("AEP-Version {v:?} is not supported (AEP-0003 §3.2.2)");
+            let versions = json!(envelope::SUPPORTED_VERSIONS);
+            return Err((Code::VersionUnsupported, d, Some(versions)));
+        }
+        Some(_) => {}
+    }
+    let media = head.media_type_as_sent().unwrap_or("");
+    let batch = media.eq_ignore_ascii_case("application/x-ndjson");
+    if !batch && !media.eq_ignore_ascii_case("application/json") {
+        let d = format!(
+            "Content-Type must be application/json (one Event) or application/x-ndjson (a batch), got {} (AEP-0003 §3.2.1)",
+            head.media_type().as_deref().unwrap_or("none")
+        );
+        return Err((Code::UnsupportedMediaType, d, None));
+    }
+    Ok((framing, head.wants_close(), batch))
 }
