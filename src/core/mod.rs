@@ -452,7 +452,7 @@ impl Core {
                     bytes = &bytes[take..];
                 }
                 conn.rbuf.extend_from_slice(bytes);
-                self.process(key);
+                self.process(key, false);
             }
         }
         self.finish(key);
@@ -486,7 +486,7 @@ impl Core {
         if let Some((room, rem)) = conn.body_room(1) {
             *rem -= n.min(room.len());
         }
-        self.process(key);
+        self.process(key, false);
         self.finish(key);
     }
 
@@ -768,10 +768,7 @@ impl Core {
             Flush::Blocked => self.orders.set_interest(key, conn, None, Some(true)),
         }
         if resume {
-            self.process(key);
-            if let Some(conn) = self.conns.get_mut(key).filter(|c| !c.read_paused) {
-                self.orders.set_interest(key, conn, Some(true), None);
-            }
+            self.process(key, true);
         }
         self.finish(key);
     }

@@ -104,11 +104,13 @@ impl Core {
     /// a group of `POST`s waits for the stream (cluster mode), only a pipelined
     /// `POST /events` joins it; while the answers queued reach `max_output_bytes`
     /// ([`Conn::over_output_bound`](super::conn::Conn::over_output_bound)), reading pauses.
-    pub(super) fn process(&mut self, key: ConnId) {
+    /// With `resume` (reading had paused), the socket is read again once the requests
+    /// read are handled, unless reading paused again or a group waits for the stream.
+    pub(super) fn process(&mut self, key: ConnId, resume: bool) {
         let limits = (self.config.max_head_bytes, self.config.max_body_bytes);
         // The head just handled, given back at the next step for its strings' reuse.
         let mut handled = None;
-        loop {
+        let conn = loop {
             // A request of this turn may open the group the next ones join.
             let open_group = self.open_group();
             let Some(conn) = self.conns.get_mut(key) else {
@@ -120,14 +122,17 @@ impl Core {
             if matches!(conn.phase, Phase::Head) && !conn.rbuf.is_empty() && !conn.close_after_flush
             {
                 if conn.awaiting.is_some() && !super::cluster::may_join(open_group, conn) {
-                    return;
+                    break conn;
                 }
                 if conn.over_output_bound(self.config.max_output_bytes) {
-                    return self.orders.set_interest(key, conn, Some(false), None);
+                    self.orders.set_interest(key, conn, Some(false), None);
+                    break conn;
                 }
             }
+            // A refusal or an answer that closes leaves the connection closing: its next
+            // step is `Wait`.
             match conn.step(limits.0, limits.1, self.now) {
-                Step::Wait => return,
+                Step::Wait => break conn,
                 Step::Again => {}
                 Step::Head(head) => {
                     // Its answers carry the CORS headers its `Origin` is allowed.
@@ -142,14 +147,22 @@ impl Core {
                     batch,
                     emit_as,
                 } => self.on_request(key, close, batch, emit_as, body),
-                Step::Refuse(code, detail) => return self.reply_error(key, code, &detail, true),
-                Step::BadChunks(e) => return self.chunk_error(key, e),
+                Step::Refuse(code, detail) => self.reply_error(key, code, &detail, true),
+                Step::BadChunks(e) => self.chunk_error(key, e),
                 Step::EndAfterAnswer => {
                     conn.end_after_answer(self.now);
-                    return self.orders.mark_dirty(key, conn);
+                    self.orders.mark_dirty(key, conn);
                 }
-                Step::Ws => return self.ws_process(key),
+                Step::Ws => {
+                    if resume {
+                        self.orders.set_interest(key, conn, Some(true), None);
+                    }
+                    return self.ws_process(key);
+                }
             }
+        };
+        if resume && !conn.read_paused && conn.awaiting.is_none() {
+            self.orders.set_interest(key, conn, Some(true), None);
         }
     }
 
@@ -751,10 +764,7 @@ type HeadRefusal = (Code, String, Option<serde_json::Value>);
 /// The refusal's code and detail, with the versions offered for an unsupported
 /// `AEP-Version`: `body-too-large`, `bad-request` (framing), `version-required`,
 /// `version-unsupported`, `unsupported-media-type`.
-fn ingest_head(
-    head: &RequestHead,
-    max_body: usize,
-) -> Result<(Framing, bool, bool), HeadRefusal> {
+fn ingest_head(head: &RequestHead, max_body: usize) -> Result<(Framing, bool, bool), HeadRefusal> {
     let framing = match http::framing(head, max_body) {
         Ok(f) => f,
         Err(FramingError::TooLarge(n)) => {

@@ -118,14 +118,8 @@ impl Core {
             }
             self.orders.mark_dirty(key, conn);
             // The requests read behind them, then the socket.
-            self.process(key);
-            let Some(conn) = self.conns.get_mut(key) else {
-                continue;
-            };
-            if !conn.read_paused && conn.awaiting.is_none() && !conn.close_after_flush {
-                self.orders.set_interest(key, conn, Some(true), None);
-            }
-            self.orders.rearm(key, conn, &self.config);
+            self.process(key, true);
+            self.finish(key);
         }
     }
 
