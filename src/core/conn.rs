@@ -1088,9 +1088,11 @@ impl Conns {
         Conns(Slab::with_capacity(n))
     }
 
-    /// Adds `conn`; returns its id.
-    pub(crate) fn insert(&mut self, conn: Conn) -> ConnId {
-        ConnId(self.0.insert(conn))
+    /// Adds `conn`; returns its id, and the connection as it now lives in the table.
+    pub(crate) fn insert(&mut self, conn: Conn) -> (ConnId, &mut Conn) {
+        let entry = self.0.vacant_entry();
+        let id = ConnId(entry.key());
+        (id, entry.insert(conn))
     }
 
     /// Removes connection `id` (which must be open).

@@ -3,8 +3,9 @@
 //! a streaming connection when its token expires. The expiry is the connection's
 //! deadline (`Conn::deadline`), checked once when it comes, never per Event.
 
-use super::conn::Phase;
-use super::{ConnId, Core};
+use super::conn::{Conn, Phase};
+use super::hub::Hub;
+use super::Core;
 use crate::wire::sse;
 use std::time::{Duration, Instant};
 
@@ -28,30 +29,24 @@ impl Core {
             .saturating_sub(self.started_unix_ms);
         self.started.checked_add(Duration::from_millis(ms))
     }
+}
 
-    /// Streaming connection `key`'s token expired (its JWT `exp`): an SSE stream ends
-    /// after its last whole Event with `: closing: token expired`, a WebSocket with
-    /// `closing` and a close 1008 whose reason says so (AEP-0003 §3.5 #4). The check is
-    /// this one deadline, never one per Event.
-    pub(super) fn token_expired(&mut self, key: ConnId) {
-        let now = self.now;
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        conn.expires_at = None;
-        log::info!("closing the stream of {}: its token expired", conn.peer);
-        match conn.phase {
-            Phase::Sse { .. } => {
-                if let Some(sub) = conn.end_sse(sse::TOKEN_EXPIRED, now) {
-                    self.hub.remove(sub);
-                }
-                self.orders.mark_dirty(key, conn);
+/// Streaming connection `conn`'s token expired (its JWT `exp`): an SSE stream ends
+/// after its last whole Event with `: closing: token expired`, its subscription taken
+/// out of `hub`. `true` when `conn` is a WebSocket instead, for the caller to close with
+/// `closing` and a close 1008 whose reason says so (AEP-0003 §3.5 #4). The check is this
+/// one deadline, never one per Event.
+pub(super) fn token_expired(conn: &mut Conn, hub: &mut Hub, now: Instant) -> bool {
+    conn.expires_at = None;
+    log::info!("closing the stream of {}: its token expired", conn.peer);
+    match conn.phase {
+        Phase::Sse { .. } => {
+            if let Some(sub) = conn.end_sse(sse::TOKEN_EXPIRED, now) {
+                hub.remove(sub);
             }
-            Phase::Ws(_) => {
-                let policy = crate::wire::ws::rfc6455::close_code::POLICY;
-                self.ws_close(key, "token expired", policy);
-            }
-            _ => {}
+            false
         }
+        Phase::Ws(_) => true,
+        _ => false,
     }
 }

@@ -422,8 +422,8 @@ impl Core {
         if let Err(why) = self.gate.admit(peer.ip(), now) {
             return Err(self.refuse_at_gate(peer, why));
         }
-        let key = self.conns.insert(Conn::new(peer, now));
-        self.rearm(key);
+        let (key, conn) = self.conns.insert(Conn::new(peer, now));
+        self.orders.rearm(key, conn, &self.config);
         Ok(key)
     }
 
@@ -542,24 +542,11 @@ impl Core {
         for key in std::mem::take(&mut self.deferred) {
             self.mark_dirty(key);
         }
-        let post_wait = post_wait(&self.config);
+        // A heartbeat or ping queued by a deadline goes behind the fan-out frames
+        // already decided for its connection.
+        self.end_unit();
         while let Some((key, generation)) = self.orders.timers.pop_due(now) {
-            let Some(conn) = self.conns.get_mut(key) else {
-                continue;
-            };
-            if conn.armed.map(|(_, g)| g) != Some(generation) {
-                continue; // an earlier arming, or a connection that closed
-            }
-            conn.armed = None;
-            if conn
-                .deadline(&self.config, post_wait)
-                .is_some_and(|d| d <= now)
-            {
-                self.expire(key);
-                self.rearm(key);
-            } else {
-                self.orders.rearm(key, conn, &self.config);
-            }
+            self.expire(key, generation);
         }
         if let Some(deadline) = self.shutdown_deadline {
             if !self.stopped && now >= deadline {
@@ -1049,33 +1036,38 @@ impl Core {
         memory::check_conn(conn, key, &self.hub, &self.orders.timers);
     }
 
-    /// [`Orders::rearm`] for a connection not at hand.
-    fn rearm(&mut self, key: ConnId) {
-        if let Some(conn) = self.conns.get_mut(key) {
-            self.orders.rearm(key, conn, &self.config);
-        }
-    }
-
-    /// `key`'s deadline has come: the heartbeat, the ping, or the timeout of its phase.
-    fn expire(&mut self, key: ConnId) {
+    /// Timer entry `generation` of `key` came due: unless it is stale (an earlier arming,
+    /// a connection closed) or the deadline moved later (re-armed then), the heartbeat,
+    /// the ping, the token's expiry, or the timeout of its phase. Every path that leaves
+    /// the connection open re-arms it.
+    fn expire(&mut self, key: ConnId, generation: u64) {
         let now = self.now;
-        // A heartbeat or ping may be queued below: pending fan-out frames go first.
-        self.end_unit();
         let c = &self.config;
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if conn.awaiting.is_some() {
-            return self.post_expired(key);
+        if conn.armed.map(|(_, g)| g) != Some(generation) {
+            return;
+        }
+        conn.armed = None;
+        if conn.deadline(c, post_wait(c)).is_none_or(|d| d > now) {
+            return self.orders.rearm(key, conn, c);
+        }
+        if let Some(serial) = conn.awaiting {
+            return self.post_expired(serial);
         }
         if conn.expires_at.is_some_and(|t| now >= t) {
-            return self.token_expired(key);
+            if expiry::token_expired(conn, &mut self.hub, now) {
+                let policy = crate::wire::ws::rfc6455::close_code::POLICY;
+                return self.ws_close(key, "token expired", policy);
+            }
+            self.orders.mark_dirty(key, conn);
+            return self.orders.rearm(key, conn, c);
         }
         match &mut conn.phase {
             Phase::Sse { .. } => {
                 conn.send(sse::PING);
                 conn.last_write = now;
-                self.orders.mark_dirty(key, conn);
             }
             Phase::Ws(ws) => {
                 if now.duration_since(ws.last_read) >= c.ws_idle_timeout {
@@ -1094,22 +1086,20 @@ impl Core {
                     + now.saturating_duration_since(self.started).as_millis() as u64;
                 conn.send(crate::wire::ws::aep::ping(t));
                 conn.last_write = now;
-                self.orders.mark_dirty(key, conn);
             }
-            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => self.close(key),
-            Phase::Discard(_) => {
-                // A body still arriving after its request was answered: no 408 for it.
-                conn.end_after_answer(now);
-                self.orders.mark_dirty(key, conn);
-            }
+            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => return self.close(key),
+            // A body still arriving after its request was answered: no 408 for it.
+            Phase::Discard(_) => conn.end_after_answer(now),
             Phase::Head | Phase::Body { .. } => {
                 let d = format!(
                     "the request did not arrive within {} s",
                     c.request_timeout.as_secs_f64()
                 );
-                self.reply_error(key, Code::RequestTimeout, &d, true);
+                return self.reply_error(key, Code::RequestTimeout, &d, true);
             }
-            Phase::Closing => self.close(key),
+            Phase::Closing => return self.close(key),
         }
+        self.orders.mark_dirty(key, conn);
+        self.orders.rearm(key, conn, c);
     }
 }

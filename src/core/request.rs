@@ -51,11 +51,14 @@ impl Core {
                     // Nothing more is read; the close comes after this answer goes.
                     conn.enter(Phase::Closing);
                     conn.rbuf.clear();
+                    self.orders.rearm(key, conn, &self.config);
                 }
                 return;
             }
             conn.answer(bytes, close, self.now);
             self.orders.mark_dirty(key, conn);
+            // Its request clock restarted, or it lingers now.
+            self.orders.rearm(key, conn, &self.config);
         }
     }
 

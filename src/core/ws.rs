@@ -28,6 +28,7 @@ use crate::wire::ws::rfc6455::{self, close_code, Incoming};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 impl Core {
@@ -82,7 +83,10 @@ impl Core {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
-            let Conn { rbuf, phase, .. } = conn;
+            let Conn {
+                rbuf, phase, peer, ..
+            } = conn;
+            let peer = *peer;
             let Phase::Ws(ws) = phase else {
                 // A handler closed the connection (and cleared its input).
                 return;
@@ -109,7 +113,7 @@ impl Core {
                 // What the connection can tell alone, read while it is at hand.
                 Incoming::Text(t) => {
                     let step = ws.on_text(t, max_claims);
-                    self.ws_step(key, step);
+                    self.ws_step(key, peer, step);
                 }
                 other => self.ws_control(key, other),
             }
@@ -180,8 +184,9 @@ impl Core {
         conn.close_after_flush = true;
         conn.rbuf.clear();
         conn.since = self.now;
+        self.orders.mark_dirty(key, conn);
+        self.orders.rearm(key, conn, &self.config);
         self.ws_release(key, &ws);
-        self.mark_dirty(key);
     }
 
     /// Removes a WebSocket's subscriptions from the hub and its claims from the routing
@@ -289,7 +294,7 @@ impl Core {
     }
 
     /// Acts on what a text message turned out to be ([`WsState::on_text`]).
-    fn ws_step(&mut self, key: ConnId, step: WsStep) {
+    fn ws_step(&mut self, key: ConnId, peer: SocketAddr, step: WsStep) {
         match step {
             WsStep::Hello(text) => self.ws_hello(key, &text),
             WsStep::Event { ev, claimed } => {
@@ -297,7 +302,7 @@ impl Core {
                     self.claims.claim(session, key);
                     self.claim_changed(session);
                 }
-                self.ws_ingest(key, ev);
+                self.ws_ingest(key, peer, ev);
             }
             WsStep::Refused(ev, d) => self.ws_refuse(key, Code::Unauthorized, Ref::Id(ev.id()), &d),
             WsStep::Command(ev) => self.ws_command(key, ev),
@@ -376,10 +381,10 @@ impl Core {
 
     /// An Event the peer may send ([`WsStep::Event`]): it takes the HTTP ingest path
     /// (store admission and fan-out), or, clustered, goes into the stream.
-    fn ws_ingest(&mut self, key: ConnId, ev: Event) {
+    fn ws_ingest(&mut self, key: ConnId, peer: SocketAddr, ev: Event) {
         if self.clustered() {
             // Into the stream; admitted from there.
-            return match self.submit(vec![ev.clone()], super::cluster::Waiter::Ws(key)) {
+            return match self.submit(vec![ev.clone()], super::cluster::Waiter::Ws(key, peer)) {
                 Ok(_) => self.metrics.ingested_ws += 1,
                 Err(r) => {
                     let d = r.to_string();

@@ -60,6 +60,7 @@ use posts::Group;
 use publish::{Held, Outgoing, Ticket};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
 use std::time::Instant;
 
 mod admit;
@@ -306,9 +307,10 @@ pub(super) enum Waiter {
     /// A `POST /events` on this connection (and its `Connection: close`): answered once
     /// the stream acknowledged every Event.
     Post(ConnId, bool),
-    /// A WebSocket emitter on this connection: told with an `error` frame if an Event
-    /// is neither stored by the stream nor kept locally.
-    Ws(ConnId),
+    /// A WebSocket emitter on this connection, from this peer: told with an `error`
+    /// frame if an Event is neither stored by the stream nor kept locally (and the
+    /// connection is still the same peer's then).
+    Ws(ConnId, SocketAddr),
     /// No one (JSONL, an embedding host's ingest).
     None,
 }

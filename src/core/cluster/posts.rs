@@ -129,12 +129,9 @@ impl Core {
         self.bus.as_ref().and_then(|b| b.open_group)
     }
 
-    /// A `POST` that waited too long for the stream (the bridge answers every publish
+    /// The group of `POST`s `serial` waited too long for the stream (the bridge answers every publish
     /// within its ack timeout; this only guards against a bridge that cannot).
-    pub(in crate::core) fn post_expired(&mut self, key: ConnId) {
-        let Some(serial) = self.conns.get(key).and_then(|c| c.awaiting) else {
-            return;
-        };
+    pub(in crate::core) fn post_expired(&mut self, serial: u64) {
         let Some(bus) = self.bus.as_mut() else {
             return;
         };

@@ -297,12 +297,12 @@ impl Core {
             return Ok(Submitted::Now(0));
         }
         let emitter = match waiter {
-            Waiter::Ws(key) => self.conns.get(key).map(|c| (key, c.peer)),
+            Waiter::Ws(key, peer) => Some((key, peer)),
             _ => None,
         };
         let bus = self.bus.as_mut().expect("clustered");
         match waiter {
-            Waiter::Ws(_) => {
+            Waiter::Ws(..) => {
                 bus.loose
                     .extend(events.into_iter().map(|ev| (ev, Held::Ws(emitter))));
                 Ok(Submitted::Now(n))

@@ -50,7 +50,7 @@ impl Setup {
     }
 
     fn subscribe(&mut self, filter: &str, ceiling: Option<Capture>, ws: bool) -> ConnId {
-        let key = self.conns.insert(conn());
+        let (key, _) = self.conns.insert(conn());
         self.add(key, filter, ceiling, ws);
         key
     }
