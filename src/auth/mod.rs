@@ -12,7 +12,8 @@
 //! s3cr3t-team-a      watch name=team-a filter={"agent":"a"} capture=metadata
 //! ```
 //!
-//! After the scopes, `key=value` grants narrow what the token allows ([`grant`]).
+//! After the scopes, `key=value` grants narrow what the token allows ([`grant`]). The
+//! binary reads the file again on SIGHUP and swaps its tokens in ([`TokensHandle`]).
 //!
 //! A request presents its token as `Authorization: Bearer <token>`, or as the query
 //! parameter `access_token=<token>` for EventSource and browser WebSocket clients that
@@ -26,18 +27,18 @@
 //! unconditionally).
 
 use crate::wire::http::RequestHead;
-use sha2::{Digest, Sha256};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 pub mod grant;
 pub mod jwt;
+pub mod tokens;
 
 pub use grant::{Grant, GrantError, Restrictions, TokenSpec};
 pub use jwt::{JwtKeyError, JwtKeys};
 use std::sync::RwLock;
+pub use tokens::TokensHandle;
 
 /// A set of scopes.
 #[derive(Copy, Clone, PartialEq, Eq, Default, Hash)]
@@ -170,8 +171,11 @@ impl JwtHandle {
 /// The configured tokens and JWT keys.
 #[derive(Clone, Default)]
 pub struct Auth {
-    /// (SHA-256 of the token, what it grants).
-    tokens: Vec<([u8; 32], Grant)>,
+    /// `AEP_TOKEN` and the tokens file's tokens.
+    tokens: TokensHandle,
+    /// Whether static tokens are configured: `AEP_TOKEN`, a tokens file (even one that
+    /// holds no token now: its tokens may all be revoked, which opens nothing).
+    static_tokens: bool,
     /// `--jwt-key`: the keys JWTs are verified with.
     jwt: Option<JwtHandle>,
 }
@@ -185,10 +189,6 @@ impl fmt::Debug for Auth {
             self.jwt.is_some()
         )
     }
-}
-
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
 }
 
 impl Auth {
@@ -207,25 +207,30 @@ impl Auth {
     }
 
     /// Builds the token table from `AEP_TOKEN` (all scopes, no restriction) and the
-    /// tokens file's lines ([`Auth::parse_tokens_file`]).
+    /// tokens file's lines ([`Auth::parse_tokens_file`]). Authentication is on when
+    /// either holds a token.
     pub fn with_tokens(token: Option<&str>, specs: &[TokenSpec]) -> Auth {
-        let mut tokens = Vec::new();
-        if let Some(t) = token {
-            let mut g = Grant::open(Scopes::ALL);
-            g.authenticated = true;
-            tokens.push((digest(t), g));
+        Auth {
+            tokens: TokensHandle::new(token, specs),
+            static_tokens: token.is_some() || !specs.is_empty(),
+            jwt: None,
         }
-        for s in specs {
-            let grant = Grant {
-                scopes: s.scopes,
-                authenticated: true,
-                holder: s.name.clone(),
-                limits: (!s.limits.is_open()).then(|| Arc::new(s.limits.clone())),
-                expires: None,
-            };
-            tokens.push((digest(&s.token), grant));
+    }
+
+    /// Like [`Auth::with_tokens`], for a tokens file read again later
+    /// ([`Auth::tokens`], [`TokensHandle::replace`]): authentication is on even while
+    /// the file holds no token, so emptying it refuses every request rather than opening
+    /// the relay.
+    pub fn with_tokens_file(token: Option<&str>, specs: &[TokenSpec]) -> Auth {
+        Auth {
+            static_tokens: true,
+            ..Auth::with_tokens(token, specs)
         }
-        Auth { tokens, jwt: None }
+    }
+
+    /// The static tokens' handle, for reloading the tokens file.
+    pub fn tokens(&self) -> &TokensHandle {
+        &self.tokens
     }
 
     /// Also takes JWTs signed by the keys of `jwt` (`--jwt-key`).
@@ -243,7 +248,7 @@ impl Auth {
     /// and `jwt` (a `--jwt-key`).
     pub fn schemes(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        if !self.tokens.is_empty() {
+        if self.static_tokens {
             v.push("bearer");
         }
         if self.jwt.is_some() {
@@ -254,7 +259,7 @@ impl Auth {
 
     /// Whether any token is configured.
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty() || self.jwt.is_some()
+        self.static_tokens || self.jwt.is_some()
     }
 
     /// Parses a tokens file's text: `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
@@ -342,26 +347,7 @@ impl Auth {
                 }
             }
         }
-        self.static_token(token).map_err(|_| jwt_said)
-    }
-
-    /// What a configured (static) token grants.
-    fn static_token(&self, token: &str) -> Result<Grant, AuthError> {
-        let d = digest(token);
-        // Look at every entry, and pick the first match without branching on it, so
-        // the time taken does not depend on which one matched.
-        let mut found = 0u32;
-        let mut any = subtle::Choice::from(0);
-        for (i, (t, _)) in self.tokens.iter().enumerate() {
-            let eq = t.ct_eq(&d);
-            found.conditional_assign(&(i as u32), eq & !any);
-            any |= eq;
-        }
-        if bool::from(any) {
-            Ok(self.tokens[found as usize].1.clone())
-        } else {
-            Err(AuthError::Wrong)
-        }
+        self.tokens.check(token).map_err(|_| jwt_said)
     }
 }
 
