@@ -91,14 +91,20 @@ impl Scopes {
     }
 }
 
-impl fmt::Debug for Scopes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL, Scopes::ADMIN]
+impl Scopes {
+    /// The names of the scopes in `self`, in the order emit, watch, control, admin.
+    pub fn names(self) -> Vec<&'static str> {
+        [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL, Scopes::ADMIN]
             .into_iter()
             .filter(|s| self.contains(*s))
             .map(|s| s.name())
-            .collect();
-        write!(f, "Scopes({})", names.join(","))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scopes({})", self.names().join(","))
     }
 }
 

@@ -295,6 +295,10 @@ impl Core {
     /// `version`: built once per version and grant kind, then shared.
     pub(super) fn hello_frame(&mut self, version: &'static str, grant: &Grant) -> Bytes {
         let routes = grant.authenticated && grant.scopes.contains(Scopes::CONTROL);
+        // With tokens, each socket's `hello` tells its own grant: built for it.
+        if self.config.auth.enabled() {
+            return crate::wire::ws::aep::hello(version, &self.capabilities(Some(grant)));
+        }
         if let Some((_, _, f)) = self
             .hellos
             .iter()
@@ -338,9 +342,10 @@ impl Core {
                 from: c.max_from_positions,
                 message_bytes: c.max_ws_message_bytes,
             }),
-            auth: (grant.is_none() && c.auth.enabled()).then(|| AuthCaps {
+            auth: c.auth.enabled().then(|| AuthCaps {
                 schemes: c.auth.schemes(),
                 grants: ["filter", "capture", "agent", "commands", "targets"],
+                grant: grant.map(Grant::to_json),
             }),
         }
     }
@@ -361,19 +366,22 @@ pub(super) struct Capabilities {
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
     /// How credentials are checked and which grants are enforced (a relay-specific
-    /// member, AEP-0003 §3.4: unknown fields are ignored); in the discovery document,
-    /// when tokens are configured.
+    /// member: AEP-0003 §3.4 and §4 rule 4, unknown capability keys are ignored), when
+    /// tokens are configured; on a socket's `hello`, also what its token grants.
     #[serde(skip_serializing_if = "Option::is_none")]
     auth: Option<AuthCaps>,
 }
 
 /// `auth`: the credentials taken (`bearer`: a token of `--token` or `--tokens-file`;
 /// `jwt`: a JWT signed by a `--jwt-key` key) and the grants enforced on every path an
-/// Event enters or leaves by (docs/operating.md, "Multi-tenant relay").
+/// Event enters or leaves by (docs/operating.md, "Multi-tenant relay"); on a socket's
+/// `hello`, `grant`: what the socket's token grants ([`Grant::to_json`]).
 #[derive(Debug, Serialize)]
 struct AuthCaps {
     schemes: Vec<&'static str>,
     grants: [&'static str; 5],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grant: Option<serde_json::Value>,
 }
 
 /// `experimental` (AEP-0003 §4 rule 6): `dropped`, the WebSocket `dropped` frame a
