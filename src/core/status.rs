@@ -97,15 +97,18 @@ impl Core {
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 
-    /// The Prometheus exposition of `GET /metrics`: the table of
-    /// [`metrics::FAMILIES`], each with the samples [`Core::metric`] gives it.
-    pub(super) fn metrics_text(&self) -> String {
-        metrics::render(|f| self.metric(f.name))
+    /// The Prometheus exposition of `GET /metrics` for a request of `grant`: the table
+    /// of [`metrics::FAMILIES`], each with the samples [`Core::metric`] gives it. Peer
+    /// addresses only for `admin`, as `GET /connections` (`watch` reads the metrics).
+    pub(super) fn metrics_text(&self, grant: &Grant) -> String {
+        let admin = grant.scopes.contains(Scopes::ADMIN);
+        metrics::render(|f| self.metric(f.name, admin))
     }
 
     /// The samples of metric `name` (one of [`metrics::FAMILIES`]); `None` leaves it out
-    /// of the exposition (no budget, not clustered).
-    fn metric(&self, name: &str) -> Option<Samples<'_>> {
+    /// of the exposition (no budget, not clustered). `admin`: per-connection series carry
+    /// the peer's address.
+    fn metric(&self, name: &str, admin: bool) -> Option<Samples<'_>> {
         let m = &self.metrics;
         let st = &self.hub.stats;
         let ev = self.store.evictions();
@@ -149,7 +152,10 @@ impl Core {
                     .iter()
                     .filter(|(_, c)| !c.subscriber.dropped.is_empty())
                     .map(|(key, c)| {
-                        let labels = vec![("conn", key.to_string()), ("peer", c.peer.to_string())];
+                        let mut labels = vec![("conn", key.to_string())];
+                        if admin {
+                            labels.push(("peer", c.peer.to_string()));
+                        }
                         (labels, c.subscriber.dropped.total() as f64)
                     })
                     .collect(),
