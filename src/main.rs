@@ -115,7 +115,8 @@ struct Cli {
     /// Browser origins allowed cross-origin (comma-separated, `*` for any).
     #[arg(long, env = "AEP_CORS_ORIGIN", value_delimiter = ',')]
     cors_origin: Vec<String>,
-    /// Bearer token with every scope (emit, watch, control, admin).
+    /// Bearer token with every scope (emit, watch, control, admin). A tokens file that
+    /// also holds it is refused (at start-up, and on SIGHUP).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
@@ -211,7 +212,8 @@ impl Cli {
         }
         let auth = match &self.tokens_file {
             None => Auth::with_tokens(self.token.as_deref(), &[]),
-            Some(path) => Auth::with_tokens_file(self.token.as_deref(), &read_tokens_file(path)?),
+            Some(path) => Auth::with_tokens_file(self.token.as_deref(), &read_tokens_file(path)?)
+                .map_err(|e| format!("tokens file {}: {e}", path.display()))?,
         };
         Ok(match &self.jwt_key {
             None => auth,
@@ -265,16 +267,19 @@ impl Reload {
         }
         if let Some((path, tokens)) = &self.tokens {
             match read_tokens_file(path) {
-                Ok(specs) => {
-                    // In use before it is said: whoever reads the line may count on
-                    // the new tokens.
-                    tokens.replace(&specs);
-                    log::info!(
+                // In use before it is said: whoever reads the line may count on the
+                // new tokens.
+                Ok(specs) => match tokens.replace(&specs) {
+                    Ok(()) => log::info!(
                         "received SIGHUP: --tokens-file {} read again, {} tokens",
                         path.display(),
                         specs.len()
-                    );
-                }
+                    ),
+                    Err(e) => log::warn!(
+                        "received SIGHUP: tokens file {}: {e}; the tokens in use are kept",
+                        path.display()
+                    ),
+                },
                 Err(e) => log::warn!("received SIGHUP: {e}; the tokens in use are kept"),
             }
         }

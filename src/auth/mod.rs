@@ -38,7 +38,7 @@ pub mod tokens;
 pub use grant::{Grant, GrantError, Restrictions, TokenSpec};
 pub use jwt::{JwtKeyError, JwtKeys};
 use std::sync::RwLock;
-pub use tokens::TokensHandle;
+pub use tokens::{TokenClash, TokensHandle};
 
 /// A set of scopes.
 #[derive(Copy, Clone, PartialEq, Eq, Default, Hash)]
@@ -214,7 +214,8 @@ impl Auth {
 
     /// Builds the token table from `AEP_TOKEN` (all scopes, no restriction) and the
     /// tokens file's lines ([`Auth::parse_tokens_file`]). Authentication is on when
-    /// either holds a token.
+    /// either holds a token. Should a line hold `AEP_TOKEN`'s token, the line's grant is
+    /// the one it gets ([`Auth::with_tokens_file`] refuses it).
     pub fn with_tokens(token: Option<&str>, specs: &[TokenSpec]) -> Auth {
         Auth {
             tokens: TokensHandle::new(token, specs),
@@ -227,11 +228,16 @@ impl Auth {
     /// ([`Auth::tokens`], [`TokensHandle::replace`]): authentication is on even while
     /// the file holds no token, so emptying it refuses every request rather than opening
     /// the relay.
-    pub fn with_tokens_file(token: Option<&str>, specs: &[TokenSpec]) -> Auth {
-        Auth {
+    ///
+    /// # Errors
+    /// [`TokenClash`] when a line of the file holds `token` (one token with two grants).
+    pub fn with_tokens_file(token: Option<&str>, specs: &[TokenSpec]) -> Result<Auth, TokenClash> {
+        let auth = Auth {
             static_tokens: true,
             ..Auth::with_tokens(token, specs)
-        }
+        };
+        auth.tokens.clash(specs)?;
+        Ok(auth)
     }
 
     /// The static tokens' handle, for reloading the tokens file.

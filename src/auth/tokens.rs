@@ -13,8 +13,19 @@ pub(crate) fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// (digest of the token, what it grants), `AEP_TOKEN`'s first.
+/// (digest of the token, what it grants), `AEP_TOKEN`'s last: should the tokens file
+/// hold the same token, its line's grant, the narrower, is the one found.
 type Table = Vec<([u8; 32], Grant)>;
+
+/// A tokens file that holds the token of `--token` / `AEP_TOKEN`: one token with two
+/// grants, every scope and the line's. The relay refuses to start with it, and a reload
+/// that brings it keeps the tokens in use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a line{} holds the token of --token / AEP_TOKEN, which has every scope: give each its own token", .name.as_deref().map(|n| format!(" (name={n})")).unwrap_or_default())]
+pub struct TokenClash {
+    /// The clashing line's `name=`, when it has one (never the token).
+    pub name: Option<Arc<str>>,
+}
 
 #[derive(Default)]
 struct Inner {
@@ -37,11 +48,6 @@ impl std::fmt::Debug for TokensHandle {
 
 fn table(env: Option<[u8; 32]>, specs: &[TokenSpec]) -> Table {
     let mut t = Table::with_capacity(specs.len() + 1);
-    if let Some(d) = env {
-        let mut g = Grant::open(Scopes::ALL);
-        g.authenticated = true;
-        t.push((d, g));
-    }
     for s in specs {
         let grant = Grant {
             scopes: s.scopes,
@@ -51,6 +57,11 @@ fn table(env: Option<[u8; 32]>, specs: &[TokenSpec]) -> Table {
             expires: None,
         };
         t.push((digest(&s.token), grant));
+    }
+    if let Some(d) = env {
+        let mut g = Grant::open(Scopes::ALL);
+        g.authenticated = true;
+        t.push((d, g));
     }
     t
 }
@@ -65,15 +76,40 @@ impl TokensHandle {
         }))
     }
 
+    /// Whether `specs` may stand beside `AEP_TOKEN`: none of them is its token.
+    ///
+    /// # Errors
+    /// [`TokenClash`] naming the first line that is.
+    pub fn clash(&self, specs: &[TokenSpec]) -> Result<(), TokenClash> {
+        let Some(env) = self.0.env else {
+            return Ok(());
+        };
+        match specs
+            .iter()
+            .find(|s| bool::from(digest(&s.token).ct_eq(&env)))
+        {
+            None => Ok(()),
+            Some(s) => Err(TokenClash {
+                name: s.name.clone(),
+            }),
+        }
+    }
+
     /// Replaces the tokens file's tokens by `specs` (`AEP_TOKEN` stays): requests from
     /// now on are checked against them. A live stream or socket keeps the grant it was
     /// admitted with.
-    pub fn replace(&self, specs: &[TokenSpec]) {
+    ///
+    /// # Errors
+    /// [`TokenClash`] when one of `specs` is `AEP_TOKEN`'s token; the tokens in use are
+    /// kept.
+    pub fn replace(&self, specs: &[TokenSpec]) -> Result<(), TokenClash> {
+        self.clash(specs)?;
         let t = Arc::new(table(self.0.env, specs));
         match self.0.table.write() {
             Ok(mut k) => *k = t,
             Err(poisoned) => *poisoned.into_inner() = t,
         }
+        Ok(())
     }
 
     fn current(&self) -> Arc<Table> {
@@ -136,12 +172,27 @@ mod tests {
         let h = TokensHandle::new(Some("env"), &[spec("old", Scopes::WATCH)]);
         let other = h.clone();
         assert_eq!(h.check("old").unwrap().scopes, Scopes::WATCH);
-        other.replace(&[spec("new", Scopes::EMIT)]);
+        other.replace(&[spec("new", Scopes::EMIT)]).unwrap();
         assert_eq!(h.check("old"), Err(AuthError::Wrong));
         assert_eq!(h.check("new").unwrap().scopes, Scopes::EMIT);
         assert_eq!(h.check("env").unwrap().scopes, Scopes::ALL);
-        other.replace(&[]);
+        other.replace(&[]).unwrap();
         assert_eq!(h.len(), 1);
         assert_eq!(h.check("new"), Err(AuthError::Wrong));
+    }
+
+    #[test]
+    fn the_environment_token_in_the_file_is_refused_and_never_widens_the_line() {
+        let mut named = spec("env", Scopes::WATCH);
+        named.name = Some("ops".into());
+        let h = TokensHandle::new(Some("env"), &[spec("w", Scopes::WATCH)]);
+        let e = h.replace(&[named.clone()]).unwrap_err();
+        assert!(e.to_string().contains("name=ops") && !e.to_string().contains("env"));
+        assert_eq!(h.check("w").unwrap().scopes, Scopes::WATCH, "kept");
+        assert_eq!(h.check("env").unwrap().scopes, Scopes::ALL);
+        assert!(TokensHandle::default().clash(&[named.clone()]).is_ok());
+        // Built regardless (an embedder's `Auth::with_tokens`): the line's grant wins.
+        let both = TokensHandle::new(Some("env"), &[named]);
+        assert_eq!(both.check("env").unwrap().scopes, Scopes::WATCH);
     }
 }

@@ -84,3 +84,50 @@ fn sighup_reads_the_tokens_file_again() {
         assert!(!log.contains(t), "tokens are never logged ({t}): {log}");
     }
 }
+
+/// `AEP_TOKEN` (every scope) also written in the tokens file would be one token with two
+/// grants: the relay refuses to start, saying which line without the token, and a reload
+/// that brings it is refused and keeps the tokens in use.
+#[test]
+fn the_environment_token_in_the_tokens_file_is_refused() {
+    let dir = temp_dir("tokens-clash");
+    let file = dir.join("tokens");
+    std::fs::write(&file, "env-tok-9f8e watch name=dashboard\n").unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["--listen", "127.0.0.1:0", "--tokens-file"])
+        .arg(&file)
+        .env("AEP_TOKEN", "env-tok-9f8e")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("name=dashboard") && err.contains("AEP_TOKEN"),
+        "{err}"
+    );
+    assert!(!err.contains("env-tok"), "never the token: {err}");
+
+    // Started apart, brought together by a reload: refused, the tokens in use stay.
+    std::fs::write(&file, "w-tok-1c2d watch\n").unwrap();
+    let relay = RelayProcess::spawn_with(
+        &["--tokens-file", file.to_str().unwrap()],
+        &[("AEP_TOKEN", "env-tok-9f8e")],
+        false,
+        "127.0.0.1:0",
+    );
+    std::fs::write(&file, "env-tok-9f8e watch name=dashboard\n").unwrap();
+    relay.signal("HUP");
+    let warning = relay
+        .stderr
+        .wait("the refusal", |l| l.contains("the tokens in use are kept"));
+    assert!(warning.contains("name=dashboard"), "{warning}");
+    assert_eq!(status(&relay, Some("w-tok-1c2d")), 200);
+    let admin = agent()
+        .get(&relay.url("/connections"))
+        .set("Authorization", "Bearer env-tok-9f8e")
+        .call();
+    assert_eq!(admin.map(|r| r.status()).ok(), Some(200), "still every scope");
+    let log = relay.stderr.snapshot().join("\n");
+    assert!(!log.contains("env-tok") && !log.contains("w-tok"), "{log}");
+}
