@@ -8,9 +8,10 @@
 //! SIGTERM and SIGINT are caught here, not in the library: a thread waits for them and
 //! calls [`StopHandle::shutdown`], a graceful shutdown (the relay's `run` then returns
 //! once every connection is flushed, and the process exits 0). SIGHUP reads the
-//! `--jwt-key` file again, so JWT keys rotate without a restart.
+//! `--tokens-file` and `--jwt-key` files again, so tokens and JWT keys rotate without a
+//! restart.
 
-use aep_relay::auth::{Auth, JwtHandle, JwtKeys};
+use aep_relay::auth::{Auth, JwtHandle, JwtKeys, TokenSpec, TokensHandle};
 use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
@@ -114,11 +115,15 @@ struct Cli {
     /// Browser origins allowed cross-origin (comma-separated, `*` for any).
     #[arg(long, env = "AEP_CORS_ORIGIN", value_delimiter = ',')]
     cors_origin: Vec<String>,
-    /// Bearer token with every scope (emit, watch, control, admin).
+    /// Bearer token with every scope (emit, watch, control, admin). A tokens file that
+    /// also holds it is refused (at start-up, and on SIGHUP).
     #[arg(long, env = "AEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// File of scoped tokens: one `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
     /// emit, watch, control, admin; grants name, filter, capture, agent, commands, targets).
+    /// Read again on SIGHUP: new requests are checked against its tokens then, open
+    /// streams keep the grant they were admitted with; a file that does not parse is
+    /// logged and the tokens in use are kept.
     #[arg(long, env = "AEP_TOKENS_FILE")]
     tokens_file: Option<std::path::PathBuf>,
     /// Verify JWT bearer tokens with the keys of this file: an HS256 secret (at least 32
@@ -202,23 +207,26 @@ impl Cli {
     }
 
     fn auth(&self) -> Result<Auth, String> {
-        let scoped = match &self.tokens_file {
-            None => Vec::new(),
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read tokens file {}: {e}", path.display()))?;
-                Auth::parse_tokens_file(path, &text).map_err(|e| e.to_string())?
-            }
-        };
         if self.token.as_deref() == Some("") {
             return Err("--token / AEP_TOKEN must not be empty".into());
         }
-        let auth = Auth::with_tokens(self.token.as_deref(), &scoped);
+        let auth = match &self.tokens_file {
+            None => Auth::with_tokens(self.token.as_deref(), &[]),
+            Some(path) => Auth::with_tokens_file(self.token.as_deref(), &read_tokens_file(path)?)
+                .map_err(|e| format!("tokens file {}: {e}", path.display()))?,
+        };
         Ok(match &self.jwt_key {
             None => auth,
             Some(path) => auth.with_jwt(JwtHandle::new(read_jwt_key(path)?)),
         })
     }
+}
+
+/// Reads and parses the `--tokens-file` file.
+fn read_tokens_file(path: &std::path::Path) -> Result<Vec<TokenSpec>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read tokens file {}: {e}", path.display()))?;
+    Auth::parse_tokens_file(path, &text).map_err(|e| e.to_string())
 }
 
 /// Reads the `--jwt-key` file.
@@ -241,19 +249,65 @@ fn init_logging() {
         .init();
 }
 
+/// The files SIGHUP reads again, each with the handle its contents are swapped into.
+#[derive(Default)]
+struct Reload {
+    /// `--tokens-file`.
+    tokens: Option<(std::path::PathBuf, TokensHandle)>,
+    /// `--jwt-key`.
+    jwt: Option<(std::path::PathBuf, JwtHandle)>,
+}
+
+impl Reload {
+    /// Reads every file again and swaps in what parses; a file that does not is logged
+    /// (its line number and reason, never a token) and what is in use is kept.
+    fn reload(&self) {
+        if self.tokens.is_none() && self.jwt.is_none() {
+            log::info!("received SIGHUP: no --tokens-file or --jwt-key to read again");
+        }
+        if let Some((path, tokens)) = &self.tokens {
+            match read_tokens_file(path) {
+                // In use before it is said: whoever reads the line may count on the
+                // new tokens.
+                Ok(specs) => match tokens.replace(&specs) {
+                    Ok(()) => log::info!(
+                        "received SIGHUP: --tokens-file {} read again, {} tokens",
+                        path.display(),
+                        specs.len()
+                    ),
+                    Err(e) => log::warn!(
+                        "received SIGHUP: tokens file {}: {e}; the tokens in use are kept",
+                        path.display()
+                    ),
+                },
+                Err(e) => log::warn!("received SIGHUP: {e}; the tokens in use are kept"),
+            }
+        }
+        if let Some((path, jwt)) = &self.jwt {
+            match read_jwt_key(path) {
+                Ok(keys) => {
+                    let n = keys.len();
+                    jwt.replace(keys);
+                    log::info!(
+                        "received SIGHUP: --jwt-key {} read again, {n} keys",
+                        path.display()
+                    );
+                }
+                Err(e) => log::warn!("received SIGHUP: {e}; the keys in use are kept"),
+            }
+        }
+    }
+}
+
 /// Starts the thread that turns SIGTERM and SIGINT into [`StopHandle::shutdown`]: each
 /// one asks for a graceful shutdown (stop accepting, end every stream with
-/// `: shutting-down`, flush within the shutdown deadline). SIGHUP reads the `--jwt-key`
-/// file of `reload` again and swaps its keys in (a file that no longer parses is logged
-/// and the keys in use are kept). Once installed, the signals no longer terminate the
-/// process by their default action.
+/// `: shutting-down`, flush within the shutdown deadline). SIGHUP reads the files of
+/// `reload` again ([`Reload::reload`]). Once installed, the signals no longer terminate
+/// the process by their default action.
 ///
 /// # Errors
 /// When the handlers cannot be installed or the thread cannot be started.
-fn handle_signals(
-    stop: StopHandle,
-    reload: Option<(std::path::PathBuf, JwtHandle)>,
-) -> std::io::Result<()> {
+fn handle_signals(stop: StopHandle, reload: Reload) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     std::thread::Builder::new()
@@ -261,22 +315,7 @@ fn handle_signals(
         .spawn(move || {
             for sig in signals.forever() {
                 if sig == SIGHUP {
-                    match &reload {
-                        Some((path, jwt)) => match read_jwt_key(path) {
-                            Ok(keys) => {
-                                let n = keys.len();
-                                // In use before it is said: whoever reads the line may
-                                // count on the new keys.
-                                jwt.replace(keys);
-                                log::info!(
-                                    "received SIGHUP: --jwt-key {} read again, {n} keys",
-                                    path.display()
-                                );
-                            }
-                            Err(e) => log::warn!("received SIGHUP: {e}; the keys in use are kept"),
-                        },
-                        None => log::info!("received SIGHUP: no --jwt-key to read again"),
-                    }
+                    reload.reload();
                     continue;
                 }
                 let name = if sig == SIGTERM { "SIGTERM" } else { "SIGINT" };
@@ -308,7 +347,11 @@ fn main() -> ExitCode {
         }
     };
     // Before the start-up line: whoever reads it may signal the relay at once.
-    let reload = cli.jwt_key.clone().zip(relay.config().auth.jwt().cloned());
+    let auth = &relay.config().auth;
+    let reload = Reload {
+        tokens: cli.tokens_file.clone().map(|p| (p, auth.tokens().clone())),
+        jwt: cli.jwt_key.clone().zip(auth.jwt().cloned()),
+    };
     if let Err(e) = handle_signals(relay.stop_handle(), reload) {
         eprintln!("aep-relay: cannot install signal handlers: {e}");
         return ExitCode::FAILURE;

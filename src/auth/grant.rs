@@ -16,6 +16,7 @@
 
 use crate::filter::{Filter, FilterError};
 use crate::wire::envelope::Capture;
+use serde_json::Value;
 use std::sync::Arc;
 
 use super::Scopes;
@@ -143,6 +144,39 @@ impl Grant {
             None => true,
             Some(t) => agent.is_some_and(|a| t.iter().any(|x| **x == *a)),
         }
+    }
+
+    /// What the grant allows, for its holder (the relay's WebSocket `hello`,
+    /// `capabilities.auth.grant`, docs/operating.md "Multi-tenant relay"):
+    /// `{"scopes": ["emit", "watch", "control", "admin"], "filter": {attr-match, AEP-0003
+    /// §6}, "capture": level (AEP-0001 §8.2), "agent": name, "commands": [type…],
+    /// "targets": [agent…], "exp": seconds since the Unix epoch}`, each member but
+    /// `scopes` present only when the grant has it. Never the token, nor the holder's
+    /// name (an operator's label).
+    pub fn to_json(&self) -> serde_json::Value {
+        let l = self.limits();
+        let names = |v: &[Box<str>]| v.iter().map(|s| Value::from(&**s)).collect::<Value>();
+        let mut m = serde_json::Map::new();
+        m.insert("scopes".into(), self.scopes.names().into());
+        if let Some(f) = &l.filter {
+            m.insert("filter".into(), f.to_json());
+        }
+        if let Some(c) = l.capture {
+            m.insert("capture".into(), c.as_str().into());
+        }
+        if let Some(a) = &l.agent {
+            m.insert("agent".into(), Value::from(&**a));
+        }
+        if let Some(c) = &l.commands {
+            m.insert("commands".into(), names(c));
+        }
+        if let Some(t) = &l.targets {
+            m.insert("targets".into(), names(t));
+        }
+        if let Some(exp) = self.expires {
+            m.insert("exp".into(), exp.into());
+        }
+        Value::Object(m)
     }
 
     /// Whether the grant restricts commands (types or targets).
@@ -364,6 +398,28 @@ mod tests {
         assert_eq!(g.ceiling(Some(Capture::Full)), Some(Capture::Metadata));
         assert_eq!(g.ceiling(Some(Capture::None)), Some(Capture::None));
         assert_eq!(Grant::default().ceiling(None), None);
+    }
+
+    #[test]
+    fn to_json_tells_what_the_grant_has_and_nothing_else() {
+        let (scopes, name, limits) =
+            parse_line_rest(r#"watch name=t filter={"session":"s"} capture=redacted"#).unwrap();
+        let g = Grant {
+            scopes,
+            authenticated: true,
+            holder: name,
+            limits: Some(Arc::new(limits)),
+            expires: Some(1_800_000_000),
+        };
+        assert_eq!(
+            g.to_json(),
+            serde_json::json!({"scopes": ["watch"], "filter": {"session": ["s"]},
+                               "capture": "redacted", "exp": 1_800_000_000u64})
+        );
+        assert_eq!(
+            Grant::open(Scopes::ALL).to_json(),
+            serde_json::json!({"scopes": ["emit", "watch", "control", "admin"]})
+        );
     }
 
     #[test]

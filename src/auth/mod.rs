@@ -12,7 +12,8 @@
 //! s3cr3t-team-a      watch name=team-a filter={"agent":"a"} capture=metadata
 //! ```
 //!
-//! After the scopes, `key=value` grants narrow what the token allows ([`grant`]).
+//! After the scopes, `key=value` grants narrow what the token allows ([`grant`]). The
+//! binary reads the file again on SIGHUP and swaps its tokens in ([`TokensHandle`]).
 //!
 //! A request presents its token as `Authorization: Bearer <token>`, or as the query
 //! parameter `access_token=<token>` for EventSource and browser WebSocket clients that
@@ -26,18 +27,18 @@
 //! unconditionally).
 
 use crate::wire::http::RequestHead;
-use sha2::{Digest, Sha256};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 pub mod grant;
 pub mod jwt;
+pub mod tokens;
 
 pub use grant::{Grant, GrantError, Restrictions, TokenSpec};
 pub use jwt::{JwtKeyError, JwtKeys};
 use std::sync::RwLock;
+pub use tokens::{TokenClash, TokensHandle};
 
 /// A set of scopes.
 #[derive(Copy, Clone, PartialEq, Eq, Default, Hash)]
@@ -90,14 +91,20 @@ impl Scopes {
     }
 }
 
-impl fmt::Debug for Scopes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL, Scopes::ADMIN]
+impl Scopes {
+    /// The names of the scopes in `self`, in the order emit, watch, control, admin.
+    pub fn names(self) -> Vec<&'static str> {
+        [Scopes::EMIT, Scopes::WATCH, Scopes::CONTROL, Scopes::ADMIN]
             .into_iter()
             .filter(|s| self.contains(*s))
             .map(|s| s.name())
-            .collect();
-        write!(f, "Scopes({})", names.join(","))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scopes({})", self.names().join(","))
     }
 }
 
@@ -170,8 +177,11 @@ impl JwtHandle {
 /// The configured tokens and JWT keys.
 #[derive(Clone, Default)]
 pub struct Auth {
-    /// (SHA-256 of the token, what it grants).
-    tokens: Vec<([u8; 32], Grant)>,
+    /// `AEP_TOKEN` and the tokens file's tokens.
+    tokens: TokensHandle,
+    /// Whether static tokens are configured: `AEP_TOKEN`, a tokens file (even one that
+    /// holds no token now: its tokens may all be revoked, which opens nothing).
+    static_tokens: bool,
     /// `--jwt-key`: the keys JWTs are verified with.
     jwt: Option<JwtHandle>,
 }
@@ -185,10 +195,6 @@ impl fmt::Debug for Auth {
             self.jwt.is_some()
         )
     }
-}
-
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
 }
 
 impl Auth {
@@ -207,25 +213,36 @@ impl Auth {
     }
 
     /// Builds the token table from `AEP_TOKEN` (all scopes, no restriction) and the
-    /// tokens file's lines ([`Auth::parse_tokens_file`]).
+    /// tokens file's lines ([`Auth::parse_tokens_file`]). Authentication is on when
+    /// either holds a token. Should a line hold `AEP_TOKEN`'s token, the line's grant is
+    /// the one it gets ([`Auth::with_tokens_file`] refuses it).
     pub fn with_tokens(token: Option<&str>, specs: &[TokenSpec]) -> Auth {
-        let mut tokens = Vec::new();
-        if let Some(t) = token {
-            let mut g = Grant::open(Scopes::ALL);
-            g.authenticated = true;
-            tokens.push((digest(t), g));
+        Auth {
+            tokens: TokensHandle::new(token, specs),
+            static_tokens: token.is_some() || !specs.is_empty(),
+            jwt: None,
         }
-        for s in specs {
-            let grant = Grant {
-                scopes: s.scopes,
-                authenticated: true,
-                holder: s.name.clone(),
-                limits: (!s.limits.is_open()).then(|| Arc::new(s.limits.clone())),
-                expires: None,
-            };
-            tokens.push((digest(&s.token), grant));
-        }
-        Auth { tokens, jwt: None }
+    }
+
+    /// Like [`Auth::with_tokens`], for a tokens file read again later
+    /// ([`Auth::tokens`], [`TokensHandle::replace`]): authentication is on even while
+    /// the file holds no token, so emptying it refuses every request rather than opening
+    /// the relay.
+    ///
+    /// # Errors
+    /// [`TokenClash`] when a line of the file holds `token` (one token with two grants).
+    pub fn with_tokens_file(token: Option<&str>, specs: &[TokenSpec]) -> Result<Auth, TokenClash> {
+        let auth = Auth {
+            static_tokens: true,
+            ..Auth::with_tokens(token, specs)
+        };
+        auth.tokens.clash(specs)?;
+        Ok(auth)
+    }
+
+    /// The static tokens' handle, for reloading the tokens file.
+    pub fn tokens(&self) -> &TokensHandle {
+        &self.tokens
     }
 
     /// Also takes JWTs signed by the keys of `jwt` (`--jwt-key`).
@@ -243,7 +260,7 @@ impl Auth {
     /// and `jwt` (a `--jwt-key`).
     pub fn schemes(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        if !self.tokens.is_empty() {
+        if self.static_tokens {
             v.push("bearer");
         }
         if self.jwt.is_some() {
@@ -254,7 +271,7 @@ impl Auth {
 
     /// Whether any token is configured.
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty() || self.jwt.is_some()
+        self.static_tokens || self.jwt.is_some()
     }
 
     /// Parses a tokens file's text: `TOKEN SCOPE[,SCOPE…] [KEY=VALUE…]` per line (scopes
@@ -342,26 +359,7 @@ impl Auth {
                 }
             }
         }
-        self.static_token(token).map_err(|_| jwt_said)
-    }
-
-    /// What a configured (static) token grants.
-    fn static_token(&self, token: &str) -> Result<Grant, AuthError> {
-        let d = digest(token);
-        // Look at every entry, and pick the first match without branching on it, so
-        // the time taken does not depend on which one matched.
-        let mut found = 0u32;
-        let mut any = subtle::Choice::from(0);
-        for (i, (t, _)) in self.tokens.iter().enumerate() {
-            let eq = t.ct_eq(&d);
-            found.conditional_assign(&(i as u32), eq & !any);
-            any |= eq;
-        }
-        if bool::from(any) {
-            Ok(self.tokens[found as usize].1.clone())
-        } else {
-            Err(AuthError::Wrong)
-        }
+        self.tokens.check(token).map_err(|_| jwt_said)
     }
 }
 

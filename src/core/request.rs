@@ -373,7 +373,7 @@ impl Core {
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
                 &[],
-                self.metrics_text().as_bytes(),
+                self.metrics_text(&grant).as_bytes(),
                 close,
             ),
         };

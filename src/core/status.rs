@@ -97,15 +97,18 @@ impl Core {
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 
-    /// The Prometheus exposition of `GET /metrics`: the table of
-    /// [`metrics::FAMILIES`], each with the samples [`Core::metric`] gives it.
-    pub(super) fn metrics_text(&self) -> String {
-        metrics::render(|f| self.metric(f.name))
+    /// The Prometheus exposition of `GET /metrics` for a request of `grant`: the table
+    /// of [`metrics::FAMILIES`], each with the samples [`Core::metric`] gives it. Peer
+    /// addresses only for `admin`, as `GET /connections` (`watch` reads the metrics).
+    pub(super) fn metrics_text(&self, grant: &Grant) -> String {
+        let admin = grant.scopes.contains(Scopes::ADMIN);
+        metrics::render(|f| self.metric(f.name, admin))
     }
 
     /// The samples of metric `name` (one of [`metrics::FAMILIES`]); `None` leaves it out
-    /// of the exposition (no budget, not clustered).
-    fn metric(&self, name: &str) -> Option<Samples<'_>> {
+    /// of the exposition (no budget, not clustered). `admin`: per-connection series carry
+    /// the peer's address.
+    fn metric(&self, name: &str, admin: bool) -> Option<Samples<'_>> {
         let m = &self.metrics;
         let st = &self.hub.stats;
         let ev = self.store.evictions();
@@ -149,7 +152,10 @@ impl Core {
                     .iter()
                     .filter(|(_, c)| !c.subscriber.dropped.is_empty())
                     .map(|(key, c)| {
-                        let labels = vec![("conn", key.to_string()), ("peer", c.peer.to_string())];
+                        let mut labels = vec![("conn", key.to_string())];
+                        if admin {
+                            labels.push(("peer", c.peer.to_string()));
+                        }
                         (labels, c.subscriber.dropped.total() as f64)
                     })
                     .collect(),
@@ -295,6 +301,10 @@ impl Core {
     /// `version`: built once per version and grant kind, then shared.
     pub(super) fn hello_frame(&mut self, version: &'static str, grant: &Grant) -> Bytes {
         let routes = grant.authenticated && grant.scopes.contains(Scopes::CONTROL);
+        // With tokens, each socket's `hello` tells its own grant: built for it.
+        if self.config.auth.enabled() {
+            return crate::wire::ws::aep::hello(version, &self.capabilities(Some(grant)));
+        }
         if let Some((_, _, f)) = self
             .hellos
             .iter()
@@ -338,9 +348,10 @@ impl Core {
                 from: c.max_from_positions,
                 message_bytes: c.max_ws_message_bytes,
             }),
-            auth: (grant.is_none() && c.auth.enabled()).then(|| AuthCaps {
+            auth: c.auth.enabled().then(|| AuthCaps {
                 schemes: c.auth.schemes(),
                 grants: ["filter", "capture", "agent", "commands", "targets"],
+                grant: grant.map(Grant::to_json),
             }),
         }
     }
@@ -361,19 +372,22 @@ pub(super) struct Capabilities {
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
     /// How credentials are checked and which grants are enforced (a relay-specific
-    /// member, AEP-0003 §3.4: unknown fields are ignored); in the discovery document,
-    /// when tokens are configured.
+    /// member: AEP-0003 §3.4 and §4 rule 4, unknown capability keys are ignored), when
+    /// tokens are configured; on a socket's `hello`, also what its token grants.
     #[serde(skip_serializing_if = "Option::is_none")]
     auth: Option<AuthCaps>,
 }
 
 /// `auth`: the credentials taken (`bearer`: a token of `--token` or `--tokens-file`;
 /// `jwt`: a JWT signed by a `--jwt-key` key) and the grants enforced on every path an
-/// Event enters or leaves by (docs/operating.md, "Multi-tenant relay").
+/// Event enters or leaves by (docs/operating.md, "Multi-tenant relay"); on a socket's
+/// `hello`, `grant`: what the socket's token grants ([`Grant::to_json`]).
 #[derive(Debug, Serialize)]
 struct AuthCaps {
     schemes: Vec<&'static str>,
     grants: [&'static str; 5],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grant: Option<serde_json::Value>,
 }
 
 /// `experimental` (AEP-0003 §4 rule 6): `dropped`, the WebSocket `dropped` frame a

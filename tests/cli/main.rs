@@ -17,4 +17,5 @@ mod jwt_reload;
 mod memory_cgroup;
 mod prometheus;
 mod tail_cmd;
+mod tokens_reload;
 mod validate_cmd;

@@ -1685,3 +1685,97 @@ fn kill_9_during_concurrent_batch_posts_loses_nothing_answered_202() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Grants across relays
+// ---------------------------------------------------------------------------------------
+
+/// The tokens file both relays of [`grants_hold_across_relays`] read (never a secret).
+const TENANTS: &str = r#"
+tenant-a  watch filter={"agent": "a"}
+tenant-b  watch filter={"agent": "b"}
+bot-a     emit agent=a
+"#;
+
+/// POSTs `line` with `token`: status and JSON body.
+fn post_as(r: &RelayProcess, token: &str, line: &str) -> (u16, Value) {
+    status_json(
+        agent()
+            .post(&r.url("/events"))
+            .set("AEP-Version", "0.1")
+            .set("Content-Type", "application/json")
+            .set("Authorization", &format!("Bearer {token}"))
+            .send_string(line),
+    )
+}
+
+/// A token's grants hold for Events that arrive from another relay (docs/operating.md,
+/// "Multi-tenant relay"): on R2, an Event of agent `a` posted at R1 reaches the
+/// subscribers whose grant filter admits it and not the one whose grant excludes it
+/// (AEP-0003 §6.1); and an emitter granted `agent=a` at R1 cannot emit as `b`, by POST
+/// (403) or on its socket (`unauthorized`), so nothing of it is published: R2's
+/// subscribers, the stream and R2's history see only the sentinel after it.
+#[test]
+fn grants_hold_across_relays() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let dir = temp_dir("cluster-grants");
+    let file = dir.join("tenants");
+    std::fs::write(&file, TENANTS).unwrap();
+    let tokens = ["--tokens-file", file.to_str().unwrap()];
+    let r1 = start_relay(&nats, "r1", &tokens);
+    let r2 = start_relay(&nats, "r2", &tokens);
+    let mut admits = r2.sse("", &[("Authorization", "Bearer tenant-a")]);
+    let mut excludes = r2.sse("", &[("Authorization", "Bearer tenant-b")]);
+    let mut excludes_ws = Ws::hello(&r2, "access_token=tenant-b", "consumer", json!({})).0;
+    excludes_ws.subscribe("all", json!({}));
+    let mut everything = watcher(&r2);
+
+    // Agent a's Event, emitted at R1 by the token granted `agent=a`.
+    let of_a = ev("a", "sa", 1);
+    assert_eq!(post_as(&r1, "bot-a", &of_a).0, 202);
+    // The same token emitting as b: refused at R1, by POST and on a socket.
+    let forged = ev("b", "sb", 1);
+    let (status, body) = post_as(&r1, "bot-a", &forged);
+    assert_eq!(
+        (status, &body["error"]),
+        (403, &json!("forbidden")),
+        "{body}"
+    );
+    let mut bot = Ws::emitter(&r1, "access_token=bot-a", "a", json!({}));
+    bot.send(&ev("b", "sb", 2));
+    let refused = bot.recv();
+    assert_eq!(
+        (&refused["type"], &refused["code"], &refused["id"]),
+        (&json!("error"), &json!("unauthorized"), &json!("sb-0-2")),
+        "{refused}"
+    );
+    // The sentinel, of agent b: what the tenant-b subscribers may see.
+    let end = ev("b", "end", 1);
+    post_ok(&r1, &[&end]);
+
+    assert_eq!(admits.expect().data, of_a, "tenant-a on R2: admitted");
+    assert_eq!(
+        excludes.expect().data,
+        end,
+        "tenant-b on R2 (SSE): neither a's Event nor the forged b's before the sentinel"
+    );
+    assert_eq!(
+        excludes_ws.recv_text(),
+        end,
+        "tenant-b on R2 (WebSocket): the sentinel first"
+    );
+    assert_eq!(everything.recv_text(), of_a, "R2's unfiltered watcher");
+    assert_eq!(
+        everything.recv_text(),
+        end,
+        "R2's unfiltered watcher: nothing forged before the sentinel"
+    );
+    assert_eq!(stream_messages(&nats), 2, "a's Event and the sentinel only");
+    assert_eq!(
+        data_lines(&replay_body(&r2)),
+        [of_a.as_str(), end.as_str()],
+        "R2's history"
+    );
+}

@@ -20,6 +20,7 @@ mod envelope_fixtures;
 mod filter_fixtures;
 mod fuzz_regressions;
 mod memory_conn;
+mod metrics_scope;
 mod replay_pacing;
 mod store_model;
 mod virtual_time;

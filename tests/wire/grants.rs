@@ -426,3 +426,42 @@ fn the_discovery_document_names_the_grants_enforced() {
         json!(["filter", "capture", "agent", "commands", "targets"])
     );
 }
+
+/// A socket's `hello` tells its token's grant in `capabilities.auth.grant` (a capability
+/// key of this relay's: AEP-0003 §4 rule 4, unknown ones are ignored), each member only
+/// when the grant has it, never the token nor its holder's name; a static token has no
+/// `exp`.
+#[test]
+fn the_hello_tells_each_token_its_grant() {
+    let d = Dial::start(false);
+    let grant = |token: &str, role: &str, extra: Value| {
+        let (_ws, hello) = d.ws(token, role, extra);
+        assert_eq!(hello["type"], "hello", "{hello}");
+        let auth = &hello["capabilities"]["auth"];
+        assert_eq!(auth["schemes"], json!(["bearer"]), "{hello}");
+        let text = hello.to_string();
+        assert!(!text.contains(token), "never the token: {text}");
+        auth["grant"].clone()
+    };
+    assert_eq!(
+        grant("admin-tok", "consumer", json!({})),
+        json!({"scopes": ["emit", "watch", "control"]})
+    );
+    assert_eq!(
+        grant("tenant-a", "consumer", json!({})),
+        json!({"scopes": ["watch"], "filter": {"agent": ["a"]}, "capture": "metadata"})
+    );
+    assert_eq!(
+        grant("bot-a", "emitter", json!({"identity": {"agent": "a"}})),
+        json!({"scopes": ["emit"], "agent": "a"})
+    );
+    let ops = grant("ops-a", "consumer", json!({}));
+    assert_eq!(
+        ops,
+        json!({"scopes": ["watch", "control"], "commands": ["control.cancel"], "targets": ["a"]})
+    );
+    assert!(
+        !ops.to_string().contains("ops-a"),
+        "never the holder's name"
+    );
+}

@@ -182,11 +182,16 @@ fn a_jwt_grant_filters_and_its_expiry_ends_sse_and_websocket() {
         json!({"scope": ["watch"], "filter": {"agent": "a"}, "capture": "metadata"}),
     ));
     let mut sse = relay.sse("", &[("Authorization", &format!("Bearer {token}"))]);
-    let (mut ws, _) = Ws::hello(
+    let (mut ws, hello) = Ws::hello(
         &relay,
         &format!("access_token={token}"),
         "consumer",
         json!({}),
+    );
+    // The socket's `hello` tells the grant, its `exp` included.
+    assert_eq!(
+        hello["capabilities"]["auth"]["grant"],
+        json!({"scopes": ["watch"], "filter": {"agent": ["a"]}, "capture": "metadata", "exp": exp})
     );
     ws.subscribe("s", json!({}));
     let posted = agent()
