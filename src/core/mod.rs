@@ -238,6 +238,48 @@ fn loggable(s: &str) -> String {
     out
 }
 
+/// Counts and logs one refusal from `peer` (`None`: gone), as [`Core::refused`] says.
+fn note_refusal(
+    metrics: &mut Metrics,
+    peer: Option<SocketAddr>,
+    what: &str,
+    status: Option<u16>,
+    code: Code,
+    detail: &str,
+) {
+    metrics.reject(code.as_str());
+    if !log::log_enabled!(log::Level::Info) {
+        return;
+    }
+    let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+    let status = status.map(|s| format!("{s} ")).unwrap_or_default();
+    log::info!(
+        "refused {what} from {peer}: {status}{code}: {}",
+        loggable(detail)
+    );
+}
+
+/// The answer to a `POST /events` refused with `r` (its JSON error body; the
+/// connection closes after it with `close`), the refusal counted and logged as from
+/// `peer`.
+fn refusal_answer(
+    metrics: &mut Metrics,
+    peer: Option<SocketAddr>,
+    r: &Refusal,
+    close: bool,
+) -> Vec<u8> {
+    let detail = r.to_string();
+    note_refusal(
+        metrics,
+        peer,
+        "POST /events",
+        Some(r.status()),
+        r.code(),
+        &detail,
+    );
+    http::response(r.status(), "application/json", &[], &r.body(), close)
+}
+
 /// The relay's logic: connections, replay store, subscriptions, claims and metrics,
 /// driven by bytes and time (module docs).
 #[derive(Debug)]

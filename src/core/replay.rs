@@ -15,9 +15,7 @@
 
 use super::conn::{Conn, Phase, ReplayJob};
 use super::hub::Hub;
-use super::Core;
 use crate::fanout::{Binding, Frames};
-use crate::ids::ConnId;
 use crate::store::{ReplayFrom, Store};
 use crate::wire::envelope::{Event, Scope};
 use crate::wire::sse;
@@ -29,22 +27,19 @@ const PAGE: usize = 64;
 /// Pages one connection may take per pump before others get a turn.
 const PAGES_PER_PUMP: usize = 8;
 
-impl Core {
-    /// Starts `job` on connection `key` behind any replay already in progress there,
-    /// then advances it as far as the output queue allows.
-    pub(super) fn start_replay(&mut self, key: ConnId, job: ReplayJob) {
-        self.end_unit();
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.subscriber.replay.push_back(job);
-            pump(
-                conn,
-                &self.store,
-                &mut self.hub,
-                self.config.max_output_bytes,
-            );
-            self.orders.mark_dirty(key, conn);
-        }
-    }
+/// Starts `job` on `conn` behind any replay already in progress there, then advances
+/// it as far as the output queue allows ([`pump`]). No fan-out unit may be open: its
+/// frames for `conn` would land behind the replay's.
+pub(super) fn start(
+    conn: &mut Conn,
+    job: ReplayJob,
+    store: &Store<Event>,
+    hub: &mut Hub,
+    max_output: usize,
+) {
+    debug_assert!(!hub.unit_open(), "a replay starts outside a fan-out unit");
+    conn.subscriber.replay.push_back(job);
+    pump(conn, store, hub, max_output);
 }
 
 /// Moves replay pages (then, once every replay is done, the held-back live frames)

@@ -5,7 +5,10 @@
 
 use super::conn::{Answer, BodyReader, Phase, ReplayJob, Step};
 use super::routes::{self, Handler, Lookup};
-use super::{history_streams, loggable, lost_markers, replay_sessions, ConnId, Core, Origin};
+use super::{
+    history_streams, lost_markers, note_refusal, refusal_answer, replay_sessions, ConnId, Core,
+    Origin,
+};
 use crate::auth::{Grant, Scopes};
 use crate::fanout::{Binding, Subscription};
 use crate::refusal::{Code, Refusal};
@@ -89,17 +92,8 @@ impl Core {
         code: Code,
         detail: &str,
     ) {
-        self.metrics.reject(code.as_str());
-        if !log::log_enabled!(log::Level::Info) {
-            return;
-        }
         let peer = self.conns.get(key).map(|c| c.peer);
-        let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
-        let status = status.map(|s| format!("{s} ")).unwrap_or_default();
-        log::info!(
-            "refused {what} from {peer}: {status}{code}: {}",
-            loggable(detail)
-        );
+        note_refusal(&mut self.metrics, peer, what, status, code, detail);
     }
 
     /// Runs the HTTP state machine over the connection's read buffer ([`Conn::step`](super::conn::Conn::step)),
@@ -500,9 +494,8 @@ impl Core {
         match outcome {
             Ok(n) => http::accepted_response(n, close),
             Err(r) => {
-                let detail = r.to_string();
-                self.refused(key, "POST /events", Some(r.status()), r.code(), &detail);
-                http::response(r.status(), "application/json", &[], &r.body(), close)
+                let peer = self.conns.get(key).map(|c| c.peer);
+                refusal_answer(&mut self.metrics, peer, &r, close)
             }
         }
     }
@@ -699,19 +692,19 @@ impl Core {
         if let Some(names) = req.history_sessions() {
             sessions.extend(history_streams(&self.store, names));
         }
-        self.start_replay(
-            key,
-            ReplayJob {
-                sub,
-                ws_id: None,
-                pending: sessions.iter().map(|(s, _)| *s).collect(),
-                sessions,
-                filter,
-                ceiling,
-                end_after: !req.live,
-                lost: false,
-            },
-        );
+        let job = ReplayJob {
+            sub,
+            ws_id: None,
+            pending: sessions.iter().map(|(s, _)| *s).collect(),
+            sessions,
+            filter,
+            ceiling,
+            end_after: !req.live,
+            lost: false,
+        };
+        let max = self.config.max_output_bytes;
+        super::replay::start(conn, job, &self.store, &mut self.hub, max);
+        self.orders.mark_dirty(key, conn);
         if self.shutdown_deadline.is_some() {
             self.end_stream(key, self.now);
         }

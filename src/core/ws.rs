@@ -601,26 +601,23 @@ impl Core {
         }
         let sessions = super::replay_sessions(&self.store, &from);
         if !sessions.is_empty() {
-            self.start_replay(
-                key,
-                ReplayJob {
-                    sub: Some(sub),
-                    ws_id: Some(id.into()),
-                    pending: sessions.iter().map(|(s, _)| *s).collect(),
-                    sessions,
-                    filter,
-                    ceiling,
-                    end_after: false,
-                    lost: false,
-                },
-            );
+            let job = ReplayJob {
+                sub: Some(sub),
+                ws_id: Some(id.into()),
+                pending: sessions.iter().map(|(s, _)| *s).collect(),
+                sessions,
+                filter,
+                ceiling,
+                end_after: false,
+                lost: false,
+            };
+            let max = self.config.max_output_bytes;
+            super::replay::start(conn, job, &self.store, &mut self.hub, max);
         }
-        if let Some(conn) = self.conns.get_mut(key) {
-            if let Phase::Ws(ws) = &mut conn.phase {
-                ws.reply_floor = conn.subscriber.out.len();
-            }
-            self.orders.mark_dirty(key, conn);
+        if let Phase::Ws(ws) = &mut conn.phase {
+            ws.reply_floor = conn.subscriber.out.len();
         }
+        self.orders.mark_dirty(key, conn);
     }
 
     /// Checks a `subscribe` frame and compiles it, in the order the refusal codes are

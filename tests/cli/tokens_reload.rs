@@ -127,7 +127,11 @@ fn the_environment_token_in_the_tokens_file_is_refused() {
         .get(&relay.url("/connections"))
         .set("Authorization", "Bearer env-tok-9f8e")
         .call();
-    assert_eq!(admin.map(|r| r.status()).ok(), Some(200), "still every scope");
+    assert_eq!(
+        admin.map(|r| r.status()).ok(),
+        Some(200),
+        "still every scope"
+    );
     let log = relay.stderr.snapshot().join("\n");
     assert!(!log.contains("env-tok") && !log.contains("w-tok"), "{log}");
 }

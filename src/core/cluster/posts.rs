@@ -55,18 +55,21 @@ impl Core {
             accepted,
         } in posts
         {
-            let Some(conn) = self.conns.get(key).filter(|c| c.awaiting == Some(serial)) else {
+            let Some(conn) = self
+                .conns
+                .get_mut(key)
+                .filter(|c| c.awaiting == Some(serial))
+            else {
                 continue; // the connection is gone
             };
             // A peer that half-closed meanwhile gets its answer, then the close.
             let close = close || conn.peer_eof;
-            let outcome = outcome.clone().map(|()| accepted);
-            if let Ok(n) = outcome {
-                self.metrics.ingested_http += n as u64;
-            }
-            let resp = self.post_answer(key, outcome, close);
-            let Some(conn) = self.conns.get_mut(key) else {
-                continue;
+            let resp = match &outcome {
+                Ok(()) => {
+                    self.metrics.ingested_http += accepted as u64;
+                    crate::wire::http::accepted_response(accepted, close)
+                }
+                Err(r) => crate::core::refusal_answer(&mut self.metrics, Some(conn.peer), r, close),
             };
             if let Some(t) = conn.post_since.take() {
                 self.metrics
