@@ -588,6 +588,41 @@ pub(crate) enum Answer {
     Ready(Vec<u8>, bool),
 }
 
+/// What a connection keeps while it reads and answers HTTP requests (the `Head`, `Body`
+/// and `Discard` phases, and the `Closing` after an answer): the head being parsed, the
+/// CORS origin and the clock of the request being answered, the pause of a peer that
+/// does not read its answers, and, in cluster mode, the answers waiting for the stream.
+/// Reset ([`Conn::enter`]) when the connection becomes an SSE stream or a WebSocket, so a
+/// stream holds none of it.
+#[derive(Debug, Default)]
+pub(crate) struct Request {
+    /// The head of the request being handled, parsed in place (`http::parse_head_into`)
+    /// so its strings are reused from one request to the next; emptied when the
+    /// connection leaves HTTP requests or a head was large ([`Conn::keep_head`]).
+    pub(crate) head: RequestHead,
+    /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
+    /// without completing the head (`Core::process` parses again only once a line
+    /// feed arrives after them: linear work for a head trickled in byte by byte).
+    pub(crate) head_scanned: usize,
+    /// Reading and request processing are paused because the queued answers reached
+    /// `max_output_bytes` (a peer pipelining requests without reading the answers);
+    /// `Core::write_to` resumes them once the queue is below the bound.
+    pub(crate) read_paused: bool,
+    /// Cluster mode: the serial of the group of `POST`s whose stream acknowledgements
+    /// this connection waits for. While that group is open (the reactor turn that read
+    /// them), further pipelined `POST /events` join it; no other request is read.
+    pub(crate) awaiting: Option<u64>,
+    /// Cluster mode: the answers of the requests read while `awaiting`, in request
+    /// order (HTTP/1.1 answers in order, RFC 9112 §9.3): a `POST` still waiting for
+    /// the stream, or an answer that is ready and must wait behind it. Empty otherwise.
+    pub(crate) answers: VecDeque<Answer>,
+    /// `Access-Control-Allow-Origin` value for the current request's answers.
+    pub(crate) cors: Option<String>,
+    /// When the `POST /events` being handled began (`aep_post_duration_seconds`), until
+    /// its answer is queued.
+    pub(crate) post_since: Option<Instant>,
+}
+
 /// What fan-out reads and writes of one connection, and nothing else: the output queue
 /// (which HTTP answers and WebSocket replies share, in order), the live frames held
 /// behind a replay, the replays in progress, the drop counts (AEP-0003 §8.4) and the
@@ -657,14 +692,8 @@ pub(crate) struct Conn {
     pub(crate) subscriber: Subscriber,
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
-    /// The head of the request being handled, parsed in place (`http::parse_head_into`)
-    /// so its strings are reused from one request to the next; emptied when the
-    /// connection leaves HTTP requests or a head was large ([`Conn::keep_head`]).
-    pub(crate) head: RequestHead,
-    /// In `Phase::Head`: how many bytes at the front of `rbuf` were already looked at
-    /// without completing the head (`Core::process` parses again only once a line
-    /// feed arrives after them: linear work for a head trickled in byte by byte).
-    pub(crate) head_scanned: usize,
+    /// The state of the HTTP request being read and answered ([`Request`]).
+    pub(crate) request: Request,
     pub(crate) phase: Phase,
     /// Whether WRITABLE interest is registered.
     pub(crate) want_write: bool,
@@ -683,23 +712,9 @@ pub(crate) struct Conn {
     pub(crate) write_shut: bool,
     /// Whether the peer closed its writing side.
     pub(crate) peer_eof: bool,
-    /// Reading and request processing are paused because the queued answers reached
-    /// `max_output_bytes` (a peer pipelining requests without reading the answers);
-    /// `Core::write_to` resumes them once the queue is below the bound.
-    pub(crate) read_paused: bool,
-    /// Cluster mode: the serial of the group of `POST`s whose stream acknowledgements
-    /// this connection waits for. While that group is open (the reactor turn that read
-    /// them), further pipelined `POST /events` join it; no other request is read.
-    pub(crate) awaiting: Option<u64>,
-    /// Cluster mode: the answers of the requests read while `awaiting`, in request
-    /// order (HTTP/1.1 answers in order, RFC 9112 §9.3): a `POST` still waiting for
-    /// the stream, or an answer that is ready and must wait behind it. Empty otherwise.
-    pub(crate) answers: VecDeque<Answer>,
     /// When a streaming connection's token expires (its JWT `exp`), closing it: an SSE
     /// stream after its last whole Event, a WebSocket with `closing`. `None`: never.
     pub(crate) expires_at: Option<Instant>,
-    /// `Access-Control-Allow-Origin` value for the current request's answers.
-    pub(crate) cors: Option<String>,
     /// A sampled delivery (`aep_delivery_latency_seconds`): `out.pushed()` just past
     /// the fan-out frames queued in one settle, and the time they were queued; observed
     /// by `Core::write_to` once the socket took them. One at a time per connection.
@@ -707,9 +722,6 @@ pub(crate) struct Conn {
     /// The publication number (`decided`) of the last sampled delivery: a new sample
     /// starts only when fan-out decided a later Event for this connection.
     pub(crate) sampled: u64,
-    /// When the `POST /events` being handled began (`aep_post_duration_seconds`), until
-    /// its answer is queued.
-    pub(crate) post_since: Option<Instant>,
     /// This connection's share of the memory used, as last counted (`Core::account`).
     pub(crate) charged: Charge,
     /// When the connection was accepted (its age in `GET /connections`).
@@ -757,6 +769,7 @@ impl Conn {
     /// (a request read, its body, an upgrade, a stream); from `Body` or `Discard` back to
     /// `Head` or on to `Discard`; from anything to `Closing`. Any other is a bug: a debug
     /// build panics on it (a stream or a socket never goes back to reading requests).
+    /// Entering a stream or a socket drops the HTTP request state ([`Request`]).
     pub(crate) fn enter(&mut self, next: Phase) -> Phase {
         debug_assert!(
             legal(&self.phase, &next),
@@ -764,6 +777,13 @@ impl Conn {
             self.phase.name(),
             next.name()
         );
+        if matches!(next, Phase::Sse { .. } | Phase::Ws(_)) {
+            debug_assert!(
+                self.request.awaiting.is_none() && self.request.answers.is_empty(),
+                "a stream starts with no answer waiting"
+            );
+            self.request = Request::default();
+        }
         std::mem::replace(&mut self.phase, next)
     }
 
@@ -773,7 +793,7 @@ impl Conn {
     /// `post_wait` after it began. `None`: nothing is timed.
     pub(crate) fn deadline(&self, c: &Config, post_wait: Duration) -> Option<Instant> {
         let conn = self;
-        if conn.awaiting.is_some() {
+        if conn.request.awaiting.is_some() {
             return Some(conn.since + post_wait);
         }
         let expiry = |t: Instant| conn.expires_at.map_or(t, |e| t.min(e));
@@ -788,7 +808,9 @@ impl Conn {
             }
             // No request in flight: nothing yet, or only answers the peer has not read (RFC
             // 9112 §9.3: a 408 would answer no request), or requests paused behind them.
-            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => conn.since + c.idle_timeout,
+            Phase::Head if conn.rbuf.is_empty() || conn.request.read_paused => {
+                conn.since + c.idle_timeout
+            }
             Phase::Head | Phase::Body { .. } | Phase::Discard(_) => {
                 if conn.close_after_flush {
                     return None;
@@ -826,11 +848,13 @@ impl Conn {
                 // bytes (192 KiB by default) trickled in a byte at a time would be
                 // parsed from its start once per byte: quadratic work on the reactor.
                 // The first bytes are always parsed, so garbage is refused at once.
-                let fresh = match self.rbuf.get(self.head_scanned..) {
-                    Some(new) => self.head_scanned == 0 || memchr::memchr(b'\n', new).is_some(),
+                let fresh = match self.rbuf.get(self.request.head_scanned..) {
+                    Some(new) => {
+                        self.request.head_scanned == 0 || memchr::memchr(b'\n', new).is_some()
+                    }
                     None => true,
                 };
-                let mut head = std::mem::take(&mut self.head);
+                let mut head = std::mem::take(&mut self.request.head);
                 let parsed = if fresh {
                     http::parse_head_into(&self.rbuf, &mut head)
                 } else {
@@ -843,17 +867,17 @@ impl Conn {
                 };
                 if !matches!(parsed, Ok(Some(_))) {
                     // Its strings are reused by the next parse.
-                    self.head = std::mem::take(&mut head);
+                    self.request.head = std::mem::take(&mut head);
                 }
                 match parsed {
                     Ok(Some(n)) if n > max_head => too_large(),
                     Ok(Some(n)) => {
                         self.rbuf.drain(..n);
-                        self.head_scanned = 0;
+                        self.request.head_scanned = 0;
                         Step::Head(head)
                     }
                     Ok(None) => {
-                        self.head_scanned = self.rbuf.len();
+                        self.request.head_scanned = self.rbuf.len();
                         if self.rbuf.len() > max_head {
                             return too_large();
                         }
@@ -933,7 +957,7 @@ impl Conn {
                 .map(|(n, v)| n.capacity() + v.capacity())
                 .sum::<usize>();
         if reading && held <= KEPT_HEAD_BYTES {
-            conn.head = head;
+            conn.request.head = head;
         }
     }
 
@@ -975,7 +999,7 @@ impl Conn {
         if !request || self.subscriber.out.len() < max_output {
             return false;
         }
-        self.read_paused = true;
+        self.request.read_paused = true;
         true
     }
 
@@ -1002,8 +1026,7 @@ impl Conn {
             },
             peer,
             rbuf: Vec::new(),
-            head: RequestHead::default(),
-            head_scanned: 0,
+            request: Request::default(),
             phase: Phase::Head,
             want_write: false,
             close_after_flush: false,
@@ -1013,14 +1036,9 @@ impl Conn {
             last_write: now,
             write_shut: false,
             peer_eof: false,
-            read_paused: false,
-            awaiting: None,
-            answers: VecDeque::new(),
-            cors: None,
             expires_at: None,
             latency_mark: None,
             sampled: 0,
-            post_since: None,
             charged: Default::default(),
             opened: now,
             written_publication: 0,

@@ -540,7 +540,7 @@ impl Core {
             return;
         };
         conn.peer_eof = true;
-        if conn.awaiting.is_some() {
+        if conn.request.awaiting.is_some() {
             // A POST waits for the stream (cluster mode): answered, then closed.
             return;
         }
@@ -773,9 +773,10 @@ impl Core {
         // Resume a connection paused by `over_output_bound` once its queue is below the
         // bound: first the requests already read, then the socket (its readiness edge
         // has passed; the data is waiting).
-        let resume = conn.read_paused && conn.subscriber.out.len() < self.config.max_output_bytes;
+        let resume =
+            conn.request.read_paused && conn.subscriber.out.len() < self.config.max_output_bytes;
         if resume {
-            conn.read_paused = false;
+            conn.request.read_paused = false;
         }
         match state {
             Flush::Closed => return self.close(key),
@@ -1095,7 +1096,7 @@ impl Core {
         if conn.deadline(c, post_wait(c)).is_none_or(|d| d > now) {
             return self.orders.rearm(key, conn, c);
         }
-        if let Some(serial) = conn.awaiting {
+        if let Some(serial) = conn.request.awaiting {
             return self.post_expired(serial);
         }
         if conn.expires_at.is_some_and(|t| now >= t) {
@@ -1129,7 +1130,9 @@ impl Core {
                 conn.send(crate::wire::ws::aep::ping(t));
                 conn.last_write = now;
             }
-            Phase::Head if conn.rbuf.is_empty() || conn.read_paused => return self.close(key),
+            Phase::Head if conn.rbuf.is_empty() || conn.request.read_paused => {
+                return self.close(key)
+            }
             // A body still arriving after its request was answered: no 408 for it.
             Phase::Discard(_) => conn.end_after_answer(now),
             Phase::Head | Phase::Body { .. } => {

@@ -39,17 +39,17 @@ impl Core {
         self.end_unit();
         let close = close || self.shutdown_deadline.is_some();
         if let Some(conn) = self.conns.get_mut(key) {
-            if let Some(t) = conn.post_since.take() {
+            if let Some(t) = conn.request.post_since.take() {
                 let d = self.now.saturating_duration_since(t);
                 self.metrics.post_duration.observe(d);
             }
-            let bytes = match &conn.cors {
+            let bytes = match &conn.request.cors {
                 Some(origin) => http::insert_headers(&bytes, &http::cors_lines(origin)),
                 None => bytes,
             };
-            if !conn.answers.is_empty() {
+            if !conn.request.answers.is_empty() {
                 // Behind a `POST` that waits for the stream (cluster mode): in order.
-                conn.answers.push_back(Answer::Ready(bytes, close));
+                conn.request.answers.push_back(Answer::Ready(bytes, close));
                 if close {
                     // Nothing more is read; the close comes after this answer goes.
                     conn.enter(Phase::Closing);
@@ -118,7 +118,7 @@ impl Core {
             }
             if matches!(conn.phase, Phase::Head) && !conn.rbuf.is_empty() && !conn.close_after_flush
             {
-                if conn.awaiting.is_some() && !super::cluster::may_join(open_group, conn) {
+                if conn.request.awaiting.is_some() && !super::cluster::may_join(open_group, conn) {
                     break conn;
                 }
                 if conn.over_output_bound(self.config.max_output_bytes) {
@@ -133,8 +133,8 @@ impl Core {
                 Step::Again => {}
                 Step::Head(head) => {
                     // Its answers carry the CORS headers its `Origin` is allowed.
-                    conn.cors = cors_origin(&self.config.cors_origins, &head);
-                    let cross_origin = conn.cors.is_some();
+                    conn.request.cors = cors_origin(&self.config.cors_origins, &head);
+                    let cross_origin = conn.request.cors.is_some();
                     self.on_head(key, &head, cross_origin);
                     handled = Some(head);
                 }
@@ -158,7 +158,7 @@ impl Core {
                 }
             }
         };
-        if resume && !conn.read_paused && conn.awaiting.is_none() {
+        if resume && !conn.request.read_paused && conn.request.awaiting.is_none() {
             self.orders.set_interest(key, conn, Some(true), None);
         }
     }
@@ -389,7 +389,7 @@ impl Core {
         };
         // `aep_post_duration_seconds`: from the head's first byte (for a pipelined
         // request, from the answer before it) to this request's answer (`reply`).
-        conn.post_since = Some(conn.since);
+        conn.request.post_since = Some(conn.since);
         let (framing, close, batch) = match checked {
             Ok(c) => c,
             // Unreadable framing: `reply_skipping_body` closes after the answer.
@@ -654,7 +654,7 @@ impl Core {
         } else {
             sse::REPLAY_HEAD
         };
-        match &conn.cors {
+        match &conn.request.cors {
             Some(origin) => conn.send(http::insert_headers(head, &http::cors_lines(origin))),
             None => conn.send(head),
         }

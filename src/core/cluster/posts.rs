@@ -58,7 +58,7 @@ impl Core {
             let Some(conn) = self
                 .conns
                 .get_mut(key)
-                .filter(|c| c.awaiting == Some(serial))
+                .filter(|c| c.request.awaiting == Some(serial))
             else {
                 continue; // the connection is gone
             };
@@ -71,13 +71,14 @@ impl Core {
                 }
                 Err(r) => crate::core::refusal_answer(&mut self.metrics, Some(conn.peer), r, close),
             };
-            if let Some(t) = conn.post_since.take() {
+            if let Some(t) = conn.request.post_since.take() {
                 self.metrics
                     .post_duration
                     .observe(self.now.saturating_duration_since(t));
             }
             // This `POST`'s place among the connection's answers.
             if let Some(slot) = conn
+                .request
                 .answers
                 .iter_mut()
                 .find(|a| matches!(a, Answer::Waiting(_)))
@@ -104,9 +105,9 @@ impl Core {
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
-            conn.awaiting = None;
+            conn.request.awaiting = None;
             conn.since = self.now;
-            for a in std::mem::take(&mut conn.answers) {
+            for a in std::mem::take(&mut conn.request.answers) {
                 match a {
                     Answer::Ready(bytes, close) => {
                         conn.answer(bytes, close, self.now);
@@ -172,7 +173,7 @@ pub(in crate::core) fn post_deadline(config: &ClusterConfig) -> Duration {
 /// [`Core::open_group`]), and only a pipelined `POST /events` read in the same turn (its
 /// answer then waits in order behind the others, [`Conn::answers`]).
 pub(in crate::core) fn may_join(open_group: Option<u64>, conn: &Conn) -> bool {
-    if open_group.is_none() || conn.awaiting != open_group {
+    if open_group.is_none() || conn.request.awaiting != open_group {
         return false;
     }
     matches!(

@@ -326,9 +326,9 @@ impl Core {
                 bus.loose
                     .extend(events.into_iter().map(|ev| (ev, Held::Post)));
                 if let Some(conn) = self.conns.get_mut(key) {
-                    conn.awaiting = Some(serial);
-                    let cors = conn.cors.clone();
-                    conn.answers.push_back(Answer::Waiting(cors));
+                    conn.request.awaiting = Some(serial);
+                    let cors = conn.request.cors.clone();
+                    conn.request.answers.push_back(Answer::Waiting(cors));
                     // No next request is read until this one is answered.
                     self.orders.set_interest(key, conn, Some(false), None);
                 }
