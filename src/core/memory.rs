@@ -131,7 +131,7 @@ fn charge_of(conn: &Conn, tls: bool) -> Charge {
         Phase::Body { body, .. } => c.conn += body.capacity(),
         Phase::Ws(ws) => {
             let (bufs, inflating) = ws.decoder.heap_bytes();
-            c.conn += size_of::<super::ws_state::WsState>() + bufs;
+            c.conn += size_of::<super::conn::websocket::WsState>() + bufs;
             if inflating {
                 c.deflate = INFLATER_BYTES;
             }

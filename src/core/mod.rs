@@ -62,11 +62,10 @@ mod replay;
 mod request;
 mod routes;
 mod shutdown;
+mod socket;
 mod status;
 mod storm;
 mod timer;
-mod ws;
-mod ws_state;
 
 pub use cluster::ClusterState;
 pub use journal::{Journal, NoJournal, OutboxLog, UnavailableJournal};

@@ -5,7 +5,7 @@
 //!   hand bytes to the core, write what it announces, sleep until its next deadline;
 //! - [`transport`]: one socket, plain TCP or TLS, behind one read/write interface;
 //! - [`tls`] (feature `tls`): rustls over a socket, and the server configuration from PEM;
-//! - [`jsonl`]: the threads that read standard input and follow files (`--stdin`,
+//! - [`feed`]: the threads that read standard input and follow files (`--stdin`,
 //!   `--ingest-file`), and the reactor's end of their channel;
 //! - [`history`]: the history files (`--history`): the core's `Journal`, and the rebuild
 //!   of the replay buffers at start;
@@ -22,9 +22,9 @@
 
 #[cfg(feature = "cluster")]
 pub mod bridge;
+pub(crate) mod feed;
 pub mod history;
 pub(crate) mod host;
-pub(crate) mod jsonl;
 pub(crate) mod outbox;
 pub(crate) mod reactor;
 #[cfg(feature = "tls")]

@@ -3,7 +3,7 @@
 //! This module is the sans-IO part: the sources' configuration ([`JsonlConfig`]), the line
 //! splitter ([`LineSplitter`]) and what each line is ([`classify`]). The threads that read
 //! standard input and follow files, and the reactor's end of their channel, are the I/O
-//! layer's (`crate::io::jsonl`).
+//! layer's (`crate::io::feed`).
 //!
 //! # Per line, not per batch
 //!

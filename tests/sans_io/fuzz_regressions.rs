@@ -477,7 +477,7 @@ fn server_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// `ws` (nothing after the close frame, RFC 6455 §5.5.1; nothing after `closing`,
 /// AEP-0003 §3.5 #4): a WebSocket closed by the relay (here 1007 for a text message
 /// that is not UTF-8) while its `subscribe` `from=all` replay is in progress receives no
-/// replay page after its `closing` and close frames. `ws_shut` (src/core/ws.rs) ends the
+/// replay page after its `closing` and close frames. `ws_shut` (src/core/socket) ends the
 /// phase; any replay jobs and live backlog the connection kept, `write_to` would go on
 /// pumping (`pump_replay`, src/core/replay.rs) as the peer reads. The fuzzer's input,
 /// minimized: `hello`, `subscribe` `from=all` over a full store, then a text frame

@@ -171,7 +171,7 @@ pub(in crate::core) fn post_deadline(config: &ClusterConfig) -> Duration {
 /// Whether the next request read on `conn`, which waits for the group of `POST`s
 /// `awaiting`, may join that group: only while it is the open group (`open_group`,
 /// [`Core::open_group`]), and only a pipelined `POST /events` read in the same turn (its
-/// answer then waits in order behind the others, [`Conn::answers`]).
+/// answer then waits in order behind the others, [`Request::answers`](crate::core::conn::Request::answers)).
 pub(in crate::core) fn may_join(open_group: Option<u64>, conn: &Conn) -> bool {
     if open_group.is_none() || conn.request.awaiting != open_group {
         return false;

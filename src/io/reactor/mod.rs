@@ -83,7 +83,7 @@ pub struct Relay {
     graceful: Arc<AtomicBool>,
     waker: Arc<Waker>,
     /// JSONL sources (`--stdin`, `--ingest-file`), when configured.
-    jsonl: Option<super::jsonl::Ingest>,
+    jsonl: Option<super::feed::Ingest>,
     /// Cluster mode: the bridge thread to the engine, and what the core gave for it that
     /// its channel had no room for yet.
     #[cfg(feature = "cluster")]
@@ -146,9 +146,8 @@ impl Relay {
                 "this build leaves out the `cluster` feature".into(),
             ));
         }
-        let jsonl =
-            super::jsonl::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
-                .map_err(StartError::Jsonl)?;
+        let jsonl = super::feed::Ingest::start(&config.jsonl, config.max_body_bytes, waker.clone())
+            .map_err(StartError::Jsonl)?;
         let mut core = Core::new(config, Box::new(NoJournal), now, unix_ms);
         core.seed(os_seed());
         // The durable history: rebuild the replay buffers, then keep appending.

@@ -17,7 +17,7 @@
 //! [`deflate`] (RFC 7692 `permessage-deflate`: negotiation, the shared compressor, bounded inflating),
 //! [`aep`] (the AEP frame vocabulary: `hello`, `subscribe`, `error`…). The binding's
 //! logic, which owns the connection's state, the subscription hub, the store and the
-//! session claims, is the core's (`core::ws`, `core::ws_state`).
+//! session claims, is the core's (`core::socket`).
 //!
 //! A connection's life: upgrade (auth was checked on the request: 401 before it) →
 //! client `hello` → relay `hello` → frames and Events in any order → close handshake

@@ -18,6 +18,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) mod websocket;
+
 /// Most heap bytes a connection keeps in its reused request head between requests
 /// ([`Conn::keep_head`]); a larger head is dropped once handled.
 const KEPT_HEAD_BYTES: usize = 4096;
@@ -514,7 +516,7 @@ pub(crate) enum Phase {
     /// (kept for its holder and its expiry).
     Sse { sub: SubId, grant: Box<Grant> },
     /// Upgraded to the WebSocket binding (`GET /socket`).
-    Ws(Box<super::ws_state::WsState>),
+    Ws(Box<websocket::WsState>),
     /// Answered for the last time: flush, half-close, then discard input until EOF.
     Closing,
 }
@@ -577,7 +579,7 @@ pub(crate) enum Step {
 }
 
 /// One answer of a connection's pipelined requests in cluster mode (see
-/// [`Conn::answers`]).
+/// [`Request::answers`]).
 #[derive(Debug)]
 pub(crate) enum Answer {
     /// A `POST /events` waiting for the stream, with its request's
@@ -985,7 +987,7 @@ impl Conn {
     }
 
     /// Request backpressure: whether the answers queued here have reached `max_output`
-    /// bytes, in which case reading and request processing pause ([`Conn::read_paused`])
+    /// bytes, in which case reading and request processing pause ([`Request::read_paused`])
     /// until a flush brings the queue back under the bound; the caller stops reading the
     /// socket. Without it a peer pipelining requests and never reading the answers grows
     /// the queue without limit (each ~25-byte `GET /events` queues a ~400-byte answer).

@@ -3,7 +3,7 @@
 //! hub) and claims, and its liveness clocks. Core state, so it lives in the core; the
 //! codec it uses is `ws::rfc6455`. What a message means to the connection alone (its
 //! role, its grant, its claims) is read here ([`WsState::on_text`]); what needs the relay
-//! (ingest, routing, subscriptions) is the core's.
+//! (ingest, routing, subscriptions) is the core's (`core::socket`).
 
 use crate::auth::{Grant, Scopes};
 use crate::ids::SubId;

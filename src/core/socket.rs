@@ -10,10 +10,11 @@
 //! A connection leaves the `Ws` phase exactly once, through `Core::ws_shut`: its
 //! subscriptions and session claims are released there (or in `Core::close` when the
 //! socket dies first), and it then drains in `Phase::Closing` like any last HTTP answer.
-//! Its `ping` and idle deadlines are `Core::deadline`'s.
+//! Its `ping` and idle deadlines are `Conn::deadline`'s. What a message means to the
+//! connection alone is its phase's state's ([`WsState::on_text`], in `conn::websocket`).
 
+use super::conn::websocket::{lacks, wrong_agent, WsState, WsStep};
 use super::conn::{Conn, Phase, ReplayJob};
-use super::ws_state::{lacks, wrong_agent, WsState, WsStep};
 use super::{ConnId, Core};
 use crate::auth::{Grant, Scopes};
 use crate::fanout::{Binding, Delivered, Subscription};
