@@ -1,7 +1,8 @@
 //! Storms held, over real sockets: the per-address connection limit and the accept
 //! bucket answer 503 with `Retry-After` before reading a request; SSE streams carry a
-//! jittered `retry:`; a graceful shutdown ends its streams spread out, not all at once.
-//! No assertion here is on how fast anything is: bounds are on counts, values and
+//! jittered `retry:`; a graceful shutdown ends its streams spread out, not all at once; a
+//! POST is answered before a fan-out wider than the reactor's writes per turn. No
+//! assertion here is on how fast anything is: bounds are on counts, values, turns and
 //! (generous) spreads.
 
 use crate::support;
@@ -244,4 +245,115 @@ fn sigterm_spreads_the_ends_of_streams() {
         "{stderr}"
     );
     assert!(stderr.contains("shutdown complete"), "{stderr}");
+}
+
+/// Raises this process's soft limit on open files to at least `n` (within the hard
+/// limit): the test below holds both ends of a thousand connections.
+fn raise_open_files(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer, then the same struct back.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < n {
+            assert!(
+                lim.rlim_max >= n,
+                "this test needs {n} open files; the hard limit is {}",
+                lim.rlim_max
+            );
+            lim.rlim_cur = n;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+    }
+}
+
+/// Appends what `s` has to read now (non-blocking) to `got`.
+fn read_ready(s: &mut TcpStream, got: &mut Vec<u8>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => panic!("the relay closed a connection"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// A POST's answer does not wait behind its Event's fan-out: the reactor writes a bounded
+/// number of connections per turn, answers first, so with more subscribers than that the
+/// turn that reads the POST writes its `202` and only part of the deliveries; the rest
+/// follow in the next turns. Driven turn by turn with `Relay::poll_once`, the clients in
+/// the same thread: between two turns nothing moves.
+#[test]
+fn an_answer_is_written_before_a_fan_out_wider_than_a_turn() {
+    const N: usize = 1200;
+    raise_open_files(2 * N as u64 + 256);
+    let mut relay = aep_relay::Relay::bind(aep_relay::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..aep_relay::Config::default()
+    })
+    .unwrap();
+    let addr = relay.local_addr();
+    let turn =
+        |relay: &mut aep_relay::Relay| relay.poll_once(Some(Duration::from_millis(5))).unwrap();
+    let until = Instant::now() + WAIT;
+    // Subscribers, a hundred at a time (the listen backlog is bounded), each until its
+    // stream is open.
+    let mut subs: Vec<(TcpStream, Vec<u8>)> = Vec::new();
+    while subs.len() < N {
+        for _ in 0..100 {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            s.set_nonblocking(true).unwrap();
+            subs.push((s, Vec::new()));
+        }
+        turn(&mut relay);
+    }
+    let open = |got: &[u8]| got.windows(12).any(|w| w == b"stream open\n");
+    while !subs.iter().all(|(_, got)| open(got)) {
+        assert!(Instant::now() < until, "the streams did not open");
+        turn(&mut relay);
+        for (s, got) in subs.iter_mut() {
+            read_ready(s, got);
+        }
+    }
+    let body = ev("a", "s_turn", 0);
+    let mut post = TcpStream::connect(addr).unwrap();
+    write!(
+        post,
+        "POST /events HTTP/1.1\r\nHost: x\r\nAEP-Version: 0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    post.set_nonblocking(true).unwrap();
+    let (mut answer, mut turns_after_answer) = (Vec::new(), 0);
+    loop {
+        assert!(Instant::now() < until, "the fan-out did not complete");
+        turn(&mut relay);
+        read_ready(&mut post, &mut answer);
+        let mut delivered = 0;
+        for (s, got) in subs.iter_mut() {
+            read_ready(s, got);
+            delivered += usize::from(got.windows(6).any(|w| w == b"data: "));
+        }
+        if answer.is_empty() {
+            assert_eq!(delivered, 0, "a delivery went out before the answer");
+            continue;
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 202"), "{answer:?}");
+        if turns_after_answer == 0 {
+            assert!(
+                delivered < N,
+                "all {N} deliveries were written in the turn that answered"
+            );
+        }
+        turns_after_answer += 1;
+        if delivered == N {
+            break;
+        }
+    }
 }

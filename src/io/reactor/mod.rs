@@ -4,9 +4,10 @@
 //!
 //! One turn: poll (until the core's next deadline, at once when the core is busy), read
 //! the clock once, accept, read each readable connection with a budget and hand the
-//! bytes to the core, write each connection the core announces, re-register only when
-//! the core's interest changes, run the core's due deadlines, and last (cluster mode)
-//! hand the bridge thread what the core has for it, once for the whole turn.
+//! bytes to the core, write each connection the core announces (up to a budget, the rest
+//! in the turns after; sockets are closed the same way), re-register only when the core's
+//! interest changes, run the core's due deadlines, and last (cluster mode) hand the bridge
+//! thread what the core has for it, once for the whole turn.
 
 #[cfg(feature = "tls")]
 use super::tls::TlsStream;
@@ -17,6 +18,7 @@ use crate::refusal::Refusal;
 use bytes::Bytes;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +39,16 @@ const FIRST_CONN: usize = 2;
 const READS_PER_WAKE: usize = 16;
 /// Size of the one read buffer shared by every connection.
 const SCRATCH: usize = 64 * 1024;
+/// Connections written per batch of output the core announces, and of those left over,
+/// per turn, before the reactor polls again. One Event to 10 000 subscribers is 10 000
+/// writes, about 100 ms of loopback TCP on one core; a request that arrives meanwhile is
+/// read at the next poll and its answer, which the core announces first, goes out then,
+/// not after the whole fan-out. 256 writes are a few milliseconds.
+const WRITES_PER_TURN: usize = 256;
+/// Sockets closed per turn. A close is a FIN through the kernel, about 14 µs on loopback;
+/// when 10 000 subscribers drop at once, closing each as its end is read keeps a request
+/// that arrives behind those ends waiting about 150 ms. Deregistered at once, closed here.
+const CLOSES_PER_TURN: usize = 256;
 
 mod handles;
 pub use handles::{StartError, StopHandle};
@@ -78,6 +90,13 @@ pub struct Relay {
     sockets: Vec<Option<Socket>>,
     /// Connections with input left unread (read budget spent, or reading resumed).
     read_again: Vec<ConnId>,
+    /// Connections the core announced as writable past a batch's write budget, oldest
+    /// first; written [`WRITES_PER_TURN`] a turn. The core announces a connection again
+    /// only once it was written, so the list holds at most one entry per connection.
+    write_later: VecDeque<ConnId>,
+    /// Sockets of closed connections, deregistered, to be closed [`CLOSES_PER_TURN`] a
+    /// turn.
+    close_later: VecDeque<Socket>,
     scratch: Vec<u8>,
     stop: Arc<AtomicBool>,
     graceful: Arc<AtomicBool>,
@@ -180,6 +199,8 @@ impl Relay {
             local_addr,
             sockets: Vec::new(),
             read_again: Vec::new(),
+            write_later: VecDeque::new(),
+            close_later: VecDeque::new(),
             scratch: vec![0; SCRATCH],
             stop: Arc::new(AtomicBool::new(false)),
             graceful: Arc::new(AtomicBool::new(false)),
@@ -288,7 +309,11 @@ impl Relay {
             (t, None) => t,
             (None, Some(w)) => Some(w.saturating_duration_since(now)),
         };
-        if self.core.is_busy() || !self.read_again.is_empty() {
+        if self.core.is_busy()
+            || !self.read_again.is_empty()
+            || !self.write_later.is_empty()
+            || !self.close_later.is_empty()
+        {
             timeout = Some(Duration::ZERO);
         }
         #[cfg(feature = "cluster")]
@@ -330,6 +355,7 @@ impl Relay {
             self.read(id);
             self.drain();
         }
+        self.deferred();
         if self
             .jsonl
             .as_ref()
@@ -489,11 +515,33 @@ impl Relay {
         }
     }
 
-    /// Carries out what the core asks for, until it asks for nothing more.
+    /// Writes up to [`WRITES_PER_TURN`] of the connections left over by earlier batches,
+    /// and closes up to [`CLOSES_PER_TURN`] sockets.
+    fn deferred(&mut self) {
+        let n = self.close_later.len().min(CLOSES_PER_TURN);
+        self.close_later.drain(..n);
+        for _ in 0..WRITES_PER_TURN {
+            let Some(id) = self.write_later.pop_front() else {
+                return;
+            };
+            self.write(id);
+            self.drain();
+        }
+    }
+
+    /// Carries out what the core asks for, until it asks for nothing more. Of the
+    /// connections it announces as writable, the first [`WRITES_PER_TURN`] are written
+    /// now (answers to requests among them: the core announces those first) and the rest
+    /// after the next poll.
     fn drain(&mut self) {
+        let mut writes = 0;
         while let Some(out) = self.core.poll_output() {
             match out {
-                Output::Writable(id) => self.write(id),
+                Output::Writable(id) if writes == WRITES_PER_TURN => self.write_later.push_back(id),
+                Output::Writable(id) => {
+                    writes += 1;
+                    self.write(id);
+                }
                 Output::Interest(id, want) => {
                     if let Some(Some(s)) = self.sockets.get_mut(id.index()) {
                         let resumed = want.read && !s.want.read;
@@ -512,10 +560,17 @@ impl Relay {
                 Output::Close(id) => {
                     if let Some(mut s) = self.sockets.get_mut(id.index()).and_then(Option::take) {
                         let _ = s.io.deregister(self.poll.registry());
+                        self.close_later.push_back(s);
                     }
+                    // Left in `write_later`: writing a slot that is empty, or taken by a
+                    // new connection, writes what is queued there, if anything.
                     self.read_again.retain(|r| *r != id);
                 }
-                Output::Stop(why) => self.stopped = Some(why),
+                Output::Stop(why) => {
+                    // Every connection is closed when `run` returns, its socket too.
+                    self.close_later.clear();
+                    self.stopped = Some(why);
+                }
             }
         }
     }

@@ -37,11 +37,12 @@
 //! the time until every subscriber is subscribed again, handshakes per second, how many
 //! handshakes were resumptions, and the server's CPU seconds.
 //!
-//! `--reconnect-storm --resume` (SSE, plain) measures resumption instead: N subscribers
-//! caught up on one session, all dropped and reconnecting with `Last-Event-ID` while one
-//! Event is POSTed every 1/`--rate` s; it reports the time until all are subscribed and
-//! caught up again, whether each resumed exactly, and the POST latency during the storm
-//! (`resume.rs`).
+//! `--reconnect-storm --resume` (SSE or WS, plain) measures resumption instead: N
+//! subscribers caught up on one session, all dropped and reconnecting with their position
+//! (SSE `Last-Event-ID`, WS `subscribe.from`) while one Event is POSTed every 1/`--rate`
+//! s; it reports the time until all are subscribed and caught up again, whether each
+//! resumed exactly, and the POST latency before and during the storm, as the publisher
+//! saw it and as the kernel received the answer (`resume.rs`).
 //!
 //! Targets are loopback addresses only; counts and durations are bounded and the tool
 //! always stops by itself (`--timeout`).
@@ -190,16 +191,21 @@ struct Args {
     /// With --reconnect-storm: subscribers connecting at the same time (threads).
     #[arg(long, default_value_t = 64)]
     storm_threads: usize,
-    /// With --reconnect-storm (SSE, plain): the subscribers resume after their last
-    /// Event (`Last-Event-ID`) while one Event is POSTed every 1/--rate s (default 200
-    /// a second); reports the time to all resumed, whether each resumed exactly, and
-    /// the POST latency during the storm.
+    /// With --reconnect-storm (SSE or WS, plain): the subscribers resume after their
+    /// last Event (SSE `Last-Event-ID`, WS `subscribe.from`) while one Event is POSTed
+    /// every 1/--rate s (default 200 a second); reports the time to all resumed, whether
+    /// each resumed exactly, and the POST latency during the storm.
     #[arg(long)]
     resume: bool,
-    /// With --reconnect-storm --resume: each subscriber first waits the `retry:` its
-    /// stream was sent, as an `EventSource` does (else all reconnect at once).
+    /// With --reconnect-storm --resume (SSE): each subscriber first waits the `retry:`
+    /// its stream was sent, as an `EventSource` does (else all reconnect at once).
     #[arg(long)]
     storm_honor_retry: bool,
+    /// With --reconnect-storm --resume: run the publisher thread under `SCHED_FIFO`
+    /// priority 50 (root or `CAP_SYS_NICE`), so that its POST latency is not its wait
+    /// for a CPU behind the subscribers' reader; the report says whether it took effect.
+    #[arg(long)]
+    publisher_fifo: bool,
 }
 
 /// `"loadts":` followed by exactly this many digits.
@@ -278,6 +284,18 @@ fn check(args: &Args) {
     if args.reconnect_storm && (args.subscribers == 0 || !(1..=1024).contains(&args.storm_threads))
     {
         fail("--reconnect-storm needs --subscribers >= 1 and --storm-threads 1..=1024");
+    }
+    if (args.storm_honor_retry || args.publisher_fifo) && !(args.reconnect_storm && args.resume) {
+        fail("--storm-honor-retry and --publisher-fifo are for --reconnect-storm --resume");
+    }
+    if args.reconnect_storm
+        && args.resume
+        && (!matches!(args.target, Target::Sse | Target::Ws) || args.tls)
+    {
+        fail("--reconnect-storm --resume: --target sse or ws, without --tls");
+    }
+    if args.storm_honor_retry && args.target != Target::Sse {
+        fail("--storm-honor-retry: only SSE streams are sent a `retry:`");
     }
 }
 
