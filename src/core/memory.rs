@@ -48,6 +48,7 @@ use crate::wire::ws::rfc6455::{self, server_frame};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::mem::size_of;
+use std::net::SocketAddr;
 
 /// Estimated heap bytes of what one connection costs outside the core's `Conn`: the
 /// reactor's socket and transport, a subscription and its filter, its timer entry, the
@@ -263,21 +264,26 @@ impl Core {
         let queues = |core: &Core| core.memory_used().queues;
         let mut dropped = 0;
         if before.queues > budget / 2 {
-            let mut holders: Vec<(usize, ConnId)> = self
+            let mut holders: Vec<(usize, ConnId, SocketAddr)> = self
                 .conns
                 .iter()
                 .filter(|(_, c)| matches!(c.phase, Phase::Sse { .. } | Phase::Ws(_)))
-                .map(|(k, c)| (c.subscriber.out.len() + c.subscriber.backlog.len(), k))
-                .filter(|&(held, _)| held > 0)
+                .map(|(k, c)| {
+                    (
+                        c.subscriber.out.len() + c.subscriber.backlog.len(),
+                        k,
+                        c.peer,
+                    )
+                })
+                .filter(|&(held, ..)| held > 0)
                 .collect();
-            holders.sort_unstable_by(|a, b| b.cmp(a));
-            for (held, key) in holders {
+            holders.sort_unstable_by_key(|&(held, key, _)| std::cmp::Reverse((held, key)));
+            for (held, key, peer) in holders {
                 if queues(self) <= budget / 4 {
                     break;
                 }
                 log::warn!(
-                    "memory budget: dropping consumer {} ({held} bytes queued; {} of {} bytes used)",
-                    self.conns[key].peer,
+                    "memory budget: dropping consumer {peer} ({held} bytes queued; {} of {} bytes used)",
                     self.memory_used().total(),
                     budget
                 );

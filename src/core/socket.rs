@@ -229,7 +229,10 @@ impl Core {
         code: u16,
         lowest: &HashMap<(Box<str>, Box<str>), crate::store::Position>,
     ) {
-        let Some(ws) = self.ws_state(key) else {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        let Phase::Ws(ws) = &conn.phase else {
             return;
         };
         let mut last = Vec::with_capacity(2);
@@ -259,10 +262,7 @@ impl Core {
                     }
                 }
             }
-            let dropped = self
-                .conns
-                .get(key)
-                .map_or(0, |c| c.subscriber.dropped.total());
+            let dropped = conn.subscriber.dropped.total();
             last.push(aep::closing(reason, delivered, dropped));
         }
         last.push(rfc6455::close(code, reason));
