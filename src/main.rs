@@ -11,7 +11,7 @@
 //! `--tokens-file` and `--jwt-key` files again, so tokens and JWT keys rotate without a
 //! restart.
 
-use aep_relay::auth::{Auth, JwtHandle, JwtKeys, TokenSpec, TokensHandle};
+use aep_relay::auth::{Auth, JwtExpect, JwtHandle, JwtKeys, TokenSpec, TokensHandle};
 use aep_relay::config::{self, Config};
 #[cfg(feature = "tls")]
 use aep_relay::tls;
@@ -130,6 +130,14 @@ struct Cli {
     /// bytes), an RS256 or ES256 public key (PEM) or a JWKS. Read again on SIGHUP.
     #[arg(long, env = "AEP_JWT_KEY", value_name = "FILE")]
     jwt_key: Option<std::path::PathBuf>,
+    /// With --jwt-key: accept only JWTs whose `aud` names this audience (RFC 7519
+    /// §4.1.3); a token without `aud` is refused.
+    #[arg(long, env = "AEP_JWT_AUDIENCE", requires = "jwt_key")]
+    jwt_audience: Option<String>,
+    /// With --jwt-key: accept only JWTs whose `iss` is this issuer (RFC 7519 §4.1.1); a
+    /// token without `iss` is refused.
+    #[arg(long, env = "AEP_JWT_ISSUER", requires = "jwt_key")]
+    jwt_issuer: Option<String>,
     /// PEM certificate chain: serve HTTPS, SSE and WSS (needs --tls-key).
     #[cfg(feature = "tls")]
     #[arg(long, env = "AEP_TLS_CERT", requires = "tls_key")]
@@ -206,6 +214,14 @@ impl Cli {
         })
     }
 
+    /// What `--jwt-audience` and `--jwt-issuer` ask of every JWT.
+    fn jwt_expect(&self) -> JwtExpect {
+        JwtExpect {
+            audience: self.jwt_audience.clone(),
+            issuer: self.jwt_issuer.clone(),
+        }
+    }
+
     fn auth(&self) -> Result<Auth, String> {
         if self.token.as_deref() == Some("") {
             return Err("--token / AEP_TOKEN must not be empty".into());
@@ -217,7 +233,7 @@ impl Cli {
         };
         Ok(match &self.jwt_key {
             None => auth,
-            Some(path) => auth.with_jwt(JwtHandle::new(read_jwt_key(path)?)),
+            Some(path) => auth.with_jwt(JwtHandle::new(read_jwt_key(path, &self.jwt_expect())?)),
         })
     }
 }
@@ -230,10 +246,12 @@ fn read_tokens_file(path: &std::path::Path) -> Result<Vec<TokenSpec>, String> {
 }
 
 /// Reads the `--jwt-key` file.
-fn read_jwt_key(path: &std::path::Path) -> Result<JwtKeys, String> {
+fn read_jwt_key(path: &std::path::Path, expect: &JwtExpect) -> Result<JwtKeys, String> {
     let bytes = std::fs::read(path)
         .map_err(|e| format!("cannot read --jwt-key {}: {e}", path.display()))?;
-    JwtKeys::parse(&bytes).map_err(|e| format!("--jwt-key {}: {e}", path.display()))
+    JwtKeys::parse(&bytes)
+        .map(|keys| keys.expecting(expect))
+        .map_err(|e| format!("--jwt-key {}: {e}", path.display()))
 }
 
 /// The log filter when neither `AEP_LOG` nor `RUST_LOG` is set.
@@ -254,8 +272,9 @@ fn init_logging() {
 struct Reload {
     /// `--tokens-file`.
     tokens: Option<(std::path::PathBuf, TokensHandle)>,
-    /// `--jwt-key`.
+    /// `--jwt-key`, and what its tokens must name (`--jwt-audience`, `--jwt-issuer`).
     jwt: Option<(std::path::PathBuf, JwtHandle)>,
+    jwt_expect: JwtExpect,
 }
 
 impl Reload {
@@ -284,7 +303,7 @@ impl Reload {
             }
         }
         if let Some((path, jwt)) = &self.jwt {
-            match read_jwt_key(path) {
+            match read_jwt_key(path, &self.jwt_expect) {
                 Ok(keys) => {
                     let n = keys.len();
                     jwt.replace(keys);
@@ -351,6 +370,7 @@ fn main() -> ExitCode {
     let reload = Reload {
         tokens: cli.tokens_file.clone().map(|p| (p, auth.tokens().clone())),
         jwt: cli.jwt_key.clone().zip(auth.jwt().cloned()),
+        jwt_expect: cli.jwt_expect(),
     };
     if let Err(e) = handle_signals(relay.stop_handle(), reload) {
         eprintln!("aep-relay: cannot install signal handlers: {e}");

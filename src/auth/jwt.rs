@@ -63,6 +63,18 @@ fn validation(alg: Algorithm) -> Validation {
     v
 }
 
+/// What every token's registered claims must name besides its time window: its audience
+/// (`aud`, RFC 7519 §4.1.3: one of the token's audiences is this one) and its issuer
+/// (`iss`, §4.1.1). `None`: not checked. A token without the claim is refused when it
+/// is checked, so a token minted for another service with the same key is not taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JwtExpect {
+    /// The audience this relay is (`--jwt-audience`).
+    pub audience: Option<String>,
+    /// The one issuer trusted (`--jwt-issuer`).
+    pub issuer: Option<String>,
+}
+
 fn key(kid: Option<String>, alg: Algorithm, key: DecodingKey) -> Key {
     Key {
         kid,
@@ -103,6 +115,23 @@ impl JwtKeys {
             vec![key(None, Algorithm::HS256, k)]
         };
         Ok(JwtKeys { keys })
+    }
+
+    /// The same keys, verifying from now on that each token names `expect`'s audience
+    /// and issuer (a token that does not, or lacks the claim, is [`AuthError::Wrong`]).
+    pub fn expecting(mut self, expect: &JwtExpect) -> JwtKeys {
+        for k in &mut self.keys {
+            if let Some(aud) = &expect.audience {
+                k.validation.set_audience(&[aud]);
+                k.validation.validate_aud = true;
+                k.validation.required_spec_claims.insert("aud".into());
+            }
+            if let Some(iss) = &expect.issuer {
+                k.validation.set_issuer(&[iss]);
+                k.validation.required_spec_claims.insert("iss".into());
+            }
+        }
+        self
     }
 
     /// How many keys.
@@ -389,5 +418,38 @@ mod tests {
             !e.to_string().contains("short secret"),
             "never quote the file: {e}"
         );
+    }
+
+    #[test]
+    fn an_audience_and_an_issuer_are_checked_when_expected() {
+        let expect = JwtExpect {
+            audience: Some("relay-1".into()),
+            issuer: Some("https://idp.example".into()),
+        };
+        let keys = JwtKeys::parse(SECRET).unwrap().expecting(&expect);
+        let now = 1_000;
+        let with = |extra: serde_json::Value| {
+            let mut c = claims(now + 60);
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            keys.validate(&hs(&c), now)
+        };
+        let good = json!({"aud": "relay-1", "iss": "https://idp.example"});
+        assert!(with(good).is_ok());
+        let among = json!({"aud": ["other", "relay-1"], "iss": "https://idp.example"});
+        assert!(with(among).is_ok(), "one of its audiences is enough");
+        for bad in [
+            json!({"aud": "relay-2", "iss": "https://idp.example"}),
+            json!({"aud": "relay-1", "iss": "https://evil.example"}),
+            json!({"iss": "https://idp.example"}),
+            json!({"aud": "relay-1"}),
+        ] {
+            assert_eq!(with(bad.clone()).err(), Some(AuthError::Wrong), "{bad}");
+        }
+        // Without an expectation, neither claim is looked at.
+        let open = JwtKeys::parse(SECRET).unwrap();
+        let c = json!({"exp": now + 60, "aud": "anyone", "aep": {"scope": ["watch"]}});
+        assert!(open.validate(&hs(&c), now).is_ok());
     }
 }

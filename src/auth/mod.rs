@@ -36,7 +36,7 @@ pub mod jwt;
 pub mod tokens;
 
 pub use grant::{Grant, GrantError, Restrictions, TokenSpec};
-pub use jwt::{JwtKeyError, JwtKeys};
+pub use jwt::{JwtExpect, JwtKeyError, JwtKeys};
 use std::sync::RwLock;
 pub use tokens::{TokenClash, TokensHandle};
 
