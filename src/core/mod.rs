@@ -1067,11 +1067,21 @@ impl Core {
     }
 
     /// Ends an entry point's work on connection `key`: re-arms its deadline and counts
-    /// its share of memory again (`memory`), with one lookup.
+    /// its share of memory again (`memory`), with one lookup. Once a shutdown began, a
+    /// connection left with no request to read or answer (its last answers written, a
+    /// discarded body read) ends: no next request would be served.
     fn finish(&mut self, key: ConnId) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        if self.shutdown_deadline.is_some()
+            && matches!(conn.phase, Phase::Head)
+            && conn.rbuf.is_empty()
+            && conn.request.awaiting.is_none()
+        {
+            conn.end_after_answer(self.now);
+            self.orders.mark_dirty(key, conn);
+        }
         self.orders.rearm(key, conn, &self.config);
         self.ledger.recount(conn, self.config.tls_enabled());
         #[cfg(debug_assertions)]

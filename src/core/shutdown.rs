@@ -11,10 +11,12 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 impl Core {
-    /// Starts a graceful shutdown: no new connection; idle connections close; requests
-    /// in flight finish with `Connection: close`; a replay-only stream (`live=0`) ends
-    /// with `: shutting-down`. The live streams end spread evenly over the first half of
-    /// `shutdown_deadline`, in an order drawn from the seed ([`Core::seed`]), the first
+    /// Starts a graceful shutdown: no new connection; idle connections close, and those
+    /// with answers still queued or a body still being discarded end once idle
+    /// (`Core::finish`); requests in flight (a `POST` waiting for the stream, in cluster
+    /// mode, included) finish with `Connection: close`; a replay-only stream (`live=0`)
+    /// ends with `: shutting-down`. The live streams end spread evenly over the first half
+    /// of `shutdown_deadline`, in an order drawn from the seed ([`Core::seed`]), the first
     /// at once: each SSE stream with `: shutting-down`, each WebSocket with `closing`
     /// (its positions, AEP-0003 §3.5 #4) and a close 1001, so that their consumers
     /// resume (AEP-0003 §7) spread out instead of all at once. [`super::Output::Stop`]
@@ -42,6 +44,9 @@ impl Core {
             let conn = &mut self.conns[key];
             match conn.phase {
                 Phase::Sse { .. } | Phase::Ws(_) => streams.push(key),
+                // A `POST` waiting for the stream (cluster mode) is answered first, with
+                // `Connection: close` (`answer_posts`).
+                _ if conn.request.awaiting.is_some() => {}
                 Phase::Head if conn.rbuf.is_empty() && conn.subscriber.out.is_empty() => {
                     self.close(key)
                 }

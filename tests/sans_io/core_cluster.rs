@@ -534,3 +534,29 @@ fn before_the_first_connection_an_event_over_the_default_max_payload_is_refused(
         "a small one is kept locally"
     );
 }
+
+/// A `POST` still waiting for the stream when a graceful shutdown begins is answered
+/// once the stream acknowledges it, with `Connection: close`, and its connection then
+/// ends: the shutdown neither drops it unanswered (its client could not tell whether
+/// the Event was kept) nor keeps it open after the answer.
+#[test]
+fn a_post_waiting_for_the_stream_at_a_shutdown_is_answered_then_closed() {
+    let mut sim = relay(Degrade::Local);
+    connected(&mut sim);
+    let c = sim.connect(None);
+    sim.feed(c, &post(&event("e1", 0)), false);
+    let p = publishes(sim.take_bus());
+    sim.shutdown();
+    assert!(sim.is_open(c), "not dropped while it waits for the stream");
+    sim.bus(FromBus::Acked {
+        ticket: p[0].0,
+        stream_seq: 1,
+        duplicate: false,
+    });
+    let answer = text(&mut sim, c);
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    assert!(answer.contains("Connection: close\r\n"), "{answer}");
+    assert!(sim.is_shut(c), "half-closed after its answer");
+    sim.feed(c, b"", true);
+    assert!(!sim.is_open(c));
+}

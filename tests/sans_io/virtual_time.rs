@@ -264,6 +264,47 @@ fn a_graceful_shutdown_of_readers_stops_once_drained() {
     assert_eq!(sim.stopped(), Some(Stop::Drained));
 }
 
+/// A keep-alive connection whose answer was still queued when the shutdown began (its
+/// peer reads slowly) is ended once that answer is written, like an idle one: the
+/// shutdown does not wait for its deadline on a connection with no request left.
+#[test]
+fn a_keep_alive_answer_still_queued_at_a_shutdown_ends_its_connection_once_written() {
+    let mut sim = sim();
+    let c = sim.connect(Some(16));
+    sim.feed(c, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    sim.shutdown();
+    assert!(sim.is_open(c), "its answer is not written yet");
+    let mut got = Vec::new();
+    while let Some(more) = sim.take_output(c).filter(|b| !b.is_empty()) {
+        got.extend(more);
+    }
+    let got = String::from_utf8(got).unwrap();
+    assert!(got.starts_with("HTTP/1.1 200 "), "the answer whole: {got}");
+    assert!(sim.is_shut(c), "half-closed once its answer is written");
+    sim.feed(c, b"", true);
+    assert_eq!(sim.stopped(), Some(Stop::Drained));
+}
+
+/// The same for a body being discarded after its answer (a refused `POST`): once the
+/// body is read, the connection ends instead of waiting for a next request.
+#[test]
+fn a_body_being_discarded_at_a_shutdown_ends_its_connection_once_read() {
+    let mut sim = sim();
+    let c = sim.connect(None);
+    sim.feed(
+        c,
+        b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc",
+        false,
+    );
+    assert!(text(&mut sim, c).starts_with("HTTP/1.1 404 "));
+    sim.shutdown();
+    assert!(!sim.is_shut(c), "the body is still arriving");
+    sim.feed(c, b"defghij", false);
+    assert!(sim.is_shut(c), "half-closed once the body is read");
+    sim.feed(c, b"", true);
+    assert_eq!(sim.stopped(), Some(Stop::Drained));
+}
+
 #[test]
 fn a_reused_connection_slot_does_not_inherit_the_old_deadline() {
     let mut sim = sim();

@@ -62,8 +62,9 @@ impl Core {
             else {
                 continue; // the connection is gone
             };
-            // A peer that half-closed meanwhile gets its answer, then the close.
-            let close = close || conn.peer_eof;
+            // A peer that half-closed meanwhile gets its answer, then the close; so does
+            // every peer once a shutdown began, as `reply` answers.
+            let close = close || conn.peer_eof || self.shutdown_deadline.is_some();
             let resp = match &outcome {
                 Ok(()) => {
                     self.metrics.ingested_http += accepted as u64;

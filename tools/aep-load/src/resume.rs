@@ -58,7 +58,8 @@ impl Track {
         let mut cut = false;
         while let Some(i) = memmem::find(&carry[at..], SEQ) {
             let start = at + i + SEQ.len();
-            if start + COUNTER_DIGITS > carry.len() {
+            // The digits and the byte after them.
+            if start + COUNTER_DIGITS >= carry.len() {
                 // A record cut by the read: kept whole for the next one.
                 at += i;
                 cut = true;
@@ -66,9 +67,10 @@ impl Track {
             }
             at = start + COUNTER_DIGITS;
             let digits = &carry[start..at];
-            if !digits.iter().all(u8::is_ascii_digit) {
-                // Not an Event of the template (a WS frame's own `seq`, such as
-                // `replay-exhausted`'s `earliest`).
+            // An Event of the template has more members after its `seq`; a WS frame's own
+            // position (`replay-exhausted`'s `earliest`, `closing`'s `delivered`) ends its
+            // object there, and may hold as many digits.
+            if !digits.iter().all(u8::is_ascii_digit) || carry[at] != b',' {
                 at = start;
                 continue;
             }
@@ -875,6 +877,41 @@ mod tests {
             assert_eq!(
                 (tr.last, tr.gaps, tr.dups),
                 (Some(7), 1, 1),
+                "reads of {cut}"
+            );
+        }
+    }
+
+    /// A frame's own position holds a `seq` as long as an Event's (the relay's
+    /// `replay-exhausted` names the earliest Event held, `closing` the last delivered):
+    /// it is not counted as an Event, wherever the reads cut it.
+    #[test]
+    fn a_frames_own_position_of_an_events_length_is_not_an_event() {
+        let t = Template::new(300);
+        let seq = COUNTER_BASE + 5;
+        let mut s = Vec::new();
+        server_frame(
+            format!(r#"{{"type":"replay-exhausted","sub":"load","session":"s","earliest":{{"epoch":0,"seq":{seq}}}}}"#).as_bytes(),
+            &mut s,
+        );
+        for n in [5, 6] {
+            let mut e = Vec::new();
+            t.write(n, 0, &mut e);
+            server_frame(&e, &mut s);
+        }
+        server_frame(
+            format!(r#"{{"type":"closing","reason":"idle","delivered":[{{"sub":"load","session":"s","source":"aep://h","epoch":0,"seq":{}}}],"dropped":0}}"#, seq + 1).as_bytes(),
+            &mut s,
+        );
+        for cut in 1..64 {
+            let (mut tr, mut carry) = (Track::default(), Vec::new());
+            tr.last = Some(4);
+            for piece in s.chunks(cut) {
+                tr.feed(&mut carry, piece);
+            }
+            assert_eq!(
+                (tr.last, tr.gaps, tr.dups),
+                (Some(6), 0, 0),
                 "reads of {cut}"
             );
         }
