@@ -520,12 +520,16 @@ impl Relay {
     fn deferred(&mut self) {
         let n = self.close_later.len().min(CLOSES_PER_TURN);
         self.close_later.drain(..n);
-        for _ in 0..WRITES_PER_TURN {
+        // One budget for the whole pass, what the writes announce in turn included: a
+        // write that resumes a paused publication announces its fan-out again.
+        let mut budget = WRITES_PER_TURN;
+        while budget > 0 {
             let Some(id) = self.write_later.pop_front() else {
                 return;
             };
+            budget -= 1;
             self.write(id);
-            self.drain();
+            self.drain_within(&mut budget);
         }
     }
 
@@ -534,12 +538,18 @@ impl Relay {
     /// now (answers to requests among them: the core announces those first) and the rest
     /// after the next poll.
     fn drain(&mut self) {
-        let mut writes = 0;
+        let mut budget = WRITES_PER_TURN;
+        self.drain_within(&mut budget);
+    }
+
+    /// [`Relay::drain`], writing at most `budget` connections (lowered by each write)
+    /// and keeping the rest for later turns.
+    fn drain_within(&mut self, budget: &mut usize) {
         while let Some(out) = self.core.poll_output() {
             match out {
-                Output::Writable(id) if writes == WRITES_PER_TURN => self.write_later.push_back(id),
+                Output::Writable(id) if *budget == 0 => self.write_later.push_back(id),
                 Output::Writable(id) => {
-                    writes += 1;
+                    *budget -= 1;
                     self.write(id);
                 }
                 Output::Interest(id, want) => {
