@@ -230,16 +230,6 @@ impl Core {
         }
     }
 
-    /// Recomputes connection `key`'s share of the memory used.
-    pub(super) fn account(&mut self, key: ConnId) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        self.ledger.recount(conn, self.config.tls_enabled());
-        #[cfg(debug_assertions)]
-        check_conn(conn, key, &self.hub, &self.orders.timers);
-    }
-
     /// Forgets a closed connection's share: its queued slices and its charge.
     pub(super) fn unaccount(&mut self, conn: &mut Conn) {
         conn.subscriber.out.release_all(&mut self.hub.chunks);
@@ -354,13 +344,13 @@ impl Core {
             _ => return,
         }
         self.ledger.dropped_consumers += 1;
-        self.account(key);
+        self.finish(key);
     }
 }
 
 /// Panics when connection `key` (`conn`) breaks what the comments promise of it: its queues'
 /// counts (`OutQueue`), its SSE subscription naming it back, its armed deadline's
-/// generation not ahead of the timer's. Debug builds run it from [`Core::account`],
+/// generation not ahead of the timer's. Debug builds run it from [`Core::finish`],
 /// after each input, body read, write and budget drop of the connection (one that
 /// fan-out alone reached is checked at its next write); O(its queue length).
 #[cfg(debug_assertions)]

@@ -724,7 +724,7 @@ pub(crate) struct Conn {
     /// The publication number (`decided`) of the last sampled delivery: a new sample
     /// starts only when fan-out decided a later Event for this connection.
     pub(crate) sampled: u64,
-    /// This connection's share of the memory used, as last counted (`Core::account`).
+    /// This connection's share of the memory used, as last counted (`Ledger::recount`).
     pub(crate) charged: Charge,
     /// When the connection was accepted (its age in `GET /connections`).
     pub(crate) opened: Instant,

@@ -868,17 +868,19 @@ mod tests {
             t.write(n, 0, &mut e);
             server_frame(&e, &mut s);
         }
+        fed_in_every_cut(&s, 2, (Some(7), 1, 1));
+    }
+
+    /// Feeds `stream` to a track whose last `seq` was `last`, in reads of every size
+    /// from 1 to 63 bytes, and checks what it ends with: (last `seq`, gaps, duplicates).
+    fn fed_in_every_cut(stream: &[u8], last: u64, want: (Option<u64>, u64, u64)) {
         for cut in 1..64 {
             let (mut tr, mut carry) = (Track::default(), Vec::new());
-            tr.last = Some(2);
-            for piece in s.chunks(cut) {
+            tr.last = Some(last);
+            for piece in stream.chunks(cut) {
                 tr.feed(&mut carry, piece);
             }
-            assert_eq!(
-                (tr.last, tr.gaps, tr.dups),
-                (Some(7), 1, 1),
-                "reads of {cut}"
-            );
+            assert_eq!((tr.last, tr.gaps, tr.dups), want, "reads of {cut}");
         }
     }
 
@@ -903,18 +905,7 @@ mod tests {
             format!(r#"{{"type":"closing","reason":"idle","delivered":[{{"sub":"load","session":"s","source":"aep://h","epoch":0,"seq":{}}}],"dropped":0}}"#, seq + 1).as_bytes(),
             &mut s,
         );
-        for cut in 1..64 {
-            let (mut tr, mut carry) = (Track::default(), Vec::new());
-            tr.last = Some(4);
-            for piece in s.chunks(cut) {
-                tr.feed(&mut carry, piece);
-            }
-            assert_eq!(
-                (tr.last, tr.gaps, tr.dups),
-                (Some(6), 0, 0),
-                "reads of {cut}"
-            );
-        }
+        fed_in_every_cut(&s, 4, (Some(6), 0, 0));
     }
 
     #[test]
